@@ -1,0 +1,48 @@
+"""kda-contracts: explicit, enforced contracts for KDA packed-decode kernels.
+
+Example::
+
+    import kda_contracts as kc
+    cfg = kc.KDAConfig.preset("kimi-linear-48b-a3b", tp_size=2)
+    dims = kc.validate_packed_decode(mixed_qkv, a, b, A_log, dt_bias, cfg.scale, state, out, idx,
+                                     True, config=cfg)
+    out, state = kc.packed_decode(mixed_qkv, a, b, A_log, dt_bias, cfg.scale, state, out, idx,
+                                  True, config=cfg)
+
+Nothing here imports triton, helion or fla: backends load when they are asked for.
+"""
+
+from jaxtyping import Float as Float
+from jaxtyping import Int as Int
+from jaxtyping import Shaped as Shaped
+from torch import Tensor as Tensor
+
+from . import adapters as adapters
+from .config import PRESETS as PRESETS
+from .config import KDAConfig as KDAConfig
+from .contract import Dims as Dims
+from .contract import MatchConfig as MatchConfig
+from .contract import Range as Range
+from .contract import Spec as Spec
+from .contract import Where as Where
+from .decode import explain_backends as explain_backends
+from .decode import packed_decode as packed_decode
+from .decode import packed_decode_contract as packed_decode_contract
+from .decode import validate_packed_decode as validate_packed_decode
+from .enforce import Contract as Contract
+from .enforce import contract as contract
+from .enforce import registered_contracts as registered_contracts
+from .errors import AnnotationError as AnnotationError
+from .errors import ArgumentTypeError as ArgumentTypeError
+from .errors import ContractError as ContractError
+from .errors import DeviceError as DeviceError
+from .errors import DtypeError as DtypeError
+from .errors import LayoutError as LayoutError
+from .errors import ShapeError as ShapeError
+from .errors import ValueRangeError as ValueRangeError
+from .errors import Violation as Violation
+from .modes import get_mode as get_mode
+from .modes import mode as mode
+from .modes import set_default_mode as set_default_mode
+
+__version__ = "0.1.0.dev0"

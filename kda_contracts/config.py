@@ -1,0 +1,273 @@
+"""``KDAConfig``: the frozen description of one KDA layer as one tensor-parallel rank sees it.
+
+Contracts bind dims from it (``H``, ``HV``, ``K``, ``V`` are the *per-rank* head counts and the
+head dims), so a tensor sharded for another TP degree is caught with a message that names the
+config field it disagrees with.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
+
+__all__ = ["PRESETS", "KDAConfig"]
+
+DtypeName = Literal["float32", "bfloat16", "float16"]
+IndexDtypeName = Literal["int32", "int64"]
+
+_TORCH_DTYPES: dict[str, torch.dtype] = {
+    "float32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+    "int32": torch.int32,
+    "int64": torch.int64,
+}
+
+
+class KDAConfig(BaseModel):
+    """One KDA layer's decode shapes and conventions, as seen by one tensor-parallel rank.
+
+    Head counts are the model's totals; ``tp_size`` divides them into per-rank counts
+    (:attr:`local_num_heads`, :attr:`local_num_v_heads`), which are what the tensors of one rank
+    carry and what the contract dims ``H``/``HV`` bind to.
+
+    Example::
+
+        >>> cfg = KDAConfig(num_heads=32, num_v_heads=32, head_k_dim=128, head_v_dim=128, tp_size=2)
+        >>> cfg.local_num_heads, cfg.scale == 128 ** -0.5
+        (16, True)
+        >>> KDAConfig.model_validate_json(cfg.model_dump_json()) == cfg
+        True
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid", validate_default=True)
+
+    num_heads: int = Field(gt=0, description="q/k heads of the whole model layer (H at TP1)")
+    num_v_heads: int | None = Field(
+        default=None, gt=0, description="value heads of the whole layer (HV at TP1); defaults to num_heads"
+    )
+    head_k_dim: int = Field(gt=0, description="K, the key head dim")
+    head_v_dim: int | None = Field(default=None, gt=0, description="V, the value head dim; defaults to K")
+    tp_size: int = Field(default=1, gt=0, description="tensor-parallel degree the heads are sharded over")
+    state_dtype: DtypeName | None = Field(
+        default=None, description="dtype of the recurrent state pool; None accepts fp32/bf16/fp16"
+    )
+    activation_dtype: DtypeName | None = Field(
+        default=None, description="dtype of mixed_qkv, a, b and out; None accepts fp32/bf16/fp16"
+    )
+    index_dtype: IndexDtypeName | None = Field(
+        default=None, description="dtype of ssm_state_indices; None accepts int32/int64"
+    )
+    gate: Literal["softplus", "bounded"] = Field(default="softplus", description="forget-gate activation")
+    lower_bound: float | None = Field(
+        default=None, description="bounded gate only: g = lower_bound * sigmoid(A * x); must be < 0"
+    )
+    state_layout: Literal["VK", "KV"] = Field(
+        default="VK", description="per-head state matrix layout: VK = [V, K] (sglang), KV = [K, V] (fla)"
+    )
+    use_qk_l2norm: bool = Field(default=True, description="l2-normalise q and k inside the kernel")
+    scale: float | None = Field(default=None, gt=0, description="q scale; defaults to head_k_dim ** -0.5")
+    # Model-level facts (used by model layers and docs; not by the decode contract itself).
+    hidden_size: int | None = Field(default=None, gt=0)
+    conv_kernel_size: int = Field(default=4, gt=0, description="short causal conv width")
+    kda_layers: tuple[int, ...] = Field(default=(), description="1-based indices of the KDA layers")
+
+    _dims: dict[str, int] = PrivateAttr(default_factory=dict)
+    _dims_source: dict[str, str] = PrivateAttr(default_factory=dict)
+    _dtypes: dict[str, torch.dtype] = PrivateAttr(default_factory=dict)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _fill_defaults(cls, data: Any) -> Any:
+        if isinstance(data, Mapping):
+            data = dict(data)
+            if data.get("num_v_heads") is None and "num_heads" in data:
+                data["num_v_heads"] = data["num_heads"]
+            if data.get("head_v_dim") is None and "head_k_dim" in data:
+                data["head_v_dim"] = data["head_k_dim"]
+            if data.get("scale") is None and isinstance(data.get("head_k_dim"), int) and data["head_k_dim"] > 0:
+                data["scale"] = data["head_k_dim"] ** -0.5
+        return data
+
+    @model_validator(mode="after")
+    def _check_consistency(self) -> KDAConfig:
+        hv = self.num_v_heads or self.num_heads
+        if hv % self.num_heads:
+            raise ValueError(
+                f"num_v_heads={hv} must be a multiple of num_heads={self.num_heads} "
+                "(grouped value attention shares each q/k head among HV/H value heads)"
+            )
+        for field, total in (("num_heads", self.num_heads), ("num_v_heads", hv)):
+            if total % self.tp_size:
+                raise ValueError(
+                    f"{field}={total} is not divisible by tp_size={self.tp_size}; "
+                    f"heads are sharded evenly over ranks (valid tp_size: "
+                    f"{', '.join(str(t) for t in range(1, total + 1) if total % t == 0)})"
+                )
+        if self.gate == "softplus" and self.lower_bound is not None:
+            raise ValueError(
+                f"lower_bound={self.lower_bound} is only used by the bounded gate; "
+                "set gate='bounded' or drop lower_bound"
+            )
+        if self.gate == "bounded":
+            if self.lower_bound is None:
+                raise ValueError("gate='bounded' needs lower_bound (a float < 0, e.g. -5.0)")
+            if not (self.lower_bound < 0 and math.isfinite(self.lower_bound)):
+                raise ValueError(f"lower_bound must be a finite float < 0, got {self.lower_bound}")
+        self._dims = {
+            "H": self.num_heads // self.tp_size,
+            "HV": hv // self.tp_size,
+            "K": self.head_k_dim,
+            "V": self.head_v_dim or self.head_k_dim,
+        }
+        tp = f" / tp_size={self.tp_size}" if self.tp_size != 1 else ""
+        self._dims_source = {
+            "H": f"num_heads={self.num_heads}{tp}",
+            "HV": f"num_v_heads={hv}{tp}",
+            "K": f"head_k_dim={self.head_k_dim}",
+            "V": f"head_v_dim={self._dims['V']}",
+        }
+        self._dtypes = {
+            role: _TORCH_DTYPES[name]
+            for role, name in (
+                ("state", self.state_dtype),
+                ("activation", self.activation_dtype),
+                ("index", self.index_dtype),
+            )
+            if name is not None
+        }
+        return self
+
+    # -- what contracts read ---------------------------------------------------------------
+    def contract_dims(self) -> dict[str, int]:
+        """Per-rank dims this config fixes: ``{"H", "HV", "K", "V"}``."""
+        return self._dims
+
+    def contract_dim_source(self, symbol: str) -> str:
+        """Where a dim comes from, for error messages (``"num_v_heads=32 / tp_size=2"``)."""
+        return self._dims_source[symbol]
+
+    def contract_dtypes(self) -> dict[str, torch.dtype]:
+        """Dtypes this config pins, by role: ``"state"``, ``"activation"``, ``"index"``."""
+        return self._dtypes
+
+    @property
+    def local_num_heads(self) -> int:
+        """H on one rank."""
+        return self._dims["H"]
+
+    @property
+    def local_num_v_heads(self) -> int:
+        """HV on one rank."""
+        return self._dims["HV"]
+
+    @property
+    def head_k(self) -> int:
+        return self._dims["K"]
+
+    @property
+    def head_v(self) -> int:
+        return self._dims["V"]
+
+    @property
+    def effective_lower_bound(self) -> float | None:
+        """The ``lower_bound`` argument the kernels take: None for softplus."""
+        return self.lower_bound if self.gate == "bounded" else None
+
+    def with_tp(self, tp_size: int) -> KDAConfig:
+        """The same layer sharded over ``tp_size`` ranks."""
+        return self.model_copy(update={"tp_size": tp_size}).revalidate()
+
+    def revalidate(self) -> KDAConfig:
+        return type(self).model_validate(self.model_dump())
+
+    # -- constructors ------------------------------------------------------------------------
+    @classmethod
+    def from_hf_config(cls, path_or_dict: str | Path | Mapping[str, Any], tp_size: int = 1,
+                       **overrides: Any) -> KDAConfig:
+        """Read a Kimi-Linear ``config.json`` (its ``linear_attn_config`` block).
+
+        Example::
+
+            cfg = KDAConfig.from_hf_config("Kimi-Linear-48B-A3B-Instruct/config.json", tp_size=2)
+        """
+        if isinstance(path_or_dict, Mapping):
+            raw: Mapping[str, Any] = path_or_dict
+            origin = "the config dict"
+        else:
+            origin = str(path_or_dict)
+            with open(path_or_dict, encoding="utf-8") as fh:
+                raw = json.load(fh)
+        lac = raw.get("linear_attn_config")
+        if not isinstance(lac, Mapping):
+            raise ValueError(
+                f"{origin} has no 'linear_attn_config' object; is it a Kimi-Linear config.json? "
+                f"(model_type={raw.get('model_type')!r})"
+            )
+        missing = [k for k in ("num_heads", "head_dim") if k not in lac]
+        if missing:
+            raise ValueError(f"{origin}: linear_attn_config lacks {', '.join(missing)}")
+        fields: dict[str, Any] = {
+            "num_heads": lac["num_heads"],
+            "num_v_heads": lac.get("num_v_heads", lac["num_heads"]),
+            "head_k_dim": lac.get("head_k_dim", lac["head_dim"]),
+            "head_v_dim": lac.get("head_v_dim", lac["head_dim"]),
+            "tp_size": tp_size,
+            "conv_kernel_size": lac.get("short_conv_kernel_size", 4),
+            "kda_layers": tuple(lac.get("kda_layers", ())),
+            "hidden_size": raw.get("hidden_size"),
+        }
+        if lac.get("lower_bound") is not None:
+            fields["gate"] = "bounded"
+            fields["lower_bound"] = float(lac["lower_bound"])
+        fields.update(overrides)
+        return cls(**fields)
+
+    @classmethod
+    def preset(cls, name: str, tp_size: int = 1, **overrides: Any) -> KDAConfig:
+        """A named preset (see :data:`PRESETS`), sharded over ``tp_size`` ranks.
+
+        Example::
+
+            >>> KDAConfig.preset("kimi-linear-48b-a3b", tp_size=4).local_num_heads
+            8
+        """
+        try:
+            base = PRESETS[name]
+        except KeyError:
+            raise ValueError(f"unknown preset {name!r}; known: {', '.join(sorted(PRESETS))}") from None
+        return cls(**{**base, "tp_size": tp_size, **overrides})
+
+
+# Public field values of the released models (per whole layer, TP1).
+PRESETS: dict[str, dict[str, Any]] = {
+    "kimi-linear-48b-a3b": {
+        "num_heads": 32,
+        "num_v_heads": 32,
+        "head_k_dim": 128,
+        "head_v_dim": 128,
+        "gate": "softplus",
+        "hidden_size": 2304,
+        "conv_kernel_size": 4,
+        "use_qk_l2norm": True,
+        # 27 layers; MLA at 4, 8, ..., 24 and 27: the other twenty (1-based) are KDA.
+        "kda_layers": tuple(i for i in range(1, 27) if i % 4 != 0),
+    },
+    # A Kimi-K3-like layer: bounded gate; 96 heads so that TP1..TP8 give 96..12 local heads.
+    "kimi-k3-like": {
+        "num_heads": 96,
+        "num_v_heads": 96,
+        "head_k_dim": 128,
+        "head_v_dim": 128,
+        "gate": "bounded",
+        "lower_bound": -5.0,
+        "conv_kernel_size": 4,
+        "use_qk_l2norm": True,
+    },
+}

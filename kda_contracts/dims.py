@@ -1,0 +1,338 @@
+"""The dim grammar: one small, whitelisted expression language, parsed once per contract.
+
+A dim string is what jaxtyping puts in ``Float[Tensor, "B 2*H*K+HV*V"]``: dims separated by
+whitespace, each dim an expression over integers and names with ``+ - * // %`` and parentheses
+(no spaces inside one dim, as in jaxtyping). ``_`` is a dim of any size. Constraints between dims
+(``"HV % H == 0"``, ``"pow2(K)"``) use the same expressions plus one comparison.
+
+Nothing here ever calls ``eval`` on user text: expressions are parsed into a tiny tree, and the
+code generator (``enforce``) renders that tree itself.
+
+Example::
+
+    >>> parse_dim("2*H*K+HV*V").symbols()
+    frozenset({'H', 'HV', 'K', 'V'})
+    >>> parse_dim("2*H*K+HV*V").evaluate({"H": 2, "K": 4, "HV": 4, "V": 8})
+    48
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from functools import lru_cache
+
+from .errors import AnnotationError
+
+__all__ = [
+    "ANY",
+    "BinOp",
+    "Const",
+    "Constraint",
+    "Expr",
+    "Sym",
+    "parse_constraint",
+    "parse_dim",
+    "parse_shape",
+]
+
+
+class Expr:
+    """A node of a dim expression."""
+
+    __slots__ = ()
+
+    def evaluate(self, env: dict[str, int]) -> int:
+        raise NotImplementedError
+
+    def symbols(self) -> frozenset[str]:
+        raise NotImplementedError
+
+    def render(self, name: dict[str, str] | None = None) -> str:
+        """Python source for this expression; ``name`` maps a symbol to the variable to use."""
+        raise NotImplementedError
+
+    def __str__(self) -> str:
+        return self.render()
+
+
+@dataclass(frozen=True)
+class Const(Expr):
+    value: int
+
+    def evaluate(self, env: dict[str, int]) -> int:
+        return self.value
+
+    def symbols(self) -> frozenset[str]:
+        return frozenset()
+
+    def render(self, name: dict[str, str] | None = None) -> str:
+        return str(self.value)
+
+
+@dataclass(frozen=True)
+class Sym(Expr):
+    name: str
+
+    def evaluate(self, env: dict[str, int]) -> int:
+        return env[self.name]
+
+    def symbols(self) -> frozenset[str]:
+        return frozenset((self.name,))
+
+    def render(self, name: dict[str, str] | None = None) -> str:
+        return name[self.name] if name is not None else self.name
+
+
+_PREC = {"+": 1, "-": 1, "*": 2, "//": 2, "%": 2}
+
+
+@dataclass(frozen=True)
+class BinOp(Expr):
+    op: str
+    left: Expr
+    right: Expr
+
+    def evaluate(self, env: dict[str, int]) -> int:
+        lv, rv = self.left.evaluate(env), self.right.evaluate(env)
+        if self.op == "+":
+            return lv + rv
+        if self.op == "-":
+            return lv - rv
+        if self.op == "*":
+            return lv * rv
+        if rv == 0:  # a dim of size zero in a divisor: the expression has no value
+            raise ZeroDivisionError(f"{self} divides by zero")
+        return lv // rv if self.op == "//" else lv % rv
+
+    def symbols(self) -> frozenset[str]:
+        return self.left.symbols() | self.right.symbols()
+
+    def render(self, name: dict[str, str] | None = None) -> str:
+        def side(e: Expr, right: bool) -> str:
+            s = e.render(name)
+            if isinstance(e, BinOp) and (_PREC[e.op] < _PREC[self.op] or (right and _PREC[e.op] == _PREC[self.op])):
+                return f"({s})"
+            return s
+
+        return f"{side(self.left, False)}{self.op}{side(self.right, True)}"
+
+
+class _Any:
+    """The ``_`` dim: any size, binds nothing."""
+
+    def __repr__(self) -> str:
+        return "ANY"
+
+    def __str__(self) -> str:
+        return "_"
+
+
+ANY = _Any()
+DimSpec = Expr | _Any
+
+_TOKEN = re.compile(r"\s*(?:(\d+)|([A-Za-z_][A-Za-z_0-9]*)|(//|==|!=|<=|>=|[-+*%()<>,]))")
+_CMP = ("==", "!=", "<=", ">=", "<", ">")
+
+
+def _tokenize(text: str, where: str) -> list[str]:
+    tokens: list[str] = []
+    pos = 0
+    text = text.rstrip()
+    while pos < len(text):
+        m = _TOKEN.match(text, pos)
+        if m is None or m.end() == pos:
+            raise AnnotationError(
+                f"{where}: cannot parse {text!r} at position {pos} ({text[pos:pos + 8]!r}); "
+                "a dim is an expression of integers and names with + - * // % and parentheses"
+            )
+        tokens.append(m.group(m.lastindex or 0))
+        pos = m.end()
+    return tokens
+
+
+class _Parser:
+    def __init__(self, text: str, where: str) -> None:
+        self.text = text
+        self.where = where
+        self.tokens = _tokenize(text, where)
+        self.i = 0
+
+    def fail(self, why: str) -> AnnotationError:
+        return AnnotationError(f"{self.where}: cannot parse {self.text!r}: {why}")
+
+    def peek(self) -> str | None:
+        return self.tokens[self.i] if self.i < len(self.tokens) else None
+
+    def take(self) -> str:
+        tok = self.peek()
+        if tok is None:
+            raise self.fail("unexpected end")
+        self.i += 1
+        return tok
+
+    def expr(self) -> Expr:
+        node = self.term()
+        while self.peek() in ("+", "-"):
+            op = self.take()
+            node = _fold(BinOp(op, node, self.term()))
+        return node
+
+    def term(self) -> Expr:
+        node = self.atom()
+        while self.peek() in ("*", "//", "%"):
+            op = self.take()
+            node = _fold(BinOp(op, node, self.atom()))
+        return node
+
+    def atom(self) -> Expr:
+        tok = self.take()
+        if tok == "(":
+            node = self.expr()
+            if self.take() != ")":
+                raise self.fail("missing ')'")
+            return node
+        if tok.isdigit():
+            return Const(int(tok))
+        if tok[0].isalpha() or tok[0] == "_":
+            if tok == "_":
+                raise self.fail("'_' (any size) must be a dim on its own, not part of an expression")
+            return Sym(tok)
+        raise self.fail(f"unexpected {tok!r}")
+
+    def done(self) -> None:
+        if self.peek() is not None:
+            raise self.fail(f"unexpected {self.peek()!r}")
+
+
+def _fold(node: BinOp) -> Expr:
+    """Fold constant sub-expressions so ``2*64`` is stored as ``128``."""
+    if isinstance(node.left, Const) and isinstance(node.right, Const):
+        try:
+            return Const(node.evaluate({}))
+        except ZeroDivisionError:
+            raise AnnotationError(f"{node} divides by zero") from None
+    return node
+
+
+@lru_cache(maxsize=1024)
+def parse_dim(text: str, where: str = "dim") -> Expr:
+    """Parse one dim expression (``"HV*K"``, ``"2*H*K+HV*V"``, ``"128"``)."""
+    p = _Parser(text, where)
+    node = p.expr()
+    p.done()
+    return node
+
+
+@lru_cache(maxsize=1024)
+def parse_shape(dim_str: str, where: str = "shape") -> tuple[DimSpec, ...]:
+    """Parse a jaxtyping dim string into one :data:`DimSpec` per axis.
+
+    Variadic (``*batch``, ``...``), broadcastable (``#B``) and named-expression (``B=...``) dims
+    of jaxtyping are rejected with an :class:`AnnotationError`: a decode contract has fixed ranks.
+    """
+    dims: list[DimSpec] = []
+    for tok in dim_str.split():
+        if tok == "_":
+            dims.append(ANY)
+            continue
+        if tok.startswith(("*", "#")) or tok == "..." or "=" in tok or tok.startswith("?"):
+            raise AnnotationError(
+                f"{where}: dim {tok!r} in {dim_str!r} is not supported; contracts use fixed ranks "
+                "(plain names, integers, expressions with + - * // %, or '_')"
+            )
+        dims.append(parse_dim(tok, f"{where}: dim {tok!r}"))
+    return tuple(dims)
+
+
+@dataclass(frozen=True)
+class Constraint:
+    """A relation between dims: ``left OP right`` or ``pow2(left)`` (then ``op == "pow2"``)."""
+
+    text: str
+    op: str
+    left: Expr
+    right: Expr | None
+
+    def symbols(self) -> frozenset[str]:
+        return self.left.symbols() | (self.right.symbols() if self.right is not None else frozenset())
+
+    def holds(self, env: dict[str, int]) -> bool:
+        lv = self.left.evaluate(env)
+        if self.op == "pow2":
+            return lv > 0 and lv & (lv - 1) == 0
+        assert self.right is not None
+        rv = self.right.evaluate(env)
+        return {
+            "==": lv == rv, "!=": lv != rv, "<": lv < rv, "<=": lv <= rv, ">": lv > rv, ">=": lv >= rv,
+        }[self.op]
+
+    def render(self, name: dict[str, str] | None = None) -> str:
+        """Python source of a boolean expression that is True when the constraint holds."""
+        lv = self.left.render(name)
+        if self.op == "pow2":
+            return f"(({lv}) > 0 and ({lv}) & (({lv}) - 1) == 0)"
+        assert self.right is not None
+        return f"({lv}) {self.op} ({self.right.render(name)})"
+
+
+@lru_cache(maxsize=256)
+def parse_constraint(text: str, where: str = "constraint") -> Constraint:
+    """Parse ``"HV % H == 0"``, ``"K <= 256"`` or ``"pow2(K)"`` (spaces allowed here)."""
+    stripped = text.strip()
+    m = re.fullmatch(r"pow2\((.*)\)", stripped)
+    if m:
+        p = _Parser(m.group(1), where)
+        node = p.expr()
+        p.done()
+        return Constraint(stripped, "pow2", node, None)
+    p = _Parser(stripped, where)
+    left = p.expr()
+    op = p.peek()
+    if op not in _CMP:
+        raise p.fail("expected a comparison (== != < <= > >=) or pow2(...)")
+    p.take()
+    right = p.expr()
+    p.done()
+    return Constraint(stripped, op, left, right)
+
+
+def linear_form(expr: Expr, x: str) -> tuple[Expr, Expr] | None:
+    """Write ``expr`` as ``coef*x + rest`` with ``x`` absent from both; None if not linear in x.
+
+    This is what lets ``H`` be solved from ``mixed_qkv.shape[1] == 2*H*K + HV*V``.
+    """
+    if x not in expr.symbols():
+        return Const(0), expr
+    if isinstance(expr, Sym):
+        return Const(1), Const(0)
+    if not isinstance(expr, BinOp):
+        return None
+    lf, rf = linear_form(expr.left, x), linear_form(expr.right, x)
+    if lf is None or rf is None:
+        return None
+    (la, lc), (ra, rc) = lf, rf
+    if expr.op in ("+", "-"):
+        return _simplify(BinOp(expr.op, la, ra)), _simplify(BinOp(expr.op, lc, rc))
+    if expr.op == "*":
+        if x not in expr.left.symbols():  # c * (a x + b)
+            return _simplify(BinOp("*", expr.left, ra)), _simplify(BinOp("*", expr.left, rc))
+        if x not in expr.right.symbols():
+            return _simplify(BinOp("*", la, expr.right)), _simplify(BinOp("*", lc, expr.right))
+    return None  # x*x, x//c, c%x ...: not solvable by one division
+
+
+def _simplify(node: BinOp) -> Expr:
+    l, r = node.left, node.right
+    if node.op == "*":
+        if l == Const(0) or r == Const(0):
+            return Const(0)
+        if l == Const(1):
+            return r
+        if r == Const(1):
+            return l
+    if node.op in ("+", "-") and r == Const(0):
+        return l
+    if node.op == "+" and l == Const(0):
+        return r
+    return _fold(node)

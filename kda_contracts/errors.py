@@ -1,0 +1,200 @@
+"""The exception hierarchy and the report a violated contract produces.
+
+Two roles, as in jaxtyping: :class:`AnnotationError` says the *contract* is malformed (raised
+once, at decoration time); :class:`ContractError` and its subclasses say a *call* broke a
+well-formed contract (raised per call). A call that breaks several rules at once raises one
+error listing all of them; its class derives from every subclass involved, so
+``except DtypeError`` still catches a call whose dtype *and* shape were wrong.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+__all__ = [
+    "AnnotationError",
+    "ArgumentTypeError",
+    "ContractError",
+    "DeviceError",
+    "DtypeError",
+    "LayoutError",
+    "ShapeError",
+    "ValueRangeError",
+    "Violation",
+]
+
+
+class AnnotationError(TypeError):
+    """A contract itself is malformed: bad dim grammar, a dim nothing can bind, a bad spec.
+
+    Raised at decoration time, never per call.
+
+    Example::
+
+        @kc.contract
+        def f(x: Float[Tensor, "B Q"]) -> None: ...   # fine: B and Q bind from x
+        @kc.contract
+        def g(x: Float[Tensor, "B 2*Q"]) -> None: ... # fine: Q is solved from x.shape[1]
+        @kc.contract
+        def h(x: Float[Tensor, "B Q*R"]) -> None: ... # AnnotationError: Q and R cannot both be solved
+    """
+
+
+class ContractError(ValueError):
+    """A call broke its contract. Base class of every per-call error of this library.
+
+    ``violations`` holds one :class:`Violation` per broken rule; ``dims`` the dims that could be
+    bound, with ``provenance`` saying where each came from. ``str(err)`` is the full report.
+    No tensor values are ever included.
+
+    Example::
+
+        try:
+            kc.validate_packed_decode(...)
+        except kc.ContractError as err:
+            for v in err.violations:
+                print(v.argument, v.kind.__name__)
+    """
+
+    kind_name: ClassVar[str] = "ContractError"
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        function: str = "",
+        violations: Sequence[Violation] = (),
+        dims: dict[str, int] | None = None,
+        provenance: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.function = function
+        self.violations: tuple[Violation, ...] = tuple(violations)
+        self.dims: dict[str, int] = dict(dims or {})
+        self.provenance: dict[str, str] = dict(provenance or {})
+
+    def __reduce__(self):  # keep pickling working for the dynamically combined classes
+        kinds = tuple(v.kind for v in self.violations) or (type(self),)
+        return (_rebuild_error, (kinds, str(self), self.function, self.violations, self.dims, self.provenance))
+
+
+class ShapeError(ContractError):
+    """A rank or a dim does not match the contract (including dims solved from packed widths)."""
+
+    kind_name = "ShapeError"
+
+
+class DtypeError(ContractError):
+    """A tensor's dtype is outside the allowed set, or differs from the one it must match."""
+
+    kind_name = "DtypeError"
+
+
+class DeviceError(ContractError):
+    """Tensors of one call live on different devices."""
+
+    kind_name = "DeviceError"
+
+
+class LayoutError(ContractError):
+    """Strides break the layout rule (contiguity of the last dim, of a state slot, of the tensor)."""
+
+    kind_name = "LayoutError"
+
+
+class ValueRangeError(ContractError):
+    """A value is out of range: a scalar (``scale <= 0``), or, in strict mode, tensor contents
+    (index out of the pool, duplicate slots, non-finite inputs, aliasing)."""
+
+    kind_name = "ValueRangeError"
+
+
+class ArgumentTypeError(ContractError, TypeError):
+    """An argument has the wrong Python type (a list where a Tensor is due, an int for a bool).
+
+    Also a :class:`TypeError`, since that is what it is; raised from beartype's verdict.
+    """
+
+    kind_name = "ArgumentTypeError"
+
+
+@dataclass(frozen=True)
+class Violation:
+    """One broken rule of one call: what was expected, what was got, and how to fix it."""
+
+    kind: type[ContractError]
+    argument: str
+    expected: str
+    got: str
+    details: tuple[str, ...] = ()
+    hint: str | None = None
+    # Machine-readable facts for hints and tests (e.g. {"axis": 1, "symbol": "HV"}).
+    facts: dict[str, object] = field(default_factory=dict, compare=False)
+
+    def with_hint(self, hint: str | None) -> Violation:
+        if hint is None or self.hint is not None:
+            return self
+        return Violation(self.kind, self.argument, self.expected, self.got, self.details, hint, self.facts)
+
+
+_COMBINED: dict[tuple[type[ContractError], ...], type[ContractError]] = {}
+
+
+def error_class_for(kinds: Sequence[type[ContractError]]) -> type[ContractError]:
+    """The class to raise for a set of violation kinds: the kind itself, or a cached class that
+    derives from each distinct kind (so every matching ``except`` clause catches it)."""
+    distinct: list[type[ContractError]] = []
+    for k in kinds:
+        if k not in distinct:
+            distinct.append(k)
+    if len(distinct) == 1:
+        return distinct[0]
+    key = tuple(distinct)
+    cls = _COMBINED.get(key)
+    if cls is None:
+        name = "And".join(k.kind_name for k in key)
+        cls = type(name, key, {"kind_name": name, "__module__": __name__})
+        _COMBINED[key] = cls
+    return cls
+
+
+def _rebuild_error(kinds, message, function, violations, dims, provenance):
+    cls = error_class_for(kinds)
+    return cls(message, function=function, violations=violations, dims=dims, provenance=provenance)
+
+
+def format_report(
+    function: str,
+    violations: Sequence[Violation],
+    dims: dict[str, int],
+    provenance: dict[str, str],
+) -> str:
+    """Render the multi-line report of a rejected call (principle 5 of DESIGN.md)."""
+    n = len(violations)
+    lines = [f"{function}(): {n} contract violation{'s' if n != 1 else ''}"]
+    for i, v in enumerate(violations, 1):
+        lines.append(f"  [{i}] {v.argument}: {v.kind.kind_name}")
+        lines.append(f"      expected {v.expected}")
+        lines.append(f"      got      {v.got}")
+        for d in v.details:
+            lines.append(f"      {d}")
+        if v.hint:
+            lines.append(f"      fix: {v.hint}")
+    if dims:
+        bound = "; ".join(f"{k}={dims[k]} {provenance.get(k, '')}".rstrip() for k in dims)
+        lines.append(f"  dims: {bound}")
+    return "\n".join(lines)
+
+
+def raise_violations(
+    function: str,
+    violations: Sequence[Violation],
+    dims: dict[str, int],
+    provenance: dict[str, str],
+) -> None:
+    """Raise one error carrying every violation of the call."""
+    cls = error_class_for([v.kind for v in violations])
+    message = format_report(function, violations, dims, provenance)
+    raise cls(message, function=function, violations=violations, dims=dims, provenance=provenance)

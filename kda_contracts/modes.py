@@ -1,0 +1,102 @@
+"""Enforcement modes: ``off``, ``check`` (the default) and ``strict``.
+
+The mode in force is, in order: the innermost ``with kc.mode(...)`` of the current thread or
+asyncio task (a :class:`contextvars.ContextVar`, so threads and tasks do not leak into each
+other), else the process default, which starts as ``$KDA_CONTRACTS_MODE`` (or ``check``) and can
+be changed with :func:`set_default_mode`.
+
+- ``off``: nothing is checked. A contract decorated while the mode is ``off`` returns the
+  original function object; a contract called while ``off`` costs one mode read.
+- ``check``: shapes, dtypes, devices, strides and scalar ranges; never reads tensor values, so it
+  never syncs the device.
+- ``strict``: ``check`` plus value checks that need tensor contents (index range, duplicate
+  slots, aliasing, finiteness).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from collections.abc import Callable
+from contextvars import ContextVar
+from typing import Literal, TypeVar
+
+__all__ = ["CHECK", "OFF", "STRICT", "ModeName", "current_mode", "get_mode", "mode", "set_default_mode"]
+
+ModeName = Literal["off", "check", "strict"]
+OFF, CHECK, STRICT = 0, 1, 2
+_BY_NAME: dict[str, int] = {"off": OFF, "check": CHECK, "strict": STRICT}
+_NAMES = {v: k for k, v in _BY_NAME.items()}
+
+F = TypeVar("F", bound=Callable[..., object])
+
+
+def parse_mode(name: str, origin: str = "mode") -> int:
+    """The mode number of ``"off"``/``"check"``/``"strict"``; ValueError naming ``origin`` otherwise."""
+    try:
+        return _BY_NAME[name.strip().lower()]
+    except (KeyError, AttributeError):
+        raise ValueError(f"{origin}: unknown mode {name!r}; expected one of 'off', 'check', 'strict'") from None
+
+
+_default: int = parse_mode(os.environ.get("KDA_CONTRACTS_MODE", "check"), "KDA_CONTRACTS_MODE")
+_local: ContextVar[int | None] = ContextVar("kda_contracts_mode", default=None)
+
+
+def current_mode() -> int:
+    """The mode number in force here (0 off, 1 check, 2 strict). The hot path's one flag read."""
+    m = _local.get()
+    return _default if m is None else m
+
+
+def get_mode() -> ModeName:
+    """The name of the mode in force here.
+
+    Example::
+
+        >>> with kc.mode("strict"):
+        ...     kc.get_mode()
+        'strict'
+    """
+    return _NAMES[current_mode()]  # type: ignore[return-value]
+
+
+def set_default_mode(name: ModeName) -> None:
+    """Set the process-wide default (what applies outside any ``with kc.mode(...)``)."""
+    global _default
+    _default = parse_mode(name)
+
+
+class mode:
+    """Set the enforcement mode for a block or a function: ``with kc.mode("strict"): ...`` or
+    ``@kc.mode("off")``. Local to the current thread / asyncio task; nests.
+
+    Example::
+
+        with kc.mode("strict"):
+            kc.packed_decode(...)     # also checks index range and duplicate slots
+    """
+
+    def __init__(self, name: ModeName) -> None:
+        self.value = parse_mode(name)
+        self._tokens: list[object] = []
+
+    def __enter__(self) -> mode:
+        self._tokens.append(_local.set(self.value))
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        _local.reset(self._tokens.pop())  # type: ignore[arg-type]
+
+    def __call__(self, fn: F) -> F:
+        value = self.value
+
+        @functools.wraps(fn)
+        def run_in_mode(*args: object, **kwargs: object) -> object:
+            token = _local.set(value)
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                _local.reset(token)
+
+        return run_in_mode  # type: ignore[return-value]
