@@ -641,11 +641,16 @@ class _Explainer:
         for sym, srcs in spec.sources.items():
             if sym in self.dims:
                 continue
-            for src in srcs:
-                if src.param in self.usable:
-                    self.dims[sym] = self.usable[src.param][src.axis]
-                    self.prov[sym] = f"from {src.param}.shape[{src.axis}]"
-                    break
+            # When the binders disagree, bind the value most of them carry (ties: priority order),
+            # so the odd one out is the argument blamed.
+            usable = [src for src in srcs if src.param in self.usable]
+            if not usable:
+                continue
+            sizes = [self.usable[src.param][src.axis] for src in usable]
+            best = max(sizes, key=sizes.count)
+            src = usable[sizes.index(best)]
+            self.dims[sym] = best
+            self.prov[sym] = f"from {src.param}.shape[{src.axis}]"
         for s in spec.solvers:
             if s.symbol in self.dims or s.param not in self.usable:
                 continue

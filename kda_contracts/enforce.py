@@ -254,7 +254,7 @@ class Contract:
         exec(compile(shim_src, f"<kda_contracts type shim for {spec.name}>", "exec"), shim_ns)
         shim = shim_ns["types"]
         shim.__annotations__ = _strip_for_beartype(spec)
-        shim.__qualname__ = shim.__name__ = spec.name
+        shim.__qualname__ = spec.name  # beartype names the shim in its own messages
         self._type_annotations = shim.__annotations__
         self.check_types: Callable[..., None] = beartype(conf=_BEARTYPE_CONF)(shim)
         self._provenance: dict[bool, dict[str, str]] = {}
