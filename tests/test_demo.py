@@ -1,0 +1,30 @@
+"""The main job of the README: `kda-contracts demo`."""
+
+import subprocess
+import sys
+
+import kda_contracts as kc
+from kda_contracts.cli import main
+from kda_contracts.demo import run_demo
+
+
+def test_demo_catches_all_five_mistakes_and_runs_the_reference():
+    lines: list[str] = []
+    assert run_demo(lines.append) == 0
+    text = "\n".join(lines)
+    assert "5/5 mistakes caught; demo OK" in text
+    for kind in ("ShapeError", "DtypeError", "LayoutError"):
+        assert f"caught {kind}" in text
+
+
+def test_cli_demo_exits_zero(capsys):
+    assert main(["demo"]) == 0
+    assert "demo OK" in capsys.readouterr().out
+
+
+def test_importing_the_package_loads_no_kernel_framework():
+    code = ("import sys, kda_contracts; bad = [m for m in sys.modules if m.split('.')[0] in "
+            "('triton', 'helion', 'fla')]; print(bad); sys.exit(1 if bad else 0)")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert kc.__version__
