@@ -16,14 +16,15 @@ Example::
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable, Iterable, Mapping
+import os
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from .dims import Constraint, parse_constraint
-from .errors import ContractError
+from .errors import ContractError, Violation, raise_violations
 
 __all__ = ["Adapter", "DecodeCall", "available", "get", "names", "register", "select", "unregister"]
 
@@ -67,6 +68,9 @@ class Adapter:
     gates: frozenset[str] = frozenset({"softplus", "bounded"})
     where: tuple[str, ...] = ()
     description: str = ""
+    # Device types it also runs on when asked by name (e.g. the CPU under TRITON_INTERPRET, for
+    # tests): never chosen by backend="auto", which is about speed.
+    explicit_devices: tuple[str, ...] = ()
     _constraints: tuple[Constraint, ...] = field(default=(), init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -74,7 +78,14 @@ class Adapter:
                                                        for w in self.where))
 
     def available(self) -> tuple[bool, str]:
-        """``(True, "")`` when this backend can load here, else ``(False, why)``."""
+        """``(True, "")`` when this backend can load here, else ``(False, why)``. Cached: the
+        answer does not change within a process (``refresh()`` forgets it)."""
+        cached = _AVAILABLE.get(self.name)
+        if cached is None:
+            cached = _AVAILABLE[self.name] = self._probe()
+        return cached
+
+    def _probe(self) -> tuple[bool, str]:
         for mod in self.requires:
             try:
                 importlib.import_module(mod)
@@ -82,13 +93,18 @@ class Adapter:
                 kind = "is not installed" if isinstance(exc, ModuleNotFoundError) else f"fails to import ({exc})"
                 return False, f"{mod} {kind}"
         if self.availability is not None:
-            return self.availability()
+            try:
+                ok, why = self.availability()
+            except Exception as exc:  # a plug-in's probe must not break dispatch
+                return False, f"availability check failed: {exc!r}"
+            return (True, "") if ok else (False, why)
         return True, ""
 
-    def unsupported(self, call: DecodeCall) -> list[str]:
-        """Why this backend cannot run ``call`` (empty when it can)."""
+    def unsupported(self, call: DecodeCall, *, explicit: bool = False) -> list[str]:
+        """Why this backend cannot run ``call`` (empty when it can); ``explicit``: asked by name."""
         why: list[str] = []
-        if call.device_type not in self.devices:
+        devices = self.devices + (self.explicit_devices if explicit else ())
+        if call.device_type not in devices:
             why.append(f"runs on {'/'.join(self.devices)}, not {call.device_type}")
         if self.state_dtypes is not None and call.state_dtype not in self.state_dtypes:
             why.append(f"state dtype {str(call.state_dtype).removeprefix('torch.')} not supported")
@@ -112,29 +128,77 @@ class Adapter:
         return fn
 
 
+ENTRY_POINT_GROUP = "kda_contracts.adapters"
+
 _REGISTRY: dict[str, Adapter] = {}
 _LOADED: dict[str, Callable[..., None]] = {}
+_AVAILABLE: dict[str, tuple[bool, str]] = {}
+_SELECTED: dict[tuple[Any, ...], Adapter] = {}
+_SELECTED_MAX = 256
+_PLUGINS_LOADED = False
+_PLUGIN_ERRORS: dict[str, str] = {}
 
 
 def register(adapter: Adapter, *, replace: bool = False) -> Adapter:
-    """Add a backend. ``replace=True`` overrides one of the same name."""
+    """Add a backend. ``replace=True`` overrides one of the same name.
+
+    Third-party packages can instead expose an :class:`Adapter` (or a callable returning one or
+    several) under the entry-point group ``kda_contracts.adapters``; it is loaded on first use.
+    """
+    if not isinstance(adapter, Adapter):
+        raise TypeError(f"register() takes a kda_contracts.adapters.Adapter, got {type(adapter).__name__}")
     if adapter.name in _REGISTRY and not replace:
         raise ValueError(f"a backend named {adapter.name!r} is already registered (pass replace=True)")
     _REGISTRY[adapter.name] = adapter
-    _LOADED.pop(adapter.name, None)
+    refresh(adapter.name)
     return adapter
 
 
 def unregister(name: str) -> None:
     _REGISTRY.pop(name, None)
-    _LOADED.pop(name, None)
+    refresh(name)
+
+
+def refresh(name: str | None = None) -> None:
+    """Forget cached availability, loaded kernels and selections (of one backend, or all)."""
+    for cache in (_LOADED, _AVAILABLE):
+        if name is None:
+            cache.clear()
+        else:
+            cache.pop(name, None)
+    _SELECTED.clear()
+
+
+def load_plugins(*, force: bool = False) -> dict[str, str]:
+    """Register the adapters of the ``kda_contracts.adapters`` entry-point group (once).
+
+    Returns the plug-ins that failed to load, with why; a broken plug-in never breaks dispatch.
+    """
+    global _PLUGINS_LOADED
+    if _PLUGINS_LOADED and not force:
+        return dict(_PLUGIN_ERRORS)
+    _PLUGINS_LOADED = True
+    from importlib.metadata import entry_points
+
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        try:
+            obj = ep.load()
+            made = obj() if callable(obj) and not isinstance(obj, Adapter) else obj
+            for ad in made if isinstance(made, (list, tuple)) else (made,):
+                register(ad, replace=True)
+        except Exception as exc:
+            _PLUGIN_ERRORS[ep.name] = f"{type(exc).__name__}: {exc}"
+    return dict(_PLUGIN_ERRORS)
 
 
 def names() -> list[str]:
+    """Registered backends, highest priority first."""
+    load_plugins()
     return sorted(_REGISTRY, key=lambda n: -_REGISTRY[n].priority)
 
 
 def get(name: str) -> Adapter:
+    load_plugins()
     try:
         return _REGISTRY[name]
     except KeyError:
@@ -157,34 +221,62 @@ def verdicts(call: DecodeCall) -> list[tuple[Adapter, list[str]]]:
     out = []
     for n in names():
         ad = _REGISTRY[n]
-        ok, why = ad.available()
-        out.append((ad, ([why] if not ok else []) + ad.unsupported(call)))
+        reasons = ad.unsupported(call)
+        if call.device_type in ad.devices:  # no need to import a GPU backend for a CPU call
+            ok, why = ad.available()
+            reasons = ([why] if not ok else []) + reasons
+        out.append((ad, reasons))
     return out
 
 
 def select(backend: str, call: DecodeCall) -> Adapter:
     """The adapter to run ``call``: the named one (which must support it), or for ``"auto"``
-    the highest-priority available one that supports it."""
+    the highest-priority available one that supports it. Cached per call signature."""
+    key = (backend, call.device_type, call.state_dtype, call.activation_dtype, call.index_dtype, call.layout,
+           call.gate, tuple(sorted(call.dims.items())))
+    hit = _SELECTED.get(key)
+    if hit is not None:
+        return hit
     if backend != "auto":
         ad = get(backend)
         ok, why = ad.available()
-        reasons = ([why] if not ok else []) + ad.unsupported(call)
+        reasons = ([why] if not ok else []) + ad.unsupported(call, explicit=True)
         if reasons:
-            raise BackendError(f"backend {backend!r} cannot run this call: {'; '.join(reasons)}")
-        return ad
-    for ad, reasons in verdicts(call):
-        if not reasons:
-            return ad
-    lines = "; ".join(f"{ad.name}: {', '.join(r)}" for ad, r in verdicts(call))
-    raise BackendError(f"no backend can run this call ({lines})")
+            raise_violations("packed_decode", [Violation(
+                BackendError, "backend", f"a backend that can run this call ({backend!r} was asked for)",
+                f"{backend!r}: {'; '.join(reasons)}",
+                hint="pass backend='auto' to let kda_contracts pick, or see kc.explain_backends(...)")],
+                dict(call.dims), {})
+    else:
+        table = verdicts(call)
+        chosen = next((a for a, r in table if not r), None)
+        if chosen is None:
+            raise_violations("packed_decode", [Violation(
+                BackendError, "backend", "an available backend that supports this call",
+                "; ".join(f"{a.name}: {', '.join(r)}" for a, r in table))], dict(call.dims), {})
+        ad = chosen
+    if len(_SELECTED) >= _SELECTED_MAX:
+        _SELECTED.clear()
+    _SELECTED[key] = ad
+    return ad
 
 
-def _register_builtin(adapters: Iterable[Adapter]) -> None:
-    for ad in adapters:
-        register(ad, replace=True)
+def _probe_of(module: str) -> Callable[[], tuple[bool, str]]:
+    """An availability check that imports ``module`` only when asked and calls its is_available()."""
+
+    def probe() -> tuple[bool, str]:
+        try:
+            mod = importlib.import_module(module)
+        except Exception as exc:
+            return False, f"{module} fails to import ({type(exc).__name__}: {exc})"
+        return mod.is_available()
+
+    return probe
 
 
-_register_builtin([
+_INTERPRETING = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+for _ad in (
     Adapter(
         name="torch",
         kernel="kda_kernels.reference:packed_decode",
@@ -192,7 +284,37 @@ _register_builtin([
         priority=0,
         description="PyTorch reference: vectorised over the batch, every dtype, layout and gate",
     ),
-])
+    Adapter(
+        name="triton",
+        kernel="kda_kernels.triton_decode:packed_decode",
+        devices=("cuda",),
+        explicit_devices=("cpu",) if _INTERPRETING else (),
+        priority=30,
+        requires=("triton",),
+        availability=_probe_of("kda_kernels.triton_decode"),
+        description="our Triton kernel: one program per (request, value head, V tile), bounds-guarded",
+    ),
+    Adapter(
+        name="helion",
+        kernel="kda_kernels.helion_decode:packed_decode",
+        devices=("cuda",),
+        explicit_devices=("cpu",) if _INTERPRETING else (),
+        priority=20,
+        requires=("helion",),
+        availability=_probe_of("kda_kernels.helion_decode"),
+        description="our Helion kernel with pinned configs (no run-time autotuning)",
+    ),
+    Adapter(
+        name="fla",
+        kernel="kda_kernels.fla_decode:packed_decode",
+        devices=("cuda",),
+        priority=10,
+        requires=("fla",),
+        availability=_probe_of("kda_kernels.fla_decode"),
+        description="flash-linear-attention's fused_recurrent_kda (peer); padding compacted on the host (syncs)",
+    ),
+):
+    register(_ad, replace=True)
 
 
 def describe(adapter: Adapter) -> dict[str, Any]:

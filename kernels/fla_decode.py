@@ -1,0 +1,93 @@
+"""flash-linear-attention's ``fused_recurrent_kda`` behind the packed-decode interface (a peer).
+
+fla's kernel takes q/k/v as separate dense ``[B, T, H, K]`` tensors, the state in KV layout by
+default (``state_v_first=True`` for VK), the raw gate when ``use_gate_in_kernel=True`` and raw
+beta logits with ``use_beta_sigmoid_in_kernel=True``; with ``inplace_final_state=True`` and
+``ssm_state_indices`` it updates the pool in place (its continuous-batching path, the one serving
+engines call). It does no bounds or padding handling: a negative or too-large index would read
+and write outside the pool. This wrapper therefore runs only the rows whose index is in
+``[0, N)`` (a boolean compaction, which syncs with the host) and zeroes the others: memory-safe,
+at the price of a sync. Benchmarks that want fla's raw speed call :func:`raw_call` with indices
+known to be valid.
+
+Example::
+
+    from kda_kernels.fla_decode import is_available, packed_decode
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+import torch
+from torch import Tensor
+
+__all__ = ["is_available", "packed_decode", "raw_call"]
+
+
+def is_available() -> tuple[bool, str]:
+    """Whether fla's kernel can run here, and why not."""
+    try:
+        importlib.import_module("fla.ops.kda.fused_recurrent")
+    except Exception as exc:  # not installed, or breaks on import with this torch/triton
+        kind = "is not installed" if isinstance(exc, ModuleNotFoundError) else f"fails to import ({exc})"
+        return False, f"fla-core {kind}"
+    if not torch.cuda.is_available():
+        return False, "fla's Triton kernel needs a CUDA device"
+    return True, ""
+
+
+def _fwd() -> Any:
+    from fla.ops.kda.fused_recurrent import fused_recurrent_kda_fwd
+
+    return fused_recurrent_kda_fwd
+
+
+def raw_call(
+    mixed_qkv: Tensor, a: Tensor, b: Tensor, A_log: Tensor, dt_bias: Tensor, scale: float,
+    state: Tensor, indices: Tensor, *, num_heads: int, use_qk_l2norm: bool, lower_bound: float | None,
+    state_layout: str = "VK", out: Tensor | None = None,
+) -> Tensor:
+    """Call fla's in-place continuous-batching kernel as engines do; every index must be in [0, N).
+
+    Returns the output ``[B, 1, HV, V]`` (``out`` if given, which must then be dense).
+    """
+    B = mixed_qkv.shape[0]
+    HV = state.shape[1]
+    K = dt_bias.shape[0] // HV
+    V = state.shape[2] if state_layout == "VK" else state.shape[3]
+    H = num_heads
+    # fla indexes q/k/v as dense [B, T, H, K]: the packed row stride needs a copy.
+    q = mixed_qkv[:, : H * K].reshape(B, 1, H, K).contiguous()
+    k = mixed_qkv[:, H * K : 2 * H * K].reshape(B, 1, H, K).contiguous()
+    v = mixed_qkv[:, 2 * H * K :].reshape(B, 1, HV, V).contiguous()
+    g = a.reshape(B, 1, HV, K).contiguous()
+    beta = b.reshape(B, 1, HV).contiguous()
+    o, _ = _fwd()(
+        q=q, k=k, v=v, g=g, beta=beta, A_log=A_log, dt_bias=dt_bias, initial_state=state, scale=scale,
+        inplace_final_state=True, state_v_first=state_layout == "VK", ssm_state_indices=indices,
+        use_qk_l2norm_in_kernel=use_qk_l2norm, use_gate_in_kernel=True, use_beta_sigmoid_in_kernel=True,
+        lower_bound=lower_bound, out=None if out is None else out.view(B, 1, HV, V),
+    )
+    return o
+
+
+def packed_decode(
+    mixed_qkv: Tensor, a: Tensor, b: Tensor, A_log: Tensor, dt_bias: Tensor, scale: float,
+    state: Tensor, out: Tensor, indices: Tensor, *, num_heads: int, use_qk_l2norm: bool,
+    lower_bound: float | None, state_layout: str = "VK",
+) -> None:
+    """The packed-decode interface (``kernels/INTERFACE.md``) on fla's kernel, memory-safe."""
+    B, N = mixed_qkv.shape[0], state.shape[0]
+    if B == 0:
+        return
+    valid = (indices >= 0) & (indices < N)
+    rows = valid.nonzero().flatten()  # host sync: fla has no in-kernel padding or bounds guard
+    out.zero_()
+    if rows.numel() == 0:
+        return
+    o = raw_call(mixed_qkv[rows], a[rows], b[rows], A_log, dt_bias, scale, state, indices[rows],
+                 num_heads=num_heads, use_qk_l2norm=use_qk_l2norm, lower_bound=lower_bound,
+                 state_layout=state_layout)
+    out[rows] = o.to(out.dtype)
