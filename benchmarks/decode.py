@@ -263,12 +263,13 @@ def fmt(x: float | None, spec: str) -> str:
 
 
 def render(rows: list[Row], copy_tbps: float, overhead: list[tuple[str, float]], cmd: str) -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
     versions = [f"torch {torch.__version__}"]
-    for mod in ("triton", "helion", "fla"):
+    for dist in ("triton", "helion", "fla-core"):
         try:
-            m = __import__(mod)
-            versions.append(f"{mod} {getattr(m, '__version__', '?')}")
-        except Exception:
+            versions.append(f"{dist} {version(dist)}")
+        except PackageNotFoundError:
             pass
     lines = [
         f"## Packed decode kernels — {datetime.date.today().isoformat()}",
@@ -296,12 +297,37 @@ def render(rows: list[Row], copy_tbps: float, overhead: list[tuple[str, float]],
     return "\n".join(lines) + "\n"
 
 
+def dry_run() -> int:
+    """Exercise the sweep's code paths on the CPU: torch.cuda timing is replaced by a stub."""
+    global SAMPLES
+    SAMPLES = 1
+    torch.cuda.synchronize = lambda *a, **k: None  # type: ignore[assignment]
+
+    def fake_time(fn: Callable[[], None], reps: int = 1) -> float:
+        t0 = time.perf_counter()
+        fn()
+        return (time.perf_counter() - t0) * 1e6
+
+    def no_graph(fn: Callable[[], None]) -> float:
+        raise RuntimeError("no CUDA graphs on the CPU")
+
+    globals().update(time_events=fake_time, time_graph=no_graph, copy_bandwidth=lambda device: 1.0)
+    torch.cuda.get_device_name = lambda *a: "cpu (dry run)"  # type: ignore[assignment]
+    kc.adapters.refresh()
+    rows, copy_tbps = sweep(torch.device("cpu"), [1, 2], [2], [torch.float32], True)
+    print(render(rows, copy_tbps, [("dry", 0.0)], "dry"))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", help="write the Markdown table here (replacing the file)")
     p.add_argument("--quick", action="store_true", help="B in {1, 256}, H=32 only")
     p.add_argument("--no-eager", action="store_true", help="graph timings only")
+    p.add_argument("--dry", action="store_true", help="CPU smoke test of this script (tiny sizes, no timing)")
     args = p.parse_args(argv)
+    if args.dry:
+        return dry_run()
     if not torch.cuda.is_available():
         print("benchmarks/decode.py needs a CUDA device", file=sys.stderr)
         return 2
