@@ -234,9 +234,16 @@ def select(backend: str, call: DecodeCall) -> Adapter:
     the highest-priority available one that supports it. Cached per call signature."""
     key = (backend, call.device_type, call.state_dtype, call.activation_dtype, call.index_dtype, call.layout,
            call.gate, tuple(sorted(call.dims.items())))
+    return select_cached(key, backend, lambda: call)
+
+
+def select_cached(key: tuple[Any, ...], backend: str, make_call: Callable[[], DecodeCall]) -> Adapter:
+    """:func:`select` for a caller that keys the call itself (the hot path: one dict lookup,
+    no :class:`DecodeCall` built unless the key is new). ``key`` must determine the call."""
     hit = _SELECTED.get(key)
     if hit is not None:
         return hit
+    call = make_call()
     if backend != "auto":
         ad = get(backend)
         ok, why = ad.available()

@@ -127,7 +127,9 @@ class MatchConfig:
     rel_tol: float = 0.0
 
     def agrees(self, value: Any, config: Any) -> bool:
-        want = getattr(config, self.attr)
+        return self.agrees_value(value, getattr(config, self.attr))
+
+    def agrees_value(self, value: Any, want: Any) -> bool:
         if value is None or want is None:
             return value is None and want is None
         if isinstance(value, (int, float)) and isinstance(want, (int, float)):

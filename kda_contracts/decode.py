@@ -313,6 +313,21 @@ def _call_of(mixed_qkv: Tensor, initial_state: Tensor, ssm_state_indices: Tensor
         gate="softplus" if lower_bound is None else "bounded", dims=dims)
 
 
+_SYMBOLS = _CONTRACTS["VK"].spec.symbols  # the same for both layouts
+assert _SYMBOLS == _CONTRACTS["KV"].spec.symbols
+_H = _SYMBOLS.index("H")
+
+
+def _dims_unchecked(mixed_qkv: Tensor, initial_state: Tensor, layout: str) -> tuple[int, ...]:
+    """The dims of a call taken on trust (mode ``off``), in the contract's symbol order."""
+    N, HV = initial_state.shape[0], initial_state.shape[1]
+    V, K = (initial_state.shape[2], initial_state.shape[3]) if layout == "VK" else \
+        (initial_state.shape[3], initial_state.shape[2])
+    found = {"B": mixed_qkv.shape[0], "H": (mixed_qkv.shape[1] - HV * V) // (2 * K), "HV": HV, "K": K, "V": V,
+             "N": N}
+    return tuple(found[s] for s in _SYMBOLS)
+
+
 def packed_decode(
     mixed_qkv: Tensor, a: Tensor, b: Tensor, A_log: Tensor, dt_bias: Tensor, scale: float,
     initial_state: Tensor, out: Tensor, ssm_state_indices: Tensor,
@@ -329,23 +344,19 @@ def packed_decode(
         out, state = kc.packed_decode(mixed_qkv, a, b, A_log, dt_bias, cfg.scale, state, out, idx,
                                       use_qk_l2norm_in_kernel=True, config=cfg, backend="torch")
     """
-    layout = _layout(config, state_layout)
-    c = _CONTRACTS[layout]
+    layout = "VK" if config is None and state_layout is None else _layout(config, state_layout)
     m = modes.current_mode()
-    vals = (mixed_qkv, a, b, A_log, dt_bias, scale, initial_state, out, ssm_state_indices,
-            use_qk_l2norm_in_kernel, lower_bound, config)
     if m:
-        dims = dict(zip(c.spec.symbols, c.enforce(vals, config, m), strict=True))
-        H = dims["H"]
+        d = _CONTRACTS[layout].enforce((mixed_qkv, a, b, A_log, dt_bias, scale, initial_state, out,
+                                        ssm_state_indices, use_qk_l2norm_in_kernel, lower_bound, config), config, m)
     else:
-        hv, v, k = initial_state.shape[1], initial_state.shape[-2 if layout == "VK" else -1], \
-            initial_state.shape[-1 if layout == "VK" else -2]
-        H = (mixed_qkv.shape[1] - hv * v) // (2 * k)
-        dims = {"H": H}
-    adapter = adapters.select(backend, _call_of(mixed_qkv, initial_state, ssm_state_indices, layout,
-                                                lower_bound, dims))
+        d = _dims_unchecked(mixed_qkv, initial_state, layout)
+    key = (backend, initial_state.device.type, initial_state.dtype, mixed_qkv.dtype, ssm_state_indices.dtype,
+           layout, lower_bound is None, d)
+    adapter = adapters.select_cached(key, backend, lambda: _call_of(
+        mixed_qkv, initial_state, ssm_state_indices, layout, lower_bound, dict(zip(_SYMBOLS, d, strict=True))))
     adapter.load()(mixed_qkv, a, b, A_log, dt_bias, scale, initial_state, out, ssm_state_indices,
-                   num_heads=H, use_qk_l2norm=use_qk_l2norm_in_kernel, lower_bound=lower_bound,
+                   num_heads=d[_H], use_qk_l2norm=use_qk_l2norm_in_kernel, lower_bound=lower_bound,
                    state_layout=layout)
     return out, initial_state
 

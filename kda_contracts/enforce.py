@@ -51,6 +51,45 @@ def registered_contracts() -> dict[str, Contract]:
     return dict(_REGISTRY)
 
 
+def config_view_layout(spec: ContractSpec) -> tuple[list[str], list[str]]:
+    """The dtype roles and the MatchConfig scalars of a contract, in view order."""
+    roles = sorted({tp.spec.config_dtype for tp in spec.tensors.values() if tp.spec.config_dtype is not None})
+    matches = [sp.name for sp in spec.scalars.values() if sp.match is not None]
+    return roles, matches
+
+
+class ConfigViews:
+    """What each config object fixes for one contract, flattened once per config object:
+    ``(config, dims aligned with spec.symbols, dtypes aligned with the roles, match values)``.
+
+    Keyed by ``id``, holding the config itself so a recycled id is detected; bounded.
+    """
+
+    MAX = 64
+
+    def __init__(self, spec: ContractSpec) -> None:
+        self.spec = spec
+        self.roles, self.matches = config_view_layout(spec)
+        self._views: dict[int, tuple[Any, ...]] = {}
+
+    def get(self, key: int) -> tuple[Any, ...] | None:
+        return self._views.get(key)
+
+    def make(self, cfg: Any) -> tuple[Any, ...]:
+        dims = config_dims(cfg)
+        dts = _config_dtypes(cfg) or {}
+        view = (
+            cfg,
+            tuple(dims.get(s) for s in self.spec.symbols),
+            tuple(dts.get(r) for r in self.roles),
+            tuple(getattr(cfg, self.spec.scalars[n].match.attr) for n in self.matches),  # type: ignore[union-attr]
+        )
+        if len(self._views) >= self.MAX:
+            self._views.clear()
+        self._views[id(cfg)] = view
+        return view
+
+
 class _Gen:
     """Accumulates the lines of the generated checker."""
 
@@ -79,6 +118,7 @@ def _generate_checker(spec: ContractSpec) -> tuple[str, dict[str, Any]]:
     """Python source of ``check(<params>, _cfg) -> tuple | None`` for ``spec``."""
     g = _Gen()
     names = {s: _var(s) for s in spec.symbols}
+    dtype_roles, match_params = config_view_layout(spec)
     bound: set[str] = set()
     params = [p for p in spec.signature.parameters.values() if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
     args = ", ".join(p.name for p in params)
@@ -111,16 +151,22 @@ def _generate_checker(spec: ContractSpec) -> tuple[str, dict[str, Any]]:
         g.emit(f"{names[s.symbol]} = _r // _c")
         bound.add(s.symbol)
         solved_axes.add((s.param, s.axis))
-    # Config agreement: every dim the config fixes must equal what the tensors bound.
-    cfg_syms = [s for s in spec.symbols]
-    if spec.config is not None or spec.config_arg is not None:
+    # Config agreement: every dim the config fixes must equal what the tensors bound. What a
+    # config fixes is read once per config object into a flat "view" (see ConfigViews).
+    has_cfg = spec.config is not None or spec.config_arg is not None
+    if has_cfg:
         g.emit("if _cfg is not None:")
         g.indent += 1
-        g.emit("_cd = _cfg.contract_dims() if hasattr(_cfg, 'contract_dims') else _config_dims(_cfg)")
-        for s in cfg_syms:
-            g.emit(f"if _cd.get({s!r}, {names[s]}) != {names[s]}:")
+        g.emit("_v = _views.get(id(_cfg))")
+        g.emit("if _v is None or _v[0] is not _cfg:")
+        g.emit("    _v = _views.make(_cfg)")
+        g.emit("_cd, _cdt, _cm = _v[1], _v[2], _v[3]")
+        for i, s in enumerate(spec.symbols):
+            g.emit(f"if _cd[{i}] is not None and _cd[{i}] != {names[s]}:")
             g.emit("    return None")
         g.indent -= 1
+        g.emit("else:")
+        g.emit("    _cdt = _cm = None")
 
     def shape_checks(tp: TensorParam, shape_var: str) -> None:
         conds = []
@@ -148,8 +194,9 @@ def _generate_checker(spec: ContractSpec) -> tuple[str, dict[str, Any]]:
         dts = g.const(tp.dtypes, "_dt")
         g.emit(f"if {t}.dtype not in {dts}:")
         g.emit("    return None")
-        if tp.spec.config_dtype is not None and (spec.config is not None or spec.config_arg is not None):
-            g.emit(f"if _cdt is not None and _cdt.get({tp.spec.config_dtype!r}, {t}.dtype) != {t}.dtype:")
+        if tp.spec.config_dtype is not None and has_cfg:
+            j = dtype_roles.index(tp.spec.config_dtype)
+            g.emit(f"if _cdt is not None and _cdt[{j}] is not None and {t}.dtype != _cdt[{j}]:")
             g.emit("    return None")
         if tp.spec.same_dtype_as is not None:
             other = tp.spec.same_dtype_as
@@ -175,8 +222,6 @@ def _generate_checker(spec: ContractSpec) -> tuple[str, dict[str, Any]]:
             g.emit("if " + " or ".join(conds) + ":")
             g.emit("    return None")
 
-    if spec.config is not None or spec.config_arg is not None:
-        g.emit("_cdt = _config_dtypes(_cfg) if _cfg is not None else None")
     if spec.first_tensor is not None:
         g.emit(f"_dev = {spec.first_tensor}.device")
     for tp in required:
@@ -197,9 +242,10 @@ def _generate_checker(spec: ContractSpec) -> tuple[str, dict[str, Any]]:
                 cond = f"{sp.name} is not None and {cond}"
             g.emit(f"if {cond}:")
             g.emit("    return None")
-        if sp.match is not None and (spec.config is not None or spec.config_arg is not None):
+        if sp.match is not None and has_cfg:
             m = g.const(sp.match, "_match")
-            g.emit(f"if _cfg is not None and not {m}.agrees({sp.name}, _cfg):")
+            k = match_params.index(sp.name)
+            g.emit(f"if _cm is not None and not {m}.agrees_value({sp.name}, _cm[{k}]):")
             g.emit("    return None")
     g.emit("return (" + "".join(f"{names[s]}, " for s in spec.symbols) + ")")
     body = "\n".join(g.lines)
@@ -244,8 +290,7 @@ class Contract:
         src, consts = _generate_checker(spec)
         self.checker_source = src
         namespace: dict[str, Any] = dict(consts)
-        namespace["_config_dims"] = config_dims
-        namespace["_config_dtypes"] = _config_dtypes
+        namespace["_views"] = ConfigViews(spec)
         code = compile(src, f"<kda_contracts checker for {spec.name}>", "exec")
         exec(code, namespace)  # our own generated source, built from the parsed tree only
         self.check: Callable[..., tuple[int, ...] | None] = namespace["check"]

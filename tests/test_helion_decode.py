@@ -15,8 +15,7 @@ copies of the same pool and compares them with ``kda_oracle.TOLERANCES`` (1e-5 f
 from __future__ import annotations
 
 import functools
-import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -36,25 +35,6 @@ pytestmark = pytest.mark.skipif(not helion_decode.is_available()[0], reason=heli
 LAYOUTS = ["VK", "KV"]
 GATES = [None, -5.0]  # softplus, bounded sigmoid
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _interpreter_libdevice() -> Iterator[None]:
-    # Helion's generated code calls libdevice.exp through inductor's triton_compat module;
-    # under the Triton interpreter that libdevice has no CPU implementation, while
-    # triton.language.math does. Patched for this module only, restored afterwards.
-    if os.environ.get("TRITON_INTERPRET") != "1":
-        yield
-        return
-    import triton.language
-    from torch._inductor.runtime import triton_compat
-
-    saved = triton_compat.libdevice
-    triton_compat.libdevice = triton.language.math
-    try:
-        yield
-    finally:
-        triton_compat.libdevice = saved
 
 
 def _case(**overrides: object) -> DecodeCase:
