@@ -18,7 +18,7 @@ from torch import Tensor
 
 from . import adapters, modes
 from .contract import CallContext, Dims, MatchConfig, Range, Spec, Where
-from .enforce import Contract, build_spec
+from .enforce import Contract, build_spec, register_contract
 from .errors import (
     LayoutError,
     ShapeError,
@@ -256,7 +256,7 @@ def _build(layout: str) -> Contract:
     fn = _make_signature(layout)
     spec = build_spec(fn, name="packed_decode", config_arg="config", where=_WHERE,
                       bind_first=("initial_state", "mixed_qkv"), hints=_HINTS, value_checks=_value_checks)
-    return Contract(spec, fn)
+    return register_contract(f"packed_decode[{layout}]", Contract(spec, fn))
 
 
 _CONTRACTS: dict[str, Contract] = {"VK": _build("VK"), "KV": _build("KV")}

@@ -37,7 +37,7 @@ from .contract import (
 from .dims import ANY, Expr, Sym
 from .errors import ArgumentTypeError, DtypeError, ShapeError, Violation, raise_violations
 
-__all__ = ["Contract", "contract", "registered_contracts"]
+__all__ = ["Contract", "contract", "register_contract", "registered_contracts"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -47,8 +47,15 @@ _ids = itertools.count()
 
 
 def registered_contracts() -> dict[str, Contract]:
-    """Every contract created with ``register=True`` (the default), by name (for docs and CLIs)."""
+    """Every contract created with ``register=True`` (the default), by name (for docs, CLIs and
+    the pytest plugin's summary)."""
     return dict(_REGISTRY)
+
+
+def register_contract(key: str, c: Contract) -> Contract:
+    """Add a contract built without the decorator to :func:`registered_contracts`."""
+    _REGISTRY[key] = c
+    return c
 
 
 def config_view_layout(spec: ContractSpec) -> tuple[list[str], list[str]]:
@@ -303,6 +310,9 @@ class Contract:
         self._type_annotations = shim.__annotations__
         self.check_types: Callable[..., None] = beartype(conf=_BEARTYPE_CONF)(shim)
         self._provenance: dict[bool, dict[str, str]] = {}
+        # Usage counters (for the pytest plugin's summary): checked calls and rejected calls.
+        self.calls = 0
+        self.rejections = 0
 
     # -- the slow paths ----------------------------------------------------------------------
     def _bind_values(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> dict[str, Any]:
@@ -327,9 +337,11 @@ class Contract:
         """Raise the full report for a call the fast path rejected."""
         tv = self.type_violations(values)
         if tv:
+            self.rejections += 1
             raise_violations(self.name, tv, {}, {})
         dims, prov, violations = self.spec.explain(values, config)
         if violations:
+            self.rejections += 1
             raise_violations(self.name, violations, dims, prov)
         # The generated checker and the interpreter disagree: trust the interpreter, but say so.
         warnings.warn(f"kda_contracts: the fast checker of {self.name} rejected a call the full check accepts; "
@@ -354,6 +366,7 @@ class Contract:
     def enforce(self, vals: Sequence[Any], config: Any, mode: int = modes.CHECK) -> tuple[int, ...]:
         """Run the checks of ``mode`` on arguments given positionally (every checked parameter, in
         signature order); return the bound dims in ``spec.symbols`` order or raise."""
+        self.calls += 1
         try:
             self.check_types(*vals)
             dims = self.check(*vals, _cfg=config)
@@ -384,6 +397,7 @@ class Contract:
         ctx = CallContext(self.spec, values, config, dims, prov)
         violations = self.spec.value_checks(ctx)
         if violations:
+            self.rejections += 1
             raise_violations(self.name, violations, dims, prov)
 
     def wrap(self, fixed_mode: int | None = None) -> Callable[..., Any]:
@@ -476,6 +490,7 @@ def _wrapper_source(spec: ContractSpec, fn_name: str, has_return: bool, value_ch
         f"def {fn_name}({', '.join(parts)}):",
         "    _m = _current_mode() if _fixed_mode is None else _fixed_mode",
         "    if _m:",
+        "        _self.calls += 1",
         "        try:",
         f"            _types({plain})",
         "        except _TypeViolation:",
@@ -512,6 +527,7 @@ def _build_wrapper(c: Contract, fixed_mode: int | None) -> Callable[..., Any]:
 
     def fail_types(*vals: Any) -> None:
         values = as_values(*vals)
+        c.rejections += 1
         raise_violations(c.name, c.type_violations(values), {}, {})
 
     def strict(dims: tuple[int, ...], *vals: Any) -> None:
@@ -531,6 +547,7 @@ def _build_wrapper(c: Contract, fixed_mode: int | None) -> Callable[..., Any]:
         "_fn": c.fn,
         "_check_return": c.check_return,
         "_static_cfg": spec.config,
+        "_self": c,
     }
     for i, p in enumerate(spec.signature.parameters.values()):
         if p.default is not inspect.Parameter.empty:
