@@ -35,7 +35,15 @@ from .contract import (
     dtype_name,
 )
 from .dims import ANY, Expr, Sym
-from .errors import ArgumentTypeError, DtypeError, ShapeError, Violation, raise_violations
+from .errors import (
+    ArgumentTypeError,
+    ContractError,
+    DtypeError,
+    ShapeError,
+    Violation,
+    passthrough_for_compile,
+    raise_violations,
+)
 
 __all__ = ["Contract", "contract", "register_contract", "registered_contracts"]
 
@@ -514,6 +522,27 @@ def _wrapper_source(spec: ContractSpec, fn_name: str, has_return: bool, value_ch
     return "\n".join(lines) + "\n"
 
 
+def _outside_compile(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Mark ``fn`` so that torch.compile runs it in plain Python on the real arguments at trace
+    time instead of tracing it (beartype's wrapper, the report builder, strict value checks).
+    The generated shape checker itself *is* traced: its compares become guards. No eager cost:
+    the marker is an attribute on the same function object."""
+
+    @functools.wraps(fn)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except ContractError as err:
+            if torch.compiler.is_compiling():
+                raise passthrough_for_compile(err) from None
+            raise
+
+    try:
+        return torch.compiler.assume_constant_result(run)
+    except Exception:  # a torch without the marker
+        return fn
+
+
 def _build_wrapper(c: Contract, fixed_mode: int | None) -> Callable[..., Any]:
     spec = c.spec
     names = c._param_names
@@ -538,12 +567,12 @@ def _build_wrapper(c: Contract, fixed_mode: int | None) -> Callable[..., Any]:
     ns: dict[str, Any] = {
         "_current_mode": modes.current_mode,
         "_fixed_mode": fixed_mode,
-        "_types": c.check_types,
+        "_types": _outside_compile(c.check_types),
         "_TypeViolation": BeartypeCallHintParamViolation,
-        "_fail_types": fail_types,
+        "_fail_types": _outside_compile(fail_types),
         "_check": c.check,
-        "_fail": fail,
-        "_strict": strict,
+        "_fail": _outside_compile(fail),
+        "_strict": _outside_compile(strict),
         "_fn": c.fn,
         "_check_return": c.check_return,
         "_static_cfg": spec.config,

@@ -165,6 +165,25 @@ def _rebuild_error(kinds, message, function, violations, dims, provenance):
     return cls(message, function=function, violations=violations, dims=dims, provenance=provenance)
 
 
+_PASSTHROUGH: dict[type[ContractError], type[ContractError]] = {}
+
+
+def passthrough_for_compile(err: ContractError) -> ContractError:
+    """The same error as a class that also derives from AssertionError.
+
+    torch.compile re-wraps any exception raised while tracing into an InternalTorchDynamoError,
+    except a few kinds (AssertionError among them) that it lets through unchanged; this keeps
+    ``except kc.ShapeError`` working around a compiled function.
+    """
+    base = type(err)
+    cls = _PASSTHROUGH.get(base)
+    if cls is None:
+        cls = _PASSTHROUGH[base] = type(base.__name__, (base, AssertionError),
+                                        {"kind_name": base.kind_name, "__module__": __name__})
+    return cls(str(err), function=err.function, violations=err.violations, dims=err.dims,
+               provenance=err.provenance)
+
+
 def format_report(
     function: str,
     violations: Sequence[Violation],

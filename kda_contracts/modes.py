@@ -44,9 +44,21 @@ _local: ContextVar[int | None] = ContextVar("kda_contracts_mode", default=None)
 
 
 def current_mode() -> int:
-    """The mode number in force here (0 off, 1 check, 2 strict). The hot path's one flag read."""
+    """The mode number in force here (0 off, 1 check, 2 strict). The hot path's one flag read.
+
+    Under torch.compile the mode is read once, when the function is traced (dynamo cannot trace
+    a ContextVar); a compiled function keeps the mode it was compiled in.
+    """
     m = _local.get()
     return _default if m is None else m
+
+
+try:  # let dynamo evaluate the mode at trace time instead of tracing ContextVar.get
+    import torch.compiler as _tc
+
+    current_mode = _tc.assume_constant_result(current_mode)
+except Exception:  # pragma: no cover - torch without the marker
+    pass
 
 
 def get_mode() -> ModeName:
