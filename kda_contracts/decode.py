@@ -358,7 +358,31 @@ def packed_decode(
     adapter.load()(mixed_qkv, a, b, A_log, dt_bias, scale, initial_state, out, ssm_state_indices,
                    num_heads=d[_H], use_qk_l2norm=use_qk_l2norm_in_kernel, lower_bound=lower_bound,
                    state_layout=layout)
+    if m == modes.STRICT:
+        _check_outputs(adapter.name, out, initial_state, ssm_state_indices)
     return out, initial_state
+
+
+def _check_outputs(backend: str, out: Tensor, state: Tensor, idx: Tensor) -> None:
+    """Strict mode, after the kernel: the outputs still meet the contract's promises — finite
+    output and updated slots, all-zero rows for padding. Skipped during CUDA-graph capture."""
+    if out.is_cuda and torch.cuda.is_current_stream_capturing():
+        return
+    n = state.shape[0]
+    live = (idx >= 0) & (idx < n)
+    violations = []
+    if out.numel() and not bool(torch.isfinite(out).all()):
+        violations.append(Violation(ValueRangeError, "out", "finite values after the kernel", "NaN or Inf",
+                                    hint=f"the inputs were finite: report this against backend {backend!r}"))
+    if bool((~live).any()) and bool(out[~live].ne(0).any()):
+        violations.append(Violation(ValueRangeError, "out", "zero rows for padding and out-of-range indices",
+                                    "non-zero rows", hint=f"backend {backend!r} broke the padding rule"))
+    slots = idx[live].long()
+    if slots.numel() and not bool(torch.isfinite(state[slots]).all()):
+        violations.append(Violation(ValueRangeError, "initial_state", "finite updated slots", "NaN or Inf",
+                                    hint="a decay or beta far out of range can overflow a low-precision state"))
+    if violations:
+        raise_violations(f"packed_decode (after backend {backend!r})", violations, {}, {})
 
 
 def explain_backends(

@@ -325,3 +325,27 @@ def test_our_contract_decorator_accepts_the_same_sglang_order_signature():
     call = call_for(small_cfg())
     assert sglang_order(*[call[k] for k in ("mixed_qkv", "a", "b", "A_log", "dt_bias", "scale", "initial_state",
                                             "out", "ssm_state_indices")]) == 7
+
+
+def test_strict_mode_checks_the_outputs_after_the_kernel(registry_guard):
+    def bad_kernel(mixed_qkv, a, b, A_log, dt_bias, scale, state, out, idx, **kw):
+        out.fill_(1.0)  # writes the padding row too: breaks the kernel contract
+
+    kc.adapters.register(kc.adapters.Adapter(name="sloppy", kernel=bad_kernel, devices=("cpu",)), replace=True)
+    call = call_for(small_cfg(), B=3, N=8)
+    call["ssm_state_indices"] = torch.tensor([0, -1, 3], dtype=torch.int32)
+    with kc.mode("check"):
+        kc.packed_decode(**call, backend="sloppy")  # check mode trusts the kernel
+    with kc.mode("strict"), pytest.raises(kc.ValueRangeError,
+                                          match=r"packed_decode \(after backend 'sloppy'\)\(\): 1 contract violation"
+                                                r"\n  \[1\] out: ValueRangeError\n +expected zero rows for padding"):
+        kc.packed_decode(**call, backend="sloppy")
+
+
+@pytest.fixture
+def registry_guard():
+    saved = dict(kc.adapters._REGISTRY)
+    yield
+    kc.adapters._REGISTRY.clear()
+    kc.adapters._REGISTRY.update(saved)
+    kc.adapters.refresh()
