@@ -13,6 +13,10 @@ at B=256, H=HV=32, K=V=128, a call took 275 µs with fp32 state and 146 µs with
 Memory safety does not depend on validation: an index < 0 (padding) or >= N (out of range) zeroes
 the output row and touches no pool byte; pool addresses are computed in int64.
 
+Eager calls after the first of each specialization skip Triton's Python-side dispatch and launch
+the cached compiled kernel directly (see "eager launch" below; ``KDA_TRITON_FAST_LAUNCH=0`` turns
+that off).
+
 Example::
 
     from kda_kernels.triton_decode import is_available, packed_decode
@@ -25,6 +29,7 @@ Example::
 from __future__ import annotations
 
 import os
+import warnings
 from typing import NamedTuple
 
 import torch
@@ -237,9 +242,10 @@ def packed_decode(
         raise ValueError(f"state_layout must be 'VK' or 'KV', got {state_layout!r}")
 
     cfg = config if config is not None else pick_config(batch, num_v_heads, head_v_dim, state.dtype)
-    n_groups = triton.cdiv(head_v_dim, cfg.block_v * cfg.tiles)
-    grid = (batch * num_v_heads * n_groups,)
-    _packed_decode_kernel[grid](
+    grid0 = batch * num_v_heads * triton.cdiv(head_v_dim, cfg.block_v * cfg.tiles)
+    # The kernel's parameters in order: runtime arguments, then constexprs (the fast launch below
+    # passes both tuples positionally, as Triton's own launch does).
+    args = (
         mixed_qkv,
         a,
         b,
@@ -256,18 +262,165 @@ def packed_decode(
         a.stride(0),
         b.stride(0),
         state.stride(0),
-        H=num_heads,
-        HV=num_v_heads,
-        K=head_k_dim,
-        V=head_v_dim,
-        BK=triton.next_power_of_2(head_k_dim),
-        BV=cfg.block_v,
-        STATE_KV=state_layout == "KV",
-        USE_L2NORM=bool(use_qk_l2norm),
-        BOUNDED_GATE=lower_bound is not None,
-        HAS_COUNTER=oob_counter is not None,
-        TILES=cfg.tiles,
-        STAGES=cfg.num_stages,
-        STATE_EVICTION=cfg.state_eviction,
-        num_warps=cfg.num_warps,
+        num_heads,  # H
+        num_v_heads,  # HV
     )
+    constexprs = (
+        head_k_dim,  # K
+        head_v_dim,  # V
+        triton.next_power_of_2(head_k_dim),  # BK
+        cfg.block_v,  # BV
+        state_layout == "KV",  # STATE_KV
+        bool(use_qk_l2norm),  # USE_L2NORM
+        lower_bound is not None,  # BOUNDED_GATE
+        oob_counter is not None,  # HAS_COUNTER
+        cfg.tiles,  # TILES
+        cfg.num_stages,  # STAGES
+        cfg.state_eviction,  # STATE_EVICTION
+    )
+    key = _launch_key(args, constexprs, cfg.num_warps) if _fast_launch["enabled"] else None
+    error = None
+    if key is not None:
+        entry = _fast_launch["cache"].get(key)
+        if entry is not None:
+            launched, error = _launch_compiled(entry, key[0], grid0, args, constexprs)
+            if launched:
+                return
+    compiled = _packed_decode_kernel[(grid0,)](*args, *constexprs, num_warps=cfg.num_warps)
+    if error is not None:  # the normal launch worked where the compiled kernel's launcher failed
+        _disable_fast_launch(f"the compiled kernel's launcher failed ({error!r})")
+    elif key is not None:
+        _remember(key, compiled)
+
+
+# --- eager launch ---------------------------------------------------------------------------------
+# ``kernel[grid](...)`` spends ~25 µs of host time per call in Triton's JITFunction.run (binding the
+# arguments, computing the specialization key, looking up the cache), ten times the kernel itself at
+# small batches. So after a normal launch, the CompiledKernel it returns is kept under a key holding
+# everything Triton specializes this kernel on, and later calls with the same key go straight to the
+# compiled kernel's launcher: the call JITFunction.run itself ends with, on the current stream, with
+# no sync (safe under CUDA-graph capture). Anything unexpected about those internals switches this
+# off for the process, with a warning, and every call takes the normal path. Under TRITON_INTERPRET
+# there is no compiled kernel and the normal path is the only one. Not in the key: Triton settings
+# read from the environment at launch (TRITON_DEBUG, instrumentation modes): set them before the
+# first call, or set KDA_TRITON_FAST_LAUNCH=0 (read at import) to always launch with kernel[grid].
+
+_N_RUNTIME_ARGS = 18
+_N_CONSTEXPRS = 11
+_INT_ARGS = slice(11, 18)  # N, the four strides, H, HV
+_fast_launch: dict = {
+    "enabled": os.environ.get("KDA_TRITON_FAST_LAUNCH", "1") not in ("", "0") and triton is not None,
+    "cache": {},  # key -> (compiled kernel, launcher, function handle, packed metadata)
+    "env": None,  # (get_current_device, get_current_stream, triton.knobs.runtime), bound on first use
+}
+
+
+def _disable_fast_launch(why: str) -> None:
+    if _fast_launch["enabled"]:
+        _fast_launch["enabled"] = False
+        _fast_launch["cache"].clear()
+        warnings.warn(
+            f"kda_kernels.triton_decode: fast launch disabled, using kernel[grid]: {why}", RuntimeWarning, stacklevel=3
+        )
+
+
+def _int_spec(x: int) -> int:
+    """What Triton specializes an int argument on: == 1 (it becomes a constexpr), divisibility by
+    16, and its type (i32, i64 or u64), as one small int."""
+    if x == 1:
+        return 1
+    spec = 2 if x % 16 == 0 else 0
+    if x < -0x80000000 or x > 0x7FFFFFFF:
+        spec += 8 if x > 0x7FFFFFFFFFFFFFFF else 4
+    return spec
+
+
+def _launch_key(args: tuple, constexprs: tuple, num_warps: int) -> tuple | None:
+    """The specialization key of a launch: the device, the constexprs and options, each pointer's
+    dtype and 16-byte alignment, and each int's :func:`_int_spec` (floats are never specialized).
+    None when the fast launch cannot be used."""
+    env = _fast_launch["env"]
+    if env is None:
+        env = _bind_launch_env()
+        if env is None:
+            return None
+    q, a, b, A, d, s, o, i, c = args[:9]
+    ptrs = (
+        q.data_ptr(),
+        a.data_ptr(),
+        b.data_ptr(),
+        A.data_ptr(),
+        d.data_ptr(),
+        s.data_ptr(),
+        o.data_ptr(),
+        i.data_ptr(),
+        c.data_ptr(),
+    )
+    return (
+        env[0](),
+        num_warps,
+        constexprs,
+        (q.dtype, a.dtype, b.dtype, A.dtype, d.dtype, s.dtype, o.dtype, i.dtype, c.dtype),
+        tuple([(p & 15) == 0 for p in ptrs]),
+        tuple([_int_spec(x) for x in args[_INT_ARGS]]),
+    )
+
+
+def _bind_launch_env() -> tuple | None:
+    try:
+        from triton.runtime.driver import driver
+        from triton.runtime.jit import JITFunction
+
+        if not isinstance(_packed_decode_kernel, JITFunction):  # the interpreter, or a wrapper
+            _fast_launch["enabled"] = False
+            return None
+        active = driver.active
+        env = (active.get_current_device, active.get_current_stream, triton.knobs.runtime)
+    except Exception as exc:
+        _disable_fast_launch(f"triton's driver API is not as expected ({exc!r})")
+        return None
+    _fast_launch["env"] = env
+    return env
+
+
+def _hook_set(hook: object) -> bool:
+    # None (triton <= 3.6) or an empty HookChain (later versions) means no hook
+    return hook is not None and bool(getattr(hook, "calls", True))
+
+
+def _remember(key: tuple, compiled: object) -> None:
+    """Keep the CompiledKernel a normal launch returned, if it looks like what the fast launch
+    expects: a signature listing every parameter (constexprs included) and a launcher."""
+    if compiled is None or hasattr(compiled, "result"):  # not launched (a compile hook), or a future
+        return
+    try:
+        signature = list(compiled.src.signature.values())
+        ok = len(signature) == _N_RUNTIME_ARGS + _N_CONSTEXPRS and all(
+            v == "constexpr" for v in signature[_N_RUNTIME_ARGS:]
+        )
+        entry = (compiled, compiled.run, compiled.function, compiled.packed_metadata)
+        ok = ok and callable(entry[1]) and entry[2] is not None
+    except Exception as exc:
+        _disable_fast_launch(f"the compiled kernel is not as expected ({exc!r})")
+        return
+    if not ok:
+        _disable_fast_launch("the compiled kernel's signature or launcher is not as expected")
+        return
+    _fast_launch["cache"][key] = entry
+
+
+def _launch_compiled(
+    entry: tuple, device: int, grid0: int, args: tuple, constexprs: tuple
+) -> tuple[bool, Exception | None]:
+    """Launch through the compiled kernel's launcher. Returns (launched, the launcher's error): when
+    not launched the normal path runs, and disables this one if it succeeds where this failed (a
+    failure of both is the caller's, e.g. a CPU tensor, and Triton's error is the one raised)."""
+    get_stream, runtime = _fast_launch["env"][1:]
+    if _hook_set(runtime.launch_enter_hook) or _hook_set(runtime.launch_exit_hook):
+        return False, None  # a profiler is listening: let Triton build the launch metadata
+    _, run, function, packed_metadata = entry
+    try:
+        run(grid0, 1, 1, get_stream(device), function, packed_metadata, None, None, None, *args, *constexprs)
+    except Exception as exc:
+        return False, exc
+    return True, None

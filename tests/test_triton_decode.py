@@ -7,9 +7,12 @@ with ``kda_oracle.TOLERANCES``. Shapes are tiny: the interpreter costs ~0.5 ms p
 
 from __future__ import annotations
 
+import dataclasses
+from types import SimpleNamespace
+
 import pytest
 import torch
-from kda_kernels import reference
+from kda_kernels import reference, triton_decode
 from kda_kernels.triton_decode import DecodeConfig, is_available, packed_decode, pick_config
 from kda_oracle import (
     DecodeCase,
@@ -236,3 +239,192 @@ def test_picked_config_tiles_never_exceed_the_value_dim(batch: int, num_v_heads:
     for dtype in (torch.float32, torch.bfloat16, torch.float16):
         cfg = pick_config(batch, num_v_heads, 128, dtype)
         assert cfg.block_v & (cfg.block_v - 1) == 0 and cfg.block_v * cfg.tiles <= 128
+
+
+# --- the fast eager launch (the compiled-kernel cache) ----------------------------------------------
+# The interpreter has no compiled kernel, so these tests drive the fast path with a stand-in for the
+# JIT function and the CompiledKernel it returns; benchmarks/triton_launch.py checks the real one on
+# a GPU (bit-identical to kernel[grid], also in a CUDA graph).
+
+_N_PARAMS = triton_decode._N_RUNTIME_ARGS + triton_decode._N_CONSTEXPRS
+
+
+class _FakeCompiled:
+    """Stands in for triton's CompiledKernel: a signature naming every parameter, and a launcher."""
+
+    def __init__(self, signature_len: int = _N_PARAMS, fail: bool = False) -> None:
+        self.src = SimpleNamespace(signature={f"p{i}": "i32" for i in range(signature_len)})
+        for name in list(self.src.signature)[triton_decode._N_RUNTIME_ARGS :]:
+            self.src.signature[name] = "constexpr"
+        self.function = object()
+        self.packed_metadata = (1, 2)
+        self.launches: list[tuple] = []
+        self.fail = fail
+
+    def run(self, *args: object) -> None:
+        if self.fail:
+            raise TypeError("launcher takes other arguments")
+        self.launches.append(args)
+
+
+class _FakeJIT:
+    """Stands in for the JIT function: ``kernel[grid](*args, num_warps=...)`` records the call."""
+
+    def __init__(self, compiled: _FakeCompiled, fail: bool = False) -> None:
+        self.compiled, self.fail = compiled, fail
+        self.calls: list[tuple] = []
+
+    def __getitem__(self, grid: tuple) -> object:
+        def launch(*args: object, **kwargs: object) -> _FakeCompiled:
+            if self.fail:
+                raise ValueError("pointer argument cannot be accessed from Triton (cpu tensor?)")
+            self.calls.append((grid, args, kwargs))
+            return self.compiled
+
+        return launch
+
+
+@pytest.fixture
+def fake_kernel(monkeypatch: pytest.MonkeyPatch):
+    """Installs a fake JIT function and launch environment (device 0, stream 1234, no hooks)."""
+
+    def install(compiled: _FakeCompiled | None = None, hooks: object = None) -> _FakeJIT:
+        jit = _FakeJIT(compiled if compiled is not None else _FakeCompiled())
+        runtime = SimpleNamespace(launch_enter_hook=hooks, launch_exit_hook=None)
+        monkeypatch.setattr(triton_decode, "_packed_decode_kernel", jit)
+        monkeypatch.setitem(triton_decode._fast_launch, "enabled", True)
+        monkeypatch.setitem(triton_decode._fast_launch, "cache", {})
+        monkeypatch.setitem(triton_decode._fast_launch, "env", (lambda: 0, lambda device: 1234, runtime))
+        return jit
+
+    return install
+
+
+def _call(case: DecodeCase, out: torch.Tensor | None = None, **kwargs: object) -> None:
+    packed_decode(
+        case.mixed_qkv,
+        case.a,
+        case.b,
+        case.A_log,
+        case.dt_bias,
+        case.scale,
+        case.state,
+        case.new_out() if out is None else out,
+        case.indices,
+        num_heads=case.num_heads,
+        use_qk_l2norm=case.use_qk_l2norm,
+        lower_bound=case.lower_bound,
+        state_layout=case.state_layout,
+        **kwargs,  # type: ignore[arg-type]
+    )
+
+
+def test_fast_launch_reuses_the_compiled_kernel_with_every_argument_in_order(fake_kernel) -> None:
+    jit = fake_kernel()
+    case = _case()
+    counter, out = torch.zeros(1, dtype=torch.int32), case.new_out()
+    for _ in range(3):
+        _call(case, out, oob_counter=counter)
+    assert len(jit.calls) == 1  # one normal launch, then the compiled kernel's launcher
+    (grid,), args, kwargs = jit.calls[0][0], jit.calls[0][1], jit.calls[0][2]
+    assert kwargs == {"num_warps": pick_config(3, 4, 8, torch.float32).num_warps}
+    assert len(args) == _N_PARAMS and args[8] is counter
+    launches = jit.compiled.launches
+    assert len(launches) == 2
+    for launch in launches:
+        assert launch[:9] == (grid, 1, 1, 1234, jit.compiled.function, (1, 2), None, None, None)
+        assert len(launch[9:]) == _N_PARAMS
+        assert all(x is y if isinstance(x, torch.Tensor) else x == y for x, y in zip(launch[9:], args, strict=True))
+
+
+@pytest.mark.parametrize(
+    "change",
+    ["act_dtype", "index_dtype", "misaligned", "one_head", "row_stride", "layout", "counter", "config"],
+)
+def test_every_specialization_change_takes_the_normal_launch_first(fake_kernel, change: str) -> None:
+    jit = fake_kernel()
+    case = _case(num_heads=2, num_v_heads=4)
+    _call(case)
+    kwargs: dict[str, object] = {}
+    if change == "act_dtype":
+        case = _case(act_dtype=torch.bfloat16)
+    elif change == "index_dtype":
+        case = _case(index_dtype=torch.int32)
+    elif change == "misaligned":  # a pointer off a 16-byte boundary is specialized differently
+        case = _case()
+        wide = torch.zeros(case.mixed_qkv.shape[0], case.mixed_qkv.shape[1] + 1)
+        wide[:, 1:] = case.mixed_qkv
+        case = dataclasses.replace(case, mixed_qkv=wide[:, 1:])
+    elif change == "one_head":  # an int argument equal to 1 becomes a constexpr
+        case = _case(num_heads=1)
+    elif change == "row_stride":  # an int argument divisible by 16, or not
+        case = _case(row_pad=5)
+    elif change == "layout":
+        case = _case(state_layout="KV")
+    elif change == "counter":
+        kwargs["oob_counter"] = torch.zeros(1, dtype=torch.int32)
+    else:
+        kwargs["config"] = DecodeConfig(block_v=8, num_warps=2)
+    _call(case, **kwargs)
+    assert len(jit.calls) == 2 and not jit.compiled.launches
+    _call(case, **kwargs)
+    assert len(jit.calls) == 2 and len(jit.compiled.launches) == 1
+
+
+def test_int_spec_separates_exactly_what_triton_specializes_ints_on() -> None:
+    libtriton = pytest.importorskip("triton._C.libtriton")
+    from triton.backends.compiler import BaseBackend
+
+    values = [0, 1, 2, 15, 16, 17, 32, 4096, 524288, 2**31 - 16, 2**31 - 1, 2**31, 2**31 + 1, 2**40, 2**63 - 1]
+    values += [2**63, 2**64 - 16, -1, -16, -(2**31), -(2**31) - 1, -(2**31) - 16]
+    triton_keys = [libtriton.native_specialize_impl(BaseBackend, v, False, True, True) for v in values]
+    ours = [triton_decode._int_spec(v) for v in values]
+    for i in range(len(values)):
+        for j in range(len(values)):
+            assert (ours[i] == ours[j]) == (triton_keys[i] == triton_keys[j]), (values[i], values[j])
+
+
+def test_a_failing_launcher_falls_back_to_the_normal_launch_and_switches_the_fast_path_off(fake_kernel) -> None:
+    jit = fake_kernel(_FakeCompiled(fail=True))
+    case = _case()
+    _call(case)
+    with pytest.warns(RuntimeWarning, match="launcher failed"):
+        _call(case)
+    assert len(jit.calls) == 2 and not triton_decode._fast_launch["enabled"]
+    _call(case)
+    assert len(jit.calls) == 3
+
+
+def test_a_caller_error_raised_by_both_launches_leaves_the_fast_path_on(fake_kernel) -> None:
+    jit = fake_kernel(_FakeCompiled(fail=True))
+    case = _case()
+    _call(case)
+    jit.fail = True
+    with pytest.raises(ValueError, match="cpu tensor"):
+        _call(case)
+    assert triton_decode._fast_launch["enabled"]
+
+
+def test_an_unexpected_compiled_kernel_switches_the_fast_path_off(fake_kernel) -> None:
+    jit = fake_kernel(_FakeCompiled(signature_len=triton_decode._N_RUNTIME_ARGS))
+    case = _case()
+    with pytest.warns(RuntimeWarning, match="signature"):
+        _call(case)
+    _call(case)
+    assert len(jit.calls) == 2 and not triton_decode._fast_launch["enabled"]
+
+
+def test_launch_hooks_send_every_call_through_the_normal_launch(fake_kernel) -> None:
+    jit = fake_kernel(hooks=SimpleNamespace(calls=[print]))
+    case = _case()
+    for _ in range(3):
+        _call(case)
+    assert len(jit.calls) == 3 and not jit.compiled.launches
+
+
+def test_the_interpreter_takes_the_normal_launch(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(triton_decode._fast_launch, "enabled", True)
+    monkeypatch.setitem(triton_decode._fast_launch, "cache", {})
+    monkeypatch.setitem(triton_decode._fast_launch, "env", None)
+    _assert_matches_reference(_case())
+    assert not triton_decode._fast_launch["enabled"] and not triton_decode._fast_launch["cache"]
