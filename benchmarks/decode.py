@@ -24,6 +24,7 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -31,6 +32,7 @@ import torch
 import kda_contracts as kc
 from kda_contracts.demo import make_decode_call
 
+SECTION = "## Packed decode kernels (GPU)"
 GRAPH_CALLS = 20  # kernel launches captured in one graph
 REPLAYS = 10
 SAMPLES = 7  # medians over this many timings
@@ -272,9 +274,10 @@ def render(rows: list[Row], copy_tbps: float, overhead: list[tuple[str, float]],
         except PackageNotFoundError:
             pass
     lines = [
-        f"## Packed decode kernels — {datetime.date.today().isoformat()}",
+        SECTION,
         "",
-        f"GPU: {torch.cuda.get_device_name()} · {', '.join(versions)} · Python {platform.python_version()}",
+        f"Run {datetime.date.today().isoformat()} on {torch.cuda.get_device_name()} · {', '.join(versions)} · "
+        f"Python {platform.python_version()}",
         f"Command: `{cmd}`",
         "",
         f"Measured device-to-device copy bandwidth (read + write): **{copy_tbps:.2f} TB/s**. K = V = 128, "
@@ -339,8 +342,10 @@ def main(argv: list[str] | None = None) -> int:
     text = render(rows, copy_tbps, overhead, "python " + " ".join(sys.argv))
     print(text)
     if args.out:
-        with open(args.out, "w", encoding="utf-8") as fh:
-            fh.write(text)
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        from markdown_sections import replace_section
+
+        replace_section(Path(args.out), SECTION, text)
     return 0
 
 
