@@ -1,0 +1,568 @@
+"""A Kimi-Linear KDA attention layer for decode, with a contract on every public entry point.
+
+The layer, per token (our own code, written from the public description of Kimi-Linear):
+
+1. ``qkv_proj`` (hidden D -> C = 2*H*K + HV*V): q heads, k heads, v heads, head-major;
+2. a short causal depthwise conv over those C channels (``conv_kernel_size`` taps, SiLU), whose
+   last W = ``conv_kernel_size - 1`` inputs per request live in a conv-state pool ``[N, C, W]``;
+3. the raw forget gate, low rank: ``f_a_proj`` (D -> K) then ``f_b_proj`` (K -> HV*K);
+   beta logits from ``b_proj`` (D -> HV); ``A_log [HV]`` and ``dt_bias [HV*K]`` as in the spec;
+4. :func:`kda_contracts.packed_decode` on the recurrent-state pool ``[N, HV, V, K]``;
+5. the gated RMSNorm output gate: ``g_a_proj`` (D -> V) then ``g_b_proj`` (V -> HV*V), sigmoid,
+   times the RMSNorm (over V, per head, with weight ``o_norm [V]``) of the attention output;
+6. ``o_proj`` (HV*V -> D); with tensor parallelism each rank holds HV/tp heads and the
+   per-rank ``o_proj`` outputs are summed (all-reduce over ``tp_group``, any torch.distributed
+   group: gloo on CPU, NCCL on GPUs; ``tests/test_tensor_parallel.py`` runs TP2 over gloo in CI
+   and over NCCL when two GPUs are present).
+
+(Kimi-Linear's low-rank width is its ``head_dim``, equal to K and V; we use K for the forget gate,
+whose output is per key channel, and V for the output gate, whose output is per value channel.)
+
+How the contracts get their dims. ``KDAConfig.contract_dims()`` fixes H, HV, K, V per rank; a
+layer needs three more: D (``hidden_size``), C (the conv channels, ``2*H*K + HV*V`` per rank) and
+W (``conv_kernel_size - 1``). The layer itself is the contract config of its methods: they are
+decorated with ``@kc.contract(config_arg="self")`` and the layer exposes ``contract_dims()`` (the
+config's dims plus D, C, W, all derived from its frozen ``KDAConfig`` once, at construction),
+``contract_dim_source()`` and ``contract_dtypes()`` (fixed for the layer's life: the engine caches
+what a config object fixes). So a TP1 pool handed to a TP2 layer is caught
+with the config field it disagrees with, and a hint that names the TP degree the tensors were
+built for.
+
+Example::
+
+    from kda_contracts.models.kimi_linear import KimiDeltaAttention, random_weights
+
+    layer = KimiDeltaAttention.from_hf_config("config.json", tp_size=1)
+    layer.load_weights(**random_weights(layer.config, seed=0))
+    ssm_states, conv_states = layer.new_state_pools(64)
+    idx = torch.tensor([3, -1, 7])                      # -1: a padding row
+    layer.prefill(prompt, ssm_states, conv_states, idx)  # prompt [3, T, D]
+    y = layer.decode(x, ssm_states, conv_states, idx)    # x [3, D] -> y [3, D]
+"""
+
+# No `from __future__ import annotations`: the contract annotations are evaluated at definition.
+
+import json
+import math
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Annotated, Any
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from jaxtyping import Float, Int
+from kda_kernels import reference
+from torch import Tensor, nn
+
+from ..config import KDAConfig
+from ..contract import CallContext, Spec, Where
+from ..decode import packed_decode
+from ..dims import ANY
+from ..enforce import contract
+from ..errors import ShapeError, ValueRangeError, Violation
+
+__all__ = ["WEIGHT_NAMES", "KimiDeltaAttention", "layer_dims", "random_weights", "shard_weights"]
+
+WEIGHT_NAMES = ("qkv_proj", "conv1d", "f_a_proj", "f_b_proj", "b_proj", "A_log", "dt_bias", "g_a_proj",
+                "g_b_proj", "o_norm", "o_proj")
+"""The keyword arguments of :meth:`KimiDeltaAttention.load_weights`, in order."""
+
+_STATE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+_INDEX_DTYPES = (torch.int32, torch.int64)
+
+# The annotations the public methods share.
+Hidden = Annotated[Float[Tensor, "B D"], Spec(inner_contiguous=1, config_dtype="activation")]
+SSMStatePool = Annotated[Float[Tensor, "N HV V K"], Spec(dtypes=_STATE_DTYPES, inner_contiguous=3,
+                                                         config_dtype="state")]
+ConvStatePool = Annotated[Float[Tensor, "N C W"], Spec(inner_contiguous=2, config_dtype="activation")]
+SlotIndices = Annotated[Int[Tensor, "B"], Spec(dtypes=_INDEX_DTYPES, config_dtype="index")]
+
+
+def layer_dims(config: KDAConfig) -> dict[str, int]:
+    """The per-rank dims a KDA layer of ``config`` fixes: H, HV, K, V, D, C, W.
+
+    Example::
+
+        >>> cfg = KDAConfig(num_heads=4, head_k_dim=16, hidden_size=64, tp_size=2)
+        >>> layer_dims(cfg)
+        {'H': 2, 'HV': 2, 'K': 16, 'V': 16, 'D': 64, 'C': 96, 'W': 3}
+    """
+    if config.hidden_size is None:
+        raise ValueError("a KDA layer needs config.hidden_size (KDAConfig.from_hf_config reads it from "
+                         "config.json); it sizes the projections")
+    if config.conv_kernel_size < 2:
+        raise ValueError(f"conv_kernel_size={config.conv_kernel_size}: the short conv needs at least 2 taps "
+                         "(its state keeps conv_kernel_size - 1 inputs)")
+    d = dict(config.contract_dims())
+    d["D"] = config.hidden_size
+    d["C"] = 2 * d["H"] * d["K"] + d["HV"] * d["V"]
+    d["W"] = config.conv_kernel_size - 1
+    return d
+
+
+# -- contract hints and value checks ---------------------------------------------------------------
+def _first_shape_violation(ctx: CallContext) -> Violation | None:
+    return next((x for x in ctx.violations if x.kind is ShapeError and x.argument in ctx.spec.tensors), None)
+
+
+def _fits(ctx: CallContext, name: str, dims: Mapping[str, int]) -> bool:
+    """Would tensor ``name`` meet its annotation with ``dims``? (Axes with unknown dims pass.)"""
+    t, tparam = ctx.values.get(name), ctx.spec.tensors[name]
+    if not isinstance(t, Tensor) or t.dim() != tparam.rank:
+        return False
+    for size, d in zip(t.shape, tparam.dims, strict=True):
+        if d is ANY:
+            continue
+        try:
+            if d.evaluate(dict(dims)) != size:  # type: ignore[union-attr]
+                return False
+        except (KeyError, ZeroDivisionError):
+            continue
+    return True
+
+
+def _hint_tp_mismatch(v: Violation, ctx: CallContext) -> str | None:
+    """On the first shape violation: if the misfit tensors all fit another tp_size, say which."""
+    if v is not _first_shape_violation(ctx):
+        return None
+    cfg: KDAConfig = ctx.config.config
+    bad = sorted({x.argument for x in ctx.violations if x.kind is ShapeError and x.argument in ctx.spec.tensors},
+                 key=list(ctx.spec.tensors).index)
+    if not bad:  # e.g. only a `where` constraint failed
+        return None
+    here = layer_dims(cfg)
+    totals = (cfg.num_heads, cfg.num_v_heads or cfg.num_heads)
+    for tp in range(1, max(totals) + 1):
+        if tp == cfg.tp_size or any(n % tp for n in totals):
+            continue
+        there = layer_dims(cfg.with_tp(tp))
+        if not all(_fits(ctx, name, {**ctx.dims, **there}) for name in bad):
+            continue
+        used = {s for name in bad for d in ctx.spec.tensors[name].dims if d is not ANY
+                for s in d.symbols()}  # type: ignore[union-attr]
+        differ = [s for s in ("H", "HV", "C") if s in used and there[s] != here[s]]
+        if not differ:
+            continue
+        args = bad[0] if len(bad) == 1 else ", ".join(bad[:-1]) + " and " + bad[-1]
+        return (f"TP mismatch: {args} {'is' if len(bad) == 1 else 'are'} sized for tp_size={tp} "
+                f"({', '.join(f'{s}={there[s]}' for s in differ)} per rank) but this layer's config is for "
+                f"tp_size={cfg.tp_size} ({', '.join(f'{s}={here[s]}' for s in differ)}; "
+                f"{cfg.contract_dim_source('HV')}). Build the layer, its weights (shard_weights(weights, "
+                f"config, rank)) and its pools (layer.new_state_pools(n)) from one KDAConfig, e.g. "
+                f"KDAConfig.from_hf_config(path, tp_size={cfg.tp_size}); the other shape violations follow "
+                "from this one")
+    return None
+
+
+def _hint_conv_width(v: Violation, ctx: CallContext) -> str | None:
+    if v.kind is not ShapeError or v.argument not in ("conv_states", "conv1d"):
+        return None
+    axes = v.facts.get("axes")
+    axis = 2 if v.argument == "conv_states" else 1
+    if not isinstance(axes, list) or axis not in axes:
+        return None
+    k = ctx.config.config.conv_kernel_size
+    if v.argument == "conv1d":
+        return f"the depthwise conv has conv_kernel_size={k} taps per channel: conv1d must be [C, {k}]"
+    return (f"a conv-state slot keeps the last W = conv_kernel_size - 1 = {k - 1} inputs of each channel (the "
+            f"current token is not stored): allocate [N, C, {k - 1}], e.g. with layer.new_state_pools(n)")
+
+
+_HINTS = (_hint_tp_mismatch, _hint_conv_width)
+_HAS_SLOTS = (Where("N >= 1", hint="the state pools have no slots"),)
+
+
+def _slot_value_checks(ctx: CallContext) -> list[Violation]:
+    """Strict mode, before anything is written: slots in range and distinct."""
+    idx: Tensor = ctx.values["state_indices"]
+    n = ctx.dims["N"]
+    if idx.is_cuda and torch.cuda.is_current_stream_capturing():
+        torch._assert_async((idx < n).all(), "state_indices has an index >= N (the pool size)")
+        return []
+    out: list[Violation] = []
+    if idx.numel() and int(idx.max()) >= n:
+        out.append(Violation(ValueRangeError, "state_indices", f"< N={n} (or < 0 for padding)",
+                             f"{int((idx >= n).sum())} index(es) >= {n}",
+                             hint="an index past the pool would read and write another request's state; "
+                                  "check the slot allocator and the pools this layer uses"))
+    live = idx[idx >= 0]
+    dup = live.numel() - torch.unique(live).numel()
+    if dup:
+        out.append(Violation(ValueRangeError, "state_indices", "distinct non-negative slots",
+                             f"{dup} duplicate slot(s)",
+                             hint="two requests on one slot race on its states; give each request its own "
+                                  "slot and mark padding rows with -1"))
+    return out
+
+
+def _write_rows(pool: Tensor, indices: Tensor, rows: Tensor) -> None:
+    """``pool[indices[i]] = rows[i]`` for each i with ``0 <= indices[i] < N``; other rows write nothing.
+
+    No host sync (no boolean-mask indexing): an invalid row is sent to the slot of the first valid
+    row with that row's bytes (or, with no valid row, to slot 0 with its own bytes), so the extra
+    writes are harmless whatever order the device applies them in (as in the reference kernel).
+    """
+    n, idx = pool.shape[0], indices.long()
+    if idx.numel() == 0:
+        return
+    valid = (idx >= 0) & (idx < n)
+    donor = torch.argmax(valid.to(torch.int32), dim=0, keepdim=True)  # first valid row, else 0
+    any_valid = valid.index_select(0, donor)
+    slots = torch.where(valid, idx, torch.where(any_valid, idx.index_select(0, donor), 0))
+    bcast = (-1,) + (1,) * (pool.dim() - 1)
+    rows = rows.to(pool.dtype)
+    fallback = torch.where(any_valid.view(bcast), rows.index_select(0, donor), pool.index_select(0, slots))
+    pool.index_copy_(0, slots, torch.where(valid.view(bcast), rows, fallback))
+
+
+# -- the layer -------------------------------------------------------------------------------------
+class KimiDeltaAttention(nn.Module):
+    """One tensor-parallel rank of a Kimi-Linear KDA attention layer, for decode.
+
+    ``config`` is the rank's :class:`~kda_contracts.KDAConfig` (``hidden_size`` set; VK state
+    layout). Parameters start uninitialised: fill them with :meth:`load_weights` (e.g. from
+    :func:`random_weights`). States live in caller-owned pools indexed by slot
+    (:meth:`new_state_pools`); a slot index ``< 0`` marks a padding row (zero output, no state
+    read or written). ``tp_group``: when given, :meth:`decode` and :meth:`prefill` all-reduce the
+    per-rank ``o_proj`` outputs over it; when None they return this rank's partial sum.
+
+    Example::
+
+        >>> cfg = KDAConfig(num_heads=4, head_k_dim=16, hidden_size=64)
+        >>> layer = KimiDeltaAttention(cfg)
+        >>> layer.load_weights(**random_weights(cfg, seed=0))
+        >>> ssm, conv = layer.new_state_pools(8)
+        >>> layer.decode(torch.randn(2, 64), ssm, conv, torch.tensor([5, -1])).shape
+        torch.Size([2, 64])
+    """
+
+    def __init__(
+        self,
+        config: KDAConfig,
+        *,
+        rms_norm_eps: float = 1e-5,
+        tp_rank: int = 0,
+        tp_group: Any = None,
+        backend: str = "auto",
+        device: str | torch.device | None = None,
+        dtype: torch.dtype = torch.float32,
+    ) -> None:
+        super().__init__()
+        if config.state_layout != "VK":
+            raise ValueError("KimiDeltaAttention keeps its recurrent states as [N, HV, V, K] (state_layout='VK', "
+                             "sglang's layout); build its config with state_layout='VK'")
+        if not 0 <= tp_rank < config.tp_size:
+            raise ValueError(f"tp_rank={tp_rank} is outside 0..{config.tp_size - 1} (tp_size={config.tp_size})")
+        self.config = config
+        self.rms_norm_eps = rms_norm_eps
+        self.tp_rank = tp_rank
+        self.tp_group = tp_group
+        self.backend = backend
+        self.dtype = dtype
+        self._dims = layer_dims(config)
+        D, HV, K, V, C, W = (self._dims[s] for s in ("D", "HV", "K", "V", "C", "W"))
+        cfg = config
+        self._dim_sources = {
+            **{s: cfg.contract_dim_source(s) for s in ("H", "HV", "K", "V")},
+            "D": f"hidden_size={D}",
+            "C": f"2*H*K+HV*V = {C}, the q/k/v conv channels per rank",
+            "W": f"conv_kernel_size={cfg.conv_kernel_size} - 1",
+        }
+
+        def linear(n_in: int, n_out: int) -> nn.Linear:
+            return nn.Linear(n_in, n_out, bias=False, device=device, dtype=dtype)
+
+        def param(*shape: int, dt: torch.dtype = dtype) -> nn.Parameter:
+            return nn.Parameter(torch.empty(*shape, device=device, dtype=dt))
+
+        self.qkv_proj = linear(D, C)
+        self.conv1d = param(C, W + 1)
+        self.f_a_proj = linear(D, K)
+        self.f_b_proj = linear(K, HV * K)
+        self.b_proj = linear(D, HV)
+        self.A_log = param(HV, dt=torch.float32)  # the kernels take these two in fp32
+        self.dt_bias = param(HV * K, dt=torch.float32)
+        self.g_a_proj = linear(D, V)
+        self.g_b_proj = linear(V, HV * V)
+        self.o_norm = param(V)
+        self.o_proj = linear(HV * V, D)
+        self.requires_grad_(False)  # a decode layer: no autograd bookkeeping per step
+
+    @classmethod
+    def from_hf_config(
+        cls, path_or_dict: str | Path | Mapping[str, Any], *, tp_size: int = 1, tp_rank: int = 0,
+        config_overrides: Mapping[str, Any] | None = None, **kwargs: Any,
+    ) -> "KimiDeltaAttention":
+        """One rank's layer from a Kimi-Linear ``config.json`` (``rms_norm_eps`` read when present).
+
+        Example::
+
+            layer = KimiDeltaAttention.from_hf_config("config.json", tp_size=2, tp_rank=1)
+        """
+        if isinstance(path_or_dict, Mapping):
+            raw: Mapping[str, Any] = path_or_dict
+        else:
+            with open(path_or_dict, encoding="utf-8") as fh:
+                raw = json.load(fh)
+        config = KDAConfig.from_hf_config(raw, tp_size=tp_size, **dict(config_overrides or {}))
+        kwargs.setdefault("rms_norm_eps", float(raw.get("rms_norm_eps", 1e-5)))
+        return cls(config, tp_rank=tp_rank, **kwargs)
+
+    def extra_repr(self) -> str:
+        d = self._dims
+        return (f"H={d['H']}, HV={d['HV']}, K={d['K']}, V={d['V']}, D={d['D']}, conv={d['W'] + 1}, "
+                f"tp={self.tp_rank}/{self.config.tp_size}, backend={self.backend!r}")
+
+    # -- what the contracts read (the layer is the config of its own contracts) ------------------
+    def contract_dims(self) -> dict[str, int]:
+        """Per-rank dims H, HV, K, V (from the KDAConfig) and D, C, W (see :func:`layer_dims`)."""
+        return self._dims
+
+    def contract_dim_source(self, symbol: str) -> str:
+        """Where a dim comes from, for error messages (``"hidden_size=64"``)."""
+        return self._dim_sources[symbol]
+
+    def contract_dtypes(self) -> Mapping[str, torch.dtype]:
+        """The dtypes the config pins (state, activation, index)."""
+        return self.config.contract_dtypes()
+
+    # -- weights and pools -------------------------------------------------------------------------
+    @contract(config_arg="self", hints=_HINTS)
+    def load_weights(
+        self,
+        qkv_proj: Float[Tensor, "C D"],
+        conv1d: Float[Tensor, "C W+1"],
+        f_a_proj: Float[Tensor, "K D"],
+        f_b_proj: Float[Tensor, "HV*K K"],
+        b_proj: Float[Tensor, "HV D"],
+        A_log: Float[Tensor, "HV"],
+        dt_bias: Float[Tensor, "HV*K"],
+        g_a_proj: Float[Tensor, "V D"],
+        g_b_proj: Float[Tensor, "HV*V V"],
+        o_norm: Float[Tensor, "V"],
+        o_proj: Float[Tensor, "D HV*V"],
+    ) -> None:
+        """Copy this rank's weights in (``nn.Linear`` layout, ``[out, in]``), casting to the layer's dtypes.
+
+        A weight sharded for another TP degree than the config's is rejected before anything is
+        copied, with a hint naming the TP degree it fits. Example::
+
+            layer.load_weights(**shard_weights(full_weights, layer.config, layer.tp_rank))
+        """
+        given = {"qkv_proj": qkv_proj, "conv1d": conv1d, "f_a_proj": f_a_proj, "f_b_proj": f_b_proj,
+                 "b_proj": b_proj, "A_log": A_log, "dt_bias": dt_bias, "g_a_proj": g_a_proj, "g_b_proj": g_b_proj,
+                 "o_norm": o_norm, "o_proj": o_proj}
+        with torch.no_grad():
+            for name, value in given.items():
+                target = getattr(self, name)
+                (target.weight if isinstance(target, nn.Linear) else target).copy_(value)
+
+    @contract(config_arg="self", hints=_HINTS, where=_HAS_SLOTS)
+    def check_state_pools(self, ssm_states: SSMStatePool, conv_states: ConvStatePool) -> None:
+        """Check a pair of state pools against this layer (both must have the same N slots).
+
+        Pools come from :meth:`new_state_pools` or from an engine's allocator; every forward
+        checks them again. Example::
+
+            layer.check_state_pools(ssm_states, conv_states)
+        """
+
+    def new_state_pools(
+        self, num_slots: int, *, device: str | torch.device | None = None, state_dtype: torch.dtype | None = None,
+    ) -> tuple[Tensor, Tensor]:
+        """Zeroed pools for ``num_slots`` requests: ``ssm [N, HV, V, K]`` (fp32 unless the config or
+        ``state_dtype`` says otherwise) and ``conv [N, C, W]`` in the layer's dtype.
+
+        Example::
+
+            ssm_states, conv_states = layer.new_state_pools(256, device="cuda")
+        """
+        d = self._dims
+        device = device if device is not None else self.qkv_proj.weight.device
+        dt = state_dtype or self.config.contract_dtypes().get("state", torch.float32)
+        ssm = torch.zeros(num_slots, d["HV"], d["V"], d["K"], dtype=dt, device=device)
+        conv = torch.zeros(num_slots, d["C"], d["W"], dtype=self.dtype, device=device)
+        self.check_state_pools(ssm, conv)
+        return ssm, conv
+
+    # -- forwards ----------------------------------------------------------------------------------
+    @contract(config_arg="self", hints=_HINTS, where=_HAS_SLOTS, value_checks=_slot_value_checks)
+    def conv_update(
+        self,
+        mixed_qkv: Annotated[Float[Tensor, "B C"], Spec(inner_contiguous=1, config_dtype="activation")],
+        conv_states: Annotated[Float[Tensor, "N C W"], Spec(inner_contiguous=2, same_dtype_as="mixed_qkv")],
+        state_indices: SlotIndices,
+    ) -> Float[Tensor, "B C"]:
+        """One step of the short causal conv: ``SiLU(sum_j window[:, :, j] * conv1d[:, j])`` over the
+        slot's last W inputs and this one; the slot then keeps the last W inputs. Padding rows
+        (index < 0) return zeros and touch no slot.
+
+        Example::
+
+            conv_out = layer.conv_update(layer.qkv_proj(x), conv_states, idx)   # [B, C]
+        """
+        return self._conv_step(mixed_qkv, conv_states, state_indices)
+
+    @contract(config_arg="self", hints=_HINTS, where=_HAS_SLOTS, value_checks=_slot_value_checks)
+    def decode(
+        self,
+        x: Hidden,
+        ssm_states: SSMStatePool,
+        conv_states: Annotated[Float[Tensor, "N C W"], Spec(inner_contiguous=2, same_dtype_as="x")],
+        state_indices: SlotIndices,
+    ) -> Float[Tensor, "B D"]:
+        """One decode step for B requests (one token each) through :func:`kda_contracts.packed_decode`
+        (``backend=self.backend``); updates the used slots of both pools in place.
+
+        Padding rows (index < 0) give zero outputs and leave the pools untouched. Example::
+
+            y = layer.decode(x, ssm_states, conv_states, torch.tensor([4, 0, -1]))   # x [3, D]
+        """
+        return self._all_reduce(self._step(x, ssm_states, conv_states, state_indices, self._packed_decode))
+
+    forward = decode
+
+    @contract(config_arg="self", hints=_HINTS, where=_HAS_SLOTS, value_checks=_slot_value_checks)
+    def prefill(
+        self,
+        x: Annotated[Float[Tensor, "B T D"], Spec(inner_contiguous=1, config_dtype="activation")],
+        ssm_states: SSMStatePool,
+        conv_states: Annotated[Float[Tensor, "N C W"], Spec(inner_contiguous=2, same_dtype_as="x")],
+        state_indices: SlotIndices,
+    ) -> Float[Tensor, "B T D"]:
+        """Run B prompts of T tokens from zero states: the slots are reset, then the T tokens go
+        through the recurrence one at a time with the PyTorch reference kernel
+        (``kda_kernels.reference``). Leaves the slots ready for :meth:`decode`; returns the
+        outputs of every prompt token. Example::
+
+            y = layer.prefill(prompt.unsqueeze(0), ssm_states, conv_states, torch.tensor([slot]))
+        """
+        d = self._dims
+        B = x.shape[0]
+        _write_rows(ssm_states, state_indices, ssm_states.new_zeros(B, d["HV"], d["V"], d["K"]))
+        _write_rows(conv_states, state_indices, conv_states.new_zeros(B, d["C"], d["W"]))
+        ys = [self._step(x[:, t], ssm_states, conv_states, state_indices, self._reference_decode)
+              for t in range(x.shape[1])]
+        y = torch.stack(ys, dim=1) if ys else x.new_zeros(B, 0, d["D"])
+        return self._all_reduce(y)
+
+    # -- the computation (unchecked: the public methods above checked it) ------------------------
+    def _conv_step(self, mixed_qkv: Tensor, conv_states: Tensor, state_indices: Tensor) -> Tensor:
+        idx = state_indices.long()
+        valid = (idx >= 0) & (idx < conv_states.shape[0])
+        slots = torch.where(valid, idx, 0)  # padding rows read slot 0 (harmlessly) and write nothing
+        window = torch.cat([conv_states.index_select(0, slots), mixed_qkv.unsqueeze(-1).to(conv_states.dtype)],
+                           dim=-1)  # [B, C, W+1], oldest input first
+        y = F.silu((window.float() * self.conv1d.float()).sum(-1))
+        _write_rows(conv_states, idx, window[..., 1:])
+        return y.masked_fill(~valid.unsqueeze(-1), 0.0).to(mixed_qkv.dtype)
+
+    def _step(self, x: Tensor, ssm_states: Tensor, conv_states: Tensor, state_indices: Tensor,
+              kernel: Callable[..., None]) -> Tensor:
+        d = self._dims
+        B = x.shape[0]
+        mixed_qkv = self._conv_step(self.qkv_proj(x), conv_states, state_indices)
+        a = self.f_b_proj(self.f_a_proj(x))  # [B, HV*K] raw forget-gate logits
+        b = self.b_proj(x)  # [B, HV] raw beta logits
+        out = x.new_empty(B, 1, d["HV"], d["V"])
+        kernel(mixed_qkv, a, b, self.A_log, self.dt_bias, self.config.scale, ssm_states, out, state_indices)
+        gate = self.g_b_proj(self.g_a_proj(x)).float().view(B, d["HV"], d["V"])
+        o = out.view(B, d["HV"], d["V"]).float()
+        o = o * torch.rsqrt(o.square().mean(-1, keepdim=True) + self.rms_norm_eps) * self.o_norm.float()
+        o = o * torch.sigmoid(gate)  # padding rows: o == 0, so y == 0
+        return self.o_proj(o.to(x.dtype).flatten(1))
+
+    def _packed_decode(self, mixed_qkv: Tensor, a: Tensor, b: Tensor, A_log: Tensor, dt_bias: Tensor,
+                       scale: float, ssm_states: Tensor, out: Tensor, state_indices: Tensor) -> None:
+        cfg = self.config
+        packed_decode(mixed_qkv, a, b, A_log, dt_bias, scale, ssm_states, out, state_indices,
+                      use_qk_l2norm_in_kernel=cfg.use_qk_l2norm, lower_bound=cfg.effective_lower_bound,
+                      config=cfg, backend=self.backend)
+
+    def _reference_decode(self, mixed_qkv: Tensor, a: Tensor, b: Tensor, A_log: Tensor, dt_bias: Tensor,
+                          scale: float, ssm_states: Tensor, out: Tensor, state_indices: Tensor) -> None:
+        cfg = self.config
+        reference.packed_decode(mixed_qkv, a, b, A_log, dt_bias, scale, ssm_states, out, state_indices,
+                                num_heads=self._dims["H"], use_qk_l2norm=cfg.use_qk_l2norm,
+                                lower_bound=cfg.effective_lower_bound, state_layout="VK")
+
+    def _all_reduce(self, y: Tensor) -> Tensor:
+        if self.tp_group is not None:
+            dist.all_reduce(y, group=self.tp_group)
+        return y
+
+
+# -- weights -----------------------------------------------------------------------------------
+def random_weights(config: KDAConfig, *, seed: int = 0, rank: int = 0,
+                   dtype: torch.dtype = torch.float32) -> dict[str, Tensor]:
+    """Seeded random weights of the whole (TP1) layer, sharded for ``config.tp_size`` and returned
+    for ``rank``: every rank draws the same full set and keeps its shard.
+
+    Scales keep activations O(1); ``A_log`` and ``dt_bias`` follow the usual KDA/Mamba init
+    (``A`` in [1, 16], ``softplus(dt_bias)`` in [1e-3, 1e-1]). Example::
+
+        >>> w = random_weights(KDAConfig(num_heads=4, head_k_dim=16, hidden_size=64, tp_size=2), rank=1)
+        >>> tuple(w["qkv_proj"].shape), tuple(w["o_proj"].shape)
+        ((96, 64), (64, 32))
+    """
+    full = layer_dims(config.with_tp(1))
+    D, HV, K, V, C, W = (full[s] for s in ("D", "HV", "K", "V", "C", "W"))
+    g = torch.Generator().manual_seed(seed)
+
+    def randn(*shape: int, fan_in: int) -> Tensor:
+        return torch.randn(*shape, generator=g) / math.sqrt(fan_in)
+
+    dt = torch.exp(torch.empty(HV * K).uniform_(math.log(1e-3), math.log(1e-1), generator=g))
+    weights = {
+        "qkv_proj": randn(C, D, fan_in=D),
+        "conv1d": randn(C, W + 1, fan_in=W + 1),
+        "f_a_proj": randn(K, D, fan_in=D),
+        "f_b_proj": randn(HV * K, K, fan_in=K),
+        "b_proj": randn(HV, D, fan_in=D),
+        "A_log": torch.empty(HV).uniform_(1.0, 16.0, generator=g).log(),
+        "dt_bias": dt + torch.log(-torch.expm1(-dt)),  # softplus^-1(dt)
+        "g_a_proj": randn(V, D, fan_in=D),
+        "g_b_proj": randn(HV * V, V, fan_in=V),
+        "o_norm": 1.0 + 0.1 * torch.randn(V, generator=g),
+        "o_proj": randn(D, HV * V, fan_in=HV * V),
+    }
+    shard = shard_weights(weights, config, rank)
+    return {k: v if k in ("A_log", "dt_bias") else v.to(dtype) for k, v in shard.items()}
+
+
+def shard_weights(weights: Mapping[str, Tensor], config: KDAConfig, rank: int) -> dict[str, Tensor]:
+    """Rank ``rank``'s shard of whole-layer (TP1) ``weights`` for ``config.tp_size``: q/k/v rows,
+    conv channels, ``f_b``/``b``/``g_b`` rows, ``A_log`` and ``dt_bias`` by heads; ``o_proj`` by input
+    columns; ``f_a``, ``g_a`` and ``o_norm`` replicated.
+
+    Example::
+
+        layer.load_weights(**shard_weights(full_weights, layer.config, layer.tp_rank))
+    """
+    if not 0 <= rank < config.tp_size:
+        raise ValueError(f"rank={rank} is outside 0..{config.tp_size - 1} (tp_size={config.tp_size})")
+    full, loc = layer_dims(config.with_tp(1)), layer_dims(config)
+    H, K, V = full["H"], full["K"], full["V"]
+    h, hv = loc["H"], loc["HV"]
+
+    def block(t: Tensor, start: int, size: int) -> Tensor:  # rank's block of `size` rows after `start`
+        return t[start + rank * size: start + (rank + 1) * size]
+
+    def channels(t: Tensor) -> Tensor:  # q heads | k heads | v heads
+        return torch.cat([block(t, 0, h * K), block(t, H * K, h * K), block(t, 2 * H * K, hv * V)])
+
+    w = weights
+    return {
+        "qkv_proj": channels(w["qkv_proj"]),
+        "conv1d": channels(w["conv1d"]),
+        "f_a_proj": w["f_a_proj"].clone(),
+        "f_b_proj": block(w["f_b_proj"], 0, hv * K).clone(),
+        "b_proj": block(w["b_proj"], 0, hv).clone(),
+        "A_log": block(w["A_log"], 0, hv).clone(),
+        "dt_bias": block(w["dt_bias"], 0, hv * K).clone(),
+        "g_a_proj": w["g_a_proj"].clone(),
+        "g_b_proj": block(w["g_b_proj"], 0, hv * V).clone(),
+        "o_norm": w["o_norm"].clone(),
+        "o_proj": w["o_proj"][:, rank * hv * V: (rank + 1) * hv * V].contiguous(),
+    }
