@@ -69,8 +69,8 @@ class Adapter:
     where: tuple[str, ...] = ()
     description: str = ""
     # Device types it also runs on when asked by name (e.g. the CPU under TRITON_INTERPRET, for
-    # tests): never chosen by backend="auto", which is about speed.
-    explicit_devices: tuple[str, ...] = ()
+    # tests): never chosen by backend="auto", which is about speed. A callable is asked per call.
+    explicit_devices: tuple[str, ...] | Callable[[], tuple[str, ...]] = ()
     _constraints: tuple[Constraint, ...] = field(default=(), init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -103,7 +103,8 @@ class Adapter:
     def unsupported(self, call: DecodeCall, *, explicit: bool = False) -> list[str]:
         """Why this backend cannot run ``call`` (empty when it can); ``explicit``: asked by name."""
         why: list[str] = []
-        devices = self.devices + (self.explicit_devices if explicit else ())
+        extra = self.explicit_devices if explicit else ()
+        devices = self.devices + (extra() if callable(extra) else extra)
         if call.device_type not in devices:
             why.append(f"runs on {'/'.join(self.devices)}, not {call.device_type}")
         if self.state_dtypes is not None and call.state_dtype not in self.state_dtypes:
@@ -281,7 +282,11 @@ def _probe_of(module: str) -> Callable[[], tuple[bool, str]]:
     return probe
 
 
-_INTERPRETING = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+def _cpu_if_interpreting() -> tuple[str, ...]:
+    # Read per call, not at import: the pytest plugin imports kda_contracts before a conftest
+    # can set TRITON_INTERPRET.
+    return ("cpu",) if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0") else ()
+
 
 for _ad in (
     Adapter(
@@ -295,7 +300,7 @@ for _ad in (
         name="triton",
         kernel="kda_kernels.triton_decode:packed_decode",
         devices=("cuda",),
-        explicit_devices=("cpu",) if _INTERPRETING else (),
+        explicit_devices=_cpu_if_interpreting,
         priority=30,
         requires=("triton",),
         availability=_probe_of("kda_kernels.triton_decode"),
@@ -305,7 +310,7 @@ for _ad in (
         name="helion",
         kernel="kda_kernels.helion_decode:packed_decode",
         devices=("cuda",),
-        explicit_devices=("cpu",) if _INTERPRETING else (),
+        explicit_devices=_cpu_if_interpreting,
         priority=20,
         requires=("helion",),
         availability=_probe_of("kda_kernels.helion_decode"),

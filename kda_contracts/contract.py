@@ -62,6 +62,9 @@ class Spec:
     - ``config_dtype``: a role (``"state"``, ``"activation"``, ``"index"``) whose dtype the config
       may pin (see ``KDAConfig.contract_dtypes``).
     - ``same_device``: must share the device of the call's first tensor (default True).
+    - ``disjoint``: the tensor is written in place, so its dense inner blocks must not share
+      memory (with ``inner_contiguous=3`` on a pool: ``stride(0) >= HV*V*K`` unless N == 1; an
+      ``.expand()``ed pool is rejected).
 
     Example::
 
@@ -74,6 +77,7 @@ class Spec:
     same_dtype_as: str | None = None
     config_dtype: str | None = None
     same_device: bool = True
+    disjoint: bool = False
 
 
 @dataclass(frozen=True)
@@ -108,15 +112,39 @@ class Range:
         """Python source that is True when ``var`` is in range."""
         terms = [f"{var} == {var}"]
         for op, v in ((">", self.gt), (">=", self.ge), ("<", self.lt), ("<=", self.le)):
-            if v is not None:
-                terms.append(f"{var} {op} {v!r}")
+            if v is not None:  # repr(inf) is not Python source
+                terms.append(f"{var} {op} {v!r}" if math.isfinite(v) else f"{var} {op} float({str(v)!r})")
         return " and ".join(terms)
+
+    def malformed(self) -> str | None:
+        """Why no value can satisfy this range (a NaN bound, bounds that exclude each other)."""
+        bounds = [v for v in (self.gt, self.ge, self.lt, self.le) if v is not None]
+        if any(v != v for v in bounds):
+            return "a bound is NaN"
+        lows = [(v, True) for v in (self.gt,) if v is not None] + [(v, False) for v in (self.ge,) if v is not None]
+        highs = [(v, True) for v in (self.lt,) if v is not None] + [(v, False) for v in (self.le,) if v is not None]
+        for lo, lo_strict in lows:
+            for hi, hi_strict in highs:
+                if lo > hi or (lo == hi and (lo_strict or hi_strict)):
+                    return f"no number is {self.describe()}"
+        return None
+
+
+class _ConfigLacks:
+    """What a config without a MatchConfig attribute gives for it (the scalar is then free)."""
+
+    def __repr__(self) -> str:
+        return "CONFIG_LACKS"
+
+
+CONFIG_LACKS = _ConfigLacks()
 
 
 @dataclass(frozen=True)
 class MatchConfig:
     """A scalar that must equal a config attribute when the call has a config:
-    ``Annotated[float, kc.MatchConfig("scale", rel_tol=1e-6)]``. Without a config it is free.
+    ``Annotated[float, kc.MatchConfig("scale", rel_tol=1e-6)]``. Without a config, or with a
+    config that has no such attribute (a plain pydantic model of dims), it is free.
 
     Example::
 
@@ -127,9 +155,11 @@ class MatchConfig:
     rel_tol: float = 0.0
 
     def agrees(self, value: Any, config: Any) -> bool:
-        return self.agrees_value(value, getattr(config, self.attr))
+        return self.agrees_value(value, getattr(config, self.attr, CONFIG_LACKS))
 
     def agrees_value(self, value: Any, want: Any) -> bool:
+        if want is CONFIG_LACKS:
+            return True
         if value is None or want is None:
             return value is None and want is None
         if isinstance(value, (int, float)) and isinstance(want, (int, float)):
@@ -334,7 +364,10 @@ def _split_optional(tp: Any) -> tuple[Any, bool]:
 
 
 def _dtypes_of(array_type: Any, spec: Spec, where: str) -> frozenset[torch.dtype]:
-    allowed = frozenset(_TORCH_DTYPE_BY_NAME[n] for n in array_type.dtypes if n in _TORCH_DTYPE_BY_NAME)
+    names = array_type.dtypes
+    if not isinstance(names, (list, tuple, set, frozenset)):  # Shaped[...]: jaxtyping's "any dtype"
+        names = tuple(_TORCH_DTYPE_BY_NAME)
+    allowed = frozenset(_TORCH_DTYPE_BY_NAME[n] for n in names if n in _TORCH_DTYPE_BY_NAME)
     if spec.dtypes is not None:
         narrowed = frozenset(spec.dtypes)
         if not narrowed <= allowed:
@@ -387,8 +420,15 @@ def _read_param(name: str, annotation: Any, where: str) -> TensorParam | ScalarP
     rng = ranges[0] if ranges else None
     if rng is not None and inner not in (int, float):
         raise AnnotationError(f"{where}: kc.Range needs an int or float annotation, got {inner!r}")
+    if rng is not None and (why := rng.malformed()) is not None:
+        raise AnnotationError(f"{where}: kc.Range{_range_args(rng)} can never hold: {why}")
     hint = annotation if not meta else (inner if not optional else inner | None)
     return ScalarParam(name, hint, rng, optional, None, matches[0] if matches else None)
+
+
+def _range_args(r: Range) -> str:
+    bounds = ((k, getattr(r, k)) for k in ("gt", "ge", "lt", "le"))
+    return "(" + ", ".join(f"{k}={v!r}" for k, v in bounds if v is not None) + ")"
 
 
 def build_spec(
@@ -450,6 +490,10 @@ def build_spec(
     for b in bind_first:
         if b not in tensors:
             raise AnnotationError(f"{qualname}: bind_first names {b!r}, which is not a tensor argument")
+    for sp in scalars.values():
+        if sp.match is not None and config is not None and not hasattr(config, sp.match.attr):
+            raise AnnotationError(f"{qualname}: argument {sp.name!r}: kc.MatchConfig({sp.match.attr!r}) names no "
+                                  f"attribute of the config ({type(config).__name__})")
 
     # Which symbols appear, in first-appearance order.
     symbols: list[str] = []
@@ -569,6 +613,20 @@ def inner_block_ok(shape: Sequence[int], strides: Sequence[int], n: int) -> bool
     """True when the last ``n`` dims form one dense row-major block (size-1 dims are free)."""
     expected = dense_strides(shape)
     return all(shape[a] == 1 or strides[a] == expected[a] for a in range(len(shape) - n, len(shape)))
+
+
+def blocks_disjoint(shape: Sequence[int], strides: Sequence[int], n: int) -> bool:
+    """True when no two blocks of the last ``n`` dims share memory: taken by increasing stride,
+    each outer axis of size > 1 steps over everything the axes below it span (so an expanded
+    axis, stride 0, fails). Sufficient for no overlap; exact for a single outer axis."""
+    span = 1
+    for a in range(len(shape) - n, len(shape)):
+        span *= max(shape[a], 1)
+    for a in sorted((a for a in range(len(shape) - n) if shape[a] > 1), key=lambda a: strides[a]):
+        if strides[a] < span:
+            return False
+        span += strides[a] * (shape[a] - 1)
+    return True
 
 
 class _Explainer:
@@ -790,6 +848,14 @@ class _Explainer:
                 self.violations.append(Violation(
                     LayoutError, name, f"{what} (strides [{', '.join(want)}])", f"strides {_fmt_shape(strides)}",
                     facts={"rule": "inner", "n": n}))
+            elif tp.spec.disjoint and not tp.spec.contiguous and not blocks_disjoint(
+                    shape, strides, tp.spec.inner_contiguous):
+                n = tp.spec.inner_contiguous
+                block = math.prod(max(s, 1) for s in shape[len(shape) - n:])
+                self.violations.append(Violation(
+                    LayoutError, name, f"blocks of the last {n} dims that do not overlap (stride[0] >= {block})"
+                    if len(shape) - n == 1 else f"blocks of the last {n} dims that do not overlap",
+                    f"strides {_fmt_shape(strides)}", facts={"rule": "disjoint", "n": n}))
 
     def _scalars(self) -> None:
         for name, sp in self.spec.scalars.items():
@@ -812,6 +878,9 @@ def _generic_hint(v: Violation, ctx: CallContext) -> str | None:
     if v.kind is LayoutError:
         if v.facts.get("rule") == "contiguous":
             return f"pass {v.argument}.contiguous()"
+        if v.facts.get("rule") == "disjoint":
+            return (f"{v.argument} is written in place, so its blocks must not share memory (an .expand()ed or "
+                    f"as_strided view makes them): allocate it densely")
         return (f"pass {v.argument}.contiguous(), or allocate it with a dense inner block; a transposed or "
                 "sliced view has the wrong strides")
     if v.kind is DeviceError:

@@ -17,7 +17,7 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from . import adapters, modes
-from .contract import CallContext, Dims, MatchConfig, Range, Spec, Where
+from .contract import CallContext, Dims, MatchConfig, Range, Spec, Where, config_dim_source, config_dims
 from .enforce import Contract, build_spec, register_contract
 from .errors import (
     LayoutError,
@@ -60,10 +60,11 @@ def _make_signature(layout: str) -> Callable[..., Any]:
         dt_bias: Annotated[Float[Tensor, "HV*K"], Spec(dtypes=(torch.float32,), contiguous=True)],
         scale: Annotated[float, Range(gt=0), MatchConfig("scale", rel_tol=1e-6)],
         initial_state: Annotated[Float[Tensor, state_dims],
-                                 Spec(dtypes=STATE_DTYPES, inner_contiguous=3, config_dtype="state")],
+                                 Spec(dtypes=STATE_DTYPES, inner_contiguous=3, config_dtype="state", disjoint=True)],
         out: Annotated[Float[Tensor, "B 1 HV V"],
                        Spec(dtypes=ACTIVATION_DTYPES, contiguous=True, same_dtype_as="mixed_qkv")],
-        ssm_state_indices: Annotated[Int[Tensor, "B"], Spec(dtypes=INDEX_DTYPES, config_dtype="index")],
+        ssm_state_indices: Annotated[Int[Tensor, "B"],
+                                     Spec(dtypes=INDEX_DTYPES, config_dtype="index", contiguous=True)],
         use_qk_l2norm_in_kernel: Annotated[bool, MatchConfig("use_qk_l2norm")] = False,
         lower_bound: Annotated[float | None, Range(lt=0), MatchConfig("effective_lower_bound")] = None,
         config: Any = None,
@@ -99,17 +100,18 @@ def _hint_unflattened(v: Violation, ctx: CallContext) -> str | None:
 def _swapped_layout_fits(ctx: CallContext) -> bool:
     """Would the call be consistent if the state's last two dims meant the other layout?"""
     st, a, out, m = (_shape(ctx, n) for n in ("initial_state", "a", "out", "mixed_qkv"))
-    if st is None or a is None or out is None or m is None or len(st) != 4 or len(a) != 2 or len(out) != 4:
+    if st is None or a is None or out is None or m is None or len(st) != 4 or len(a) != 2 or len(out) != 4 \
+            or len(m) != 2:
         return False
     hv = st[1]
     declared = _layout_of(ctx)
     # the other layout: VK declared but KV given means K = st[2], V = st[3]
     k, v = (st[2], st[3]) if declared == "VK" else (st[3], st[2])
-    if k == v:
+    if k == v or k < 1:
         return False
     fits = a[1] == hv * k and out[3] == v and (m[1] - hv * v) > 0 and (m[1] - hv * v) % (2 * k) == 0
     if ctx.config is not None:
-        cd = ctx.config.contract_dims()
+        cd = config_dims(ctx.config)  # any config: a KDAConfig or a plain pydantic model
         fits = fits and cd.get("K", k) == k and cd.get("V", v) == v
     return fits
 
@@ -136,7 +138,7 @@ def _implied_tp(ctx: CallContext) -> tuple[str, str, int, int, int] | None:
     tp = getattr(cfg, "tp_size", None)
     if tp is None:
         return None
-    cfg_dims = cfg.contract_dims()
+    cfg_dims = config_dims(cfg)
     for name in sorted(ctx.spec.tensors, key=lambda n: n != "initial_state"):  # name the pool first
         tparam = ctx.spec.tensors[name]
         shape = _shape(ctx, name)
@@ -161,7 +163,7 @@ def _hint_tp(v: Violation, ctx: CallContext) -> str | None:
     name, sym, got, want, implied = found
     tp = ctx.config.tp_size
     return (f"{name} carries {sym}={got} heads but the config expects {want} per rank "
-            f"({ctx.config.contract_dim_source(sym)}): the tensors look sharded for tp_size={implied}, the config "
+            f"({config_dim_source(ctx.config, sym)}): the tensors look sharded for tp_size={implied}, the config "
             f"for tp_size={tp}. Build the config with tp_size={implied} (KDAConfig.from_hf_config(path, "
             f"tp_size={implied})) or shard the weights and pools for tp_size={tp}; the other shape violations "
             "follow from this one")
@@ -187,6 +189,10 @@ def _hint_index_dtype(v: Violation, ctx: CallContext) -> str | None:
 
 
 def _hint_state_strides(v: Violation, ctx: CallContext) -> str | None:
+    if v.argument == "initial_state" and v.kind is LayoutError and v.facts.get("rule") == "disjoint":
+        return ("the pool's slots overlap (an .expand()ed pool, or a slot stride smaller than a slot): two "
+                "requests would update the same memory and race; allocate one dense slot per index, e.g. "
+                "torch.empty(N, HV, V, K)")
     if v.argument == "initial_state" and v.kind is LayoutError:
         return ("each state slot [HV, V, K] must be dense (the pool's slot stride may be anything): a pool made "
                 "by .transpose() or by slicing inside a slot is not; allocate it densely or pass "
@@ -216,6 +222,8 @@ def _value_checks(ctx: CallContext) -> list[Violation]:
     """Strict mode: the checks that read tensor contents (and so may sync the device)."""
     vals = ctx.values
     out: list[Violation] = []
+    if vals["initial_state"].is_meta:  # shapes without data (all tensors share the device here)
+        return out
     out_t = vals["out"]
     for name in _TENSOR_ARGS:
         if name != "out" and _overlaps(out_t, vals[name]):

@@ -175,14 +175,14 @@ class _Parser:
         node = self.term()
         while self.peek() in ("+", "-"):
             op = self.take()
-            node = _fold(BinOp(op, node, self.term()))
+            node = self.fold(BinOp(op, node, self.term()))
         return node
 
     def term(self) -> Expr:
         node = self.atom()
         while self.peek() in ("*", "//", "%"):
             op = self.take()
-            node = _fold(BinOp(op, node, self.atom()))
+            node = self.fold(BinOp(op, node, self.atom()))
         return node
 
     def atom(self) -> Expr:
@@ -199,6 +199,12 @@ class _Parser:
                 raise self.fail("'_' (any size) must be a dim on its own, not part of an expression")
             return Sym(tok)
         raise self.fail(f"unexpected {tok!r}")
+
+    def fold(self, node: BinOp) -> Expr:
+        try:
+            return _fold(node)
+        except AnnotationError:
+            raise self.fail(f"{node} divides by zero") from None
 
     def done(self) -> None:
         if self.peek() is not None:

@@ -25,11 +25,13 @@ from beartype.roar import BeartypeCallHintParamViolation
 
 from . import modes
 from .contract import (
+    CONFIG_LACKS,
     CallContext,
     ContractSpec,
     Dims,
     TensorParam,
     Where,
+    blocks_disjoint,
     build_spec,
     config_dims,
     dtype_name,
@@ -97,7 +99,8 @@ class ConfigViews:
             cfg,
             tuple(dims.get(s) for s in self.spec.symbols),
             tuple(dts.get(r) for r in self.roles),
-            tuple(getattr(cfg, self.spec.scalars[n].match.attr) for n in self.matches),  # type: ignore[union-attr]
+            tuple(getattr(cfg, self.spec.scalars[n].match.attr, CONFIG_LACKS)  # type: ignore[union-attr]
+                  for n in self.matches),
         )
         if len(self._views) >= self.MAX:
             self._views.clear()
@@ -236,6 +239,17 @@ def _generate_checker(spec: ContractSpec) -> tuple[str, dict[str, Any]]:
                 acc = f"{acc}*max(s_{t}[{axis}], 1)" if acc != "1" else f"max(s_{t}[{axis}], 1)"
             g.emit("if " + " or ".join(conds) + ":")
             g.emit("    return None")
+        if tp.spec.disjoint and not tp.spec.contiguous:
+            n, r = tp.spec.inner_contiguous, tp.rank
+            if not n:
+                g.emit(f"_st = {t}.stride()")
+            if r - n == 1:  # one outer axis (a pool of slots): its stride must step over a whole block
+                block = "*".join(f"max(s_{t}[{axis}], 1)" for axis in range(1, r)) or "1"
+                g.emit(f"if s_{t}[0] > 1 and _st[0] < {block}:")
+                g.emit("    return None")
+            elif r - n > 1:
+                g.emit(f"if not {g.const(blocks_disjoint, '_disjoint')}(s_{t}, _st, {n}):")
+                g.emit("    return None")
 
     if spec.first_tensor is not None:
         g.emit(f"_dev = {spec.first_tensor}.device")
@@ -537,10 +551,7 @@ def _outside_compile(fn: Callable[..., Any]) -> Callable[..., Any]:
                 raise passthrough_for_compile(err) from None
             raise
 
-    try:
-        return torch.compiler.assume_constant_result(run)
-    except Exception:  # a torch without the marker
-        return fn
+    return modes.mark_constant_result(run)
 
 
 def _build_wrapper(c: Contract, fixed_mode: int | None) -> Callable[..., Any]:

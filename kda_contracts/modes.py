@@ -53,12 +53,21 @@ def current_mode() -> int:
     return _default if m is None else m
 
 
-try:  # let dynamo evaluate the mode at trace time instead of tracing ContextVar.get
-    import torch.compiler as _tc
+def mark_constant_result(fn: F) -> F:
+    """What ``torch.compiler.assume_constant_result`` does, without importing ``torch._dynamo``:
+    that import loads triton, and importing kda_contracts must not (the pytest plugin imports it
+    before a conftest can select the Triton interpreter, which must precede triton's import).
 
-    current_mode = _tc.assume_constant_result(current_mode)
-except Exception:  # pragma: no cover - torch without the marker
-    pass
+    Example::
+
+        current_mode = mark_constant_result(current_mode)   # dynamo reads the mode at trace time
+    """
+    fn._dynamo_marked_constant = True  # type: ignore[attr-defined]  # the flag dynamo reads
+    return fn
+
+
+# let dynamo evaluate the mode at trace time instead of tracing ContextVar.get
+current_mode = mark_constant_result(current_mode)
 
 
 def get_mode() -> ModeName:

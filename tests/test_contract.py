@@ -264,6 +264,7 @@ def test_off_at_call_time_skips_checks_and_check_mode_restores_them():
         gated(t(2, 13), t(5, 3, 6, 4))
 
 
+@pytest.mark.kda_contracts("check")  # the mode the decorated call must restore
 def test_mode_is_a_decorator_too():
     @kc.mode("off")
     def call_unchecked():
@@ -279,6 +280,7 @@ def test_unknown_mode_names_are_rejected():
         kc.mode("loud")
 
 
+@pytest.mark.kda_contracts("check")  # the unmarked call must pass outside strict
 def test_strict_mode_runs_value_checks_only_in_strict():
     def no_negatives(ctx):
         if bool((ctx.values["x"] < 0).any()):

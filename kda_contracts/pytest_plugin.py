@@ -1,0 +1,261 @@
+"""pytest plugin (registered by the ``pytest11`` entry point): contracts run in ``strict`` mode
+under pytest, per-test modes, and a summary of what the session exercised.
+
+- ``--kda-contracts=strict|check|off`` sets the session's default mode. Without it:
+  ``$KDA_CONTRACTS_MODE``, else the ini option ``kda_contracts_mode``, else ``strict``.
+- ``@pytest.mark.kda_contracts("check")`` runs one test (setup, call and teardown) in a mode.
+- The ``kda_contracts_mode`` fixture gives a test a :class:`ModeControl`; parametrizing it
+  (``@pytest.mark.parametrize("kda_contracts_mode", ["check", "strict"], indirect=True)``) runs
+  the test once per mode, and wins over the marker.
+- A terminal summary line counts the contracts exercised, the checked calls and the violations
+  raised during the session; ``--kda-contracts-require-all`` fails the session when a registered
+  contract was never called.
+
+Example::
+
+    @pytest.mark.kda_contracts("check")      # this test expects check-mode behaviour
+    def test_negative_values_pass_in_check_mode(): ...
+
+    def test_both_modes(kda_contracts_mode):
+        assert kda_contracts_mode.name == "strict"
+        with kda_contracts_mode("off"):
+            ...
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import os
+from collections.abc import Generator
+from dataclasses import dataclass, field
+
+import pytest
+
+from . import modes
+from .enforce import Contract, registered_contracts
+
+__all__ = ["ModeControl"]
+
+MODES = ("strict", "check", "off")
+_EXPECTED = "expected one of 'strict', 'check', 'off'"
+FIXTURE = "kda_contracts_mode"
+INI = "kda_contracts_mode"
+
+
+@dataclass
+class _SessionState:
+    mode: str
+    previous_default: str
+    baseline: dict[int, tuple[int, int]] = field(default_factory=dict)  # id(contract) -> (calls, rejections)
+    seen: dict[int, tuple[str, Contract]] = field(default_factory=dict)  # every contract met, by id
+    missing: list[str] = field(default_factory=list)  # registered, never exercised
+
+
+_STATE = pytest.StashKey[_SessionState]()
+_ITEM_MODE = pytest.StashKey["str | None"]()
+
+
+class ModeControl:
+    """What the ``kda_contracts_mode`` fixture gives a test.
+
+    ``.name`` is the mode in force now, ``.session`` the session default, and calling it with a
+    mode name gives a ``kc.mode`` context for a block.
+
+    Example::
+
+        def test_off_skips_checks(kda_contracts_mode):
+            with kda_contracts_mode("off"):
+                assert kda_contracts_mode.name == "off"
+    """
+
+    def __init__(self, session: str) -> None:
+        self.session = session
+
+    @property
+    def name(self) -> str:
+        return modes.get_mode()
+
+    def __call__(self, name: modes.ModeName) -> modes.mode:
+        return modes.mode(name)
+
+    def __repr__(self) -> str:
+        return f"<kda_contracts mode {self.name} (session {self.session})>"
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("kda-contracts", "kda-contracts: shape/dtype contracts")
+    group.addoption(
+        "--kda-contracts", dest="kda_contracts", choices=MODES, default=None, metavar="{strict,check,off}",
+        help="contract mode for the session (default: $KDA_CONTRACTS_MODE, else ini kda_contracts_mode, "
+             "else strict).",
+    )
+    group.addoption(
+        "--kda-contracts-require-all", dest="kda_contracts_require_all", action="store_true", default=False,
+        help="fail the session if a registered contract was never called.",
+    )
+    parser.addini(INI, "contract mode for the session: strict, check or off (default strict).", default="")
+
+
+def _default_mode_name() -> str:
+    # The process default is what a fresh context sees (no `with kc.mode` of ours around it).
+    return contextvars.Context().run(modes.get_mode)
+
+
+def _resolve(config: pytest.Config, cli: str | None) -> str:
+    """The session mode: command line, else environment, else ini file, else strict."""
+    ini_origin = f"{INI} (in {config.inipath})" if config.inipath else INI
+    for origin, value in (("--kda-contracts", cli), ("KDA_CONTRACTS_MODE", os.environ.get("KDA_CONTRACTS_MODE")),
+                          (ini_origin, config.getini(INI))):
+        name = str(value or "").strip().lower()
+        if name:
+            if name not in MODES:
+                raise pytest.UsageError(f"{origin}: unknown mode {value!r}; {_EXPECTED}")
+            return name
+    return "strict"
+
+
+def _apply_session_mode(config: pytest.Config, cli: str | None) -> None:
+    name = _resolve(config, cli)
+    state = config.stash.get(_STATE, None)
+    if state is None:
+        state = config.stash[_STATE] = _SessionState(name, _default_mode_name())
+    state.mode = name
+    modes.set_default_mode(name)  # type: ignore[arg-type]
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_load_initial_conftests(early_config: pytest.Config) -> None:
+    # As early as possible: a contract decorated while the mode is "off" is the function itself,
+    # and conftest files and test modules are imported after this.
+    _apply_session_mode(early_config, early_config.known_args_namespace.kda_contracts)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        "kda_contracts(mode): run this test's setup, call and teardown in kda-contracts mode "
+        "'strict', 'check' or 'off'.",
+    )
+    # Again here, for sessions where the plugin was registered after the initial conftests.
+    _apply_session_mode(config, config.getoption("kda_contracts"))
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    state = config.stash.get(_STATE, None)
+    if state is not None:
+        modes.set_default_mode(state.previous_default)  # type: ignore[arg-type]
+
+
+def _note_registered(state: _SessionState) -> dict[str, Contract]:
+    # A contract re-registered under the same key replaces the old one; remember every object
+    # met so the calls of a replaced contract still count.
+    reg = registered_contracts()
+    for key, c in reg.items():
+        state.seen.setdefault(id(c), (key, c))
+    return reg
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    state = session.config.stash[_STATE]
+    for key, c in registered_contracts().items():
+        state.baseline[id(c)] = (c.calls, c.rejections)
+        state.seen[id(c)] = (key, c)
+
+
+def _item_mode(item: pytest.Item) -> str | None:
+    """The mode a test asks for: a parametrized ``kda_contracts_mode``, else the closest marker."""
+    callspec = getattr(item, "callspec", None)
+    if callspec is not None and FIXTURE in callspec.params:
+        name, origin = callspec.params[FIXTURE], f"parametrize({FIXTURE!r})"
+    else:
+        marker = item.get_closest_marker("kda_contracts")
+        if marker is None:
+            return None
+        name = marker.args[0] if marker.args else marker.kwargs.get("mode")
+        origin = "@pytest.mark.kda_contracts"
+    if not isinstance(name, str) or name.strip().lower() not in MODES:
+        pytest.fail(f"{item.nodeid}: {origin}: unknown mode {name!r}; {_EXPECTED}", pytrace=False)
+    return name.strip().lower()
+
+
+def _in_item_mode(item: pytest.Item) -> contextlib.AbstractContextManager[object]:
+    name = item.stash.get(_ITEM_MODE, None)
+    return modes.mode(name) if name is not None else contextlib.nullcontext()  # type: ignore[arg-type]
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_setup(item: pytest.Item) -> Generator[None, None, None]:
+    item.stash[_ITEM_MODE] = None  # what teardown sees if the requested mode is invalid
+    item.stash[_ITEM_MODE] = _item_mode(item)
+    with _in_item_mode(item):
+        yield
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Generator[None, None, None]:
+    with _in_item_mode(item):
+        yield
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_teardown(item: pytest.Item) -> Generator[None, None, None]:
+    with _in_item_mode(item):
+        yield
+    _note_registered(item.config.stash[_STATE])
+
+
+@pytest.fixture
+def kda_contracts_mode(request: pytest.FixtureRequest) -> ModeControl:
+    """A :class:`ModeControl` for this test: ``.name`` (the mode in force), ``.session`` (the
+    session default), and ``kda_contracts_mode("off")`` as a context for a block. Parametrize it
+    (``indirect=True``) to run the test in each of several modes."""
+    return ModeControl(request.config.stash[_STATE].mode)
+
+
+def _counts(state: _SessionState) -> tuple[set[str], int, int]:
+    """Keys of the contracts called this session, checked calls, violations raised (deltas)."""
+    exercised: set[str] = set()
+    calls = rejections = 0
+    for key, c in state.seen.values():
+        base_calls, base_rejections = state.baseline.get(id(c), (0, 0))
+        if c.calls > base_calls:
+            exercised.add(key)
+        calls += c.calls - base_calls
+        rejections += c.rejections - base_rejections
+    return exercised, calls, rejections
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    config = session.config
+    state = config.stash[_STATE]
+    registered = _note_registered(state)
+    if config.getoption("kda_contracts_require_all"):
+        exercised, _, _ = _counts(state)
+        state.missing = sorted(set(registered) - exercised)
+        if state.missing and session.exitstatus == pytest.ExitCode.OK:
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: pytest.Config) -> None:
+    state = config.stash.get(_STATE, None)
+    if state is None:
+        return
+    registered = _note_registered(state)
+    exercised, calls, rejections = _counts(state)
+    n_exercised = len(exercised & set(registered))
+    terminalreporter.write_line(
+        f"kda-contracts: mode {state.mode}; {_plural(n_exercised, 'contract')} exercised of "
+        f"{len(registered)} registered, {_plural(calls, 'checked call')}, {_plural(rejections, 'violation')} raised"
+    )
+    if state.missing:
+        terminalreporter.write_line(
+            f"kda-contracts: --kda-contracts-require-all: {_plural(len(state.missing), 'registered contract')} "
+            f"never exercised: {', '.join(state.missing)}",
+            red=True, bold=True,
+        )

@@ -1,0 +1,289 @@
+"""The pytest plugin: session mode (command line, environment, ini, default strict), the marker,
+the fixture, the summary line and --kda-contracts-require-all.
+
+Each test runs an inner pytest session in-process with pytester. The contract registry is
+swapped for an empty one per test, so the inner session sees only the contracts it defines.
+"""
+
+import contextvars
+
+import pytest
+
+import kda_contracts as kc
+import kda_contracts.pytest_plugin
+from kda_contracts import Float, Tensor, enforce
+
+pytest_plugins = ["pytester"]
+
+# An inner test module: one contract with a strict-only value check, one never called.
+CONTRACTS = """
+import pytest, torch
+import kda_contracts as kc
+from kda_contracts import Float, Tensor
+
+def no_negatives(ctx):
+    if bool((ctx.values["x"] < 0).any()):
+        return [kc.Violation(kc.ValueRangeError, "x", ">= 0 everywhere", "a negative value")]
+    return []
+
+@kc.contract(value_checks=no_negatives, name="nonneg")
+def nonneg(x: Float[Tensor, "B"]) -> None: ...
+
+@kc.contract(name="unused")
+def unused(x: Float[Tensor, "B"]) -> None: ...
+"""
+
+
+@pytest.fixture(autouse=True)
+def isolated(monkeypatch):
+    monkeypatch.setattr(enforce, "_REGISTRY", {})
+    monkeypatch.delenv("KDA_CONTRACTS_MODE", raising=False)
+    monkeypatch.delenv("PYTEST_ADDOPTS", raising=False)
+    default = contextvars.Context().run(kc.get_mode)  # the process default, whatever a test does
+    yield
+    kc.set_default_mode(default)
+
+
+def run(pytester, *args):
+    # hypothesis's plugin would re-import (and assertion-rewrite) hypothesis in every inner session
+    return pytester.runpytest_inprocess("-p", "no:hypothesispytest", *args)
+
+
+def reports_mode(pytester, expected):
+    pytester.makepyfile(test_inner=f"""
+import kda_contracts as kc
+def test_mode():
+    assert kc.get_mode() == {expected!r}
+""")
+
+
+# -- the session mode -------------------------------------------------------------------------------
+def test_the_plugin_is_registered_by_its_entry_point(request):
+    assert request.config.pluginmanager.get_plugin("kda_contracts") is kda_contracts.pytest_plugin
+
+
+def test_the_default_mode_under_pytest_is_strict(pytester):
+    reports_mode(pytester, "strict")
+    result = run(pytester)
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines(["kda-contracts: mode strict; *"])
+
+
+@pytest.mark.parametrize("name", ["check", "off", "strict"])
+def test_the_command_line_sets_the_session_mode(pytester, name):
+    reports_mode(pytester, name)
+    run(pytester, f"--kda-contracts={name}").assert_outcomes(passed=1)
+
+
+def test_off_at_the_command_line_makes_contracts_decorated_at_import_the_functions_themselves(pytester):
+    pytester.makepyfile(test_inner="""
+import kda_contracts as kc
+from kda_contracts import Float, Tensor
+
+def f(x: Float[Tensor, "B"]) -> None: ...
+g = kc.contract(f)
+
+def test_identity():
+    assert g is f
+""")
+    run(pytester, "--kda-contracts=off").assert_outcomes(passed=1)
+
+
+def test_the_ini_option_sets_the_session_mode(pytester):
+    pytester.makeini("[pytest]\nkda_contracts_mode = check\n")
+    reports_mode(pytester, "check")
+    run(pytester).assert_outcomes(passed=1)
+
+
+def test_the_command_line_wins_over_the_environment_and_the_ini_option(pytester, monkeypatch):
+    pytester.makeini("[pytest]\nkda_contracts_mode = check\n")
+    monkeypatch.setenv("KDA_CONTRACTS_MODE", "off")
+    reports_mode(pytester, "strict")
+    run(pytester, "--kda-contracts=strict").assert_outcomes(passed=1)
+
+
+def test_the_environment_wins_over_the_ini_option(pytester, monkeypatch):
+    pytester.makeini("[pytest]\nkda_contracts_mode = check\n")
+    monkeypatch.setenv("KDA_CONTRACTS_MODE", "off")
+    reports_mode(pytester, "off")
+    run(pytester).assert_outcomes(passed=1)
+
+
+def test_the_previous_default_is_restored_after_the_session(pytester):
+    kc.set_default_mode("check")
+    reports_mode(pytester, "off")
+    run(pytester, "--kda-contracts=off").assert_outcomes(passed=1)
+    assert kc.get_mode() == "check"
+
+
+def test_an_unknown_mode_on_the_command_line_is_a_usage_error(pytester):
+    reports_mode(pytester, "strict")
+    result = run(pytester, "--kda-contracts=loud")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(
+        ["*argument --kda-contracts: invalid choice: 'loud' (choose from *strict*, *check*, *off*)*"])
+
+
+def test_an_unknown_mode_in_the_ini_file_is_a_usage_error_naming_the_file(pytester):
+    pytester.makeini("[pytest]\nkda_contracts_mode = loud\n")
+    reports_mode(pytester, "strict")
+    result = run(pytester)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*kda_contracts_mode (in *tox.ini): unknown mode 'loud'; "
+                                 "expected one of 'strict', 'check', 'off'*"])
+
+
+def test_an_unknown_mode_in_the_environment_is_a_usage_error(pytester, monkeypatch):
+    monkeypatch.setenv("KDA_CONTRACTS_MODE", "loud")
+    reports_mode(pytester, "strict")
+    result = run(pytester)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*KDA_CONTRACTS_MODE: unknown mode 'loud'; expected one of 'strict', 'check', 'off'*"])
+
+
+# -- the marker -------------------------------------------------------------------------------------
+def test_the_marker_sets_the_mode_of_one_tests_setup_call_and_teardown(pytester):
+    pytester.makepyfile(test_inner="""
+import pytest
+import kda_contracts as kc
+
+seen = []
+
+@pytest.fixture
+def record():
+    seen.append(("setup", kc.get_mode()))
+    yield
+    seen.append(("teardown", kc.get_mode()))
+
+@pytest.mark.kda_contracts("off")
+def test_marked(record):
+    seen.append(("call", kc.get_mode()))
+
+def test_unmarked_and_what_the_marked_one_saw():
+    assert seen == [("setup", "off"), ("call", "off"), ("teardown", "off")]
+    assert kc.get_mode() == "strict"
+""")
+    run(pytester).assert_outcomes(passed=2)
+
+
+def test_the_marker_applies_to_a_class_and_the_closest_one_wins(pytester):
+    pytester.makepyfile(test_inner="""
+import pytest
+import kda_contracts as kc
+
+@pytest.mark.kda_contracts("check")
+class TestChecked:
+    def test_class_mode(self):
+        assert kc.get_mode() == "check"
+
+    @pytest.mark.kda_contracts(mode="off")
+    def test_method_mode(self):
+        assert kc.get_mode() == "off"
+""")
+    run(pytester).assert_outcomes(passed=2)
+
+
+def test_the_marker_is_registered(pytester):
+    reports_mode(pytester, "strict")
+    run(pytester, "--strict-markers", "--markers").stdout.fnmatch_lines(
+        ["@pytest.mark.kda_contracts(mode): *"])
+
+
+def test_an_unknown_mode_in_the_marker_errors_that_test_only(pytester):
+    pytester.makepyfile(test_inner="""
+import pytest
+
+@pytest.mark.kda_contracts("loud")
+def test_bad():
+    pass
+
+def test_good():
+    pass
+""")
+    result = run(pytester)
+    result.assert_outcomes(passed=1, errors=1)
+    result.stdout.fnmatch_lines(["*test_inner.py::test_bad: @pytest.mark.kda_contracts: unknown mode 'loud'; "
+                                 "expected one of 'strict', 'check', 'off'*"])
+
+
+# -- the fixture ------------------------------------------------------------------------------------
+def test_the_fixture_reports_the_mode_and_switches_it_for_a_block(pytester):
+    pytester.makepyfile(test_inner="""
+import pytest
+import kda_contracts as kc
+
+def test_switch(kda_contracts_mode):
+    assert (kda_contracts_mode.name, kda_contracts_mode.session) == ("check", "check")
+    with kda_contracts_mode("off"):
+        assert kda_contracts_mode.name == kc.get_mode() == "off"
+    assert kda_contracts_mode.name == "check"
+
+@pytest.mark.kda_contracts("strict")
+def test_marked(kda_contracts_mode):
+    assert (kda_contracts_mode.name, kda_contracts_mode.session) == ("strict", "check")
+""")
+    run(pytester, "--kda-contracts=check").assert_outcomes(passed=2)
+
+
+def test_parametrizing_the_fixture_runs_the_test_in_each_mode_and_wins_over_the_marker(pytester):
+    pytester.makepyfile(test_inner="""
+import pytest
+import kda_contracts as kc
+
+@pytest.mark.kda_contracts("strict")
+@pytest.mark.parametrize("kda_contracts_mode", ["off", "check"], indirect=True)
+def test_indirect(kda_contracts_mode, request):
+    assert kda_contracts_mode.name == request.node.callspec.params["kda_contracts_mode"]
+
+@pytest.mark.parametrize("kda_contracts_mode", ["off", "check"])
+def test_direct(kda_contracts_mode):
+    assert kc.get_mode() == kda_contracts_mode
+""")
+    run(pytester).assert_outcomes(passed=4)
+
+
+# -- the summary line and --kda-contracts-require-all -----------------------------------------------
+def test_the_summary_counts_only_what_the_session_did(pytester):
+    @kc.contract(name="before")
+    def before(x: Float[Tensor, "B"]) -> None: ...
+
+    import torch
+    before(torch.zeros(2))  # called before the session: not counted
+    pytester.makepyfile(test_inner=CONTRACTS + """
+def test_calls():
+    nonneg(torch.ones(2))
+    nonneg(torch.ones(3))
+    with pytest.raises(kc.ValueRangeError):
+        nonneg(-torch.ones(2))          # strict: the value check rejects it
+    with kc.mode("off"):
+        nonneg(torch.ones(2))           # off: not a checked call
+""")
+    result = run(pytester)
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines(["kda-contracts: mode strict; 1 contract exercised of 3 registered, "
+                                 "3 checked calls, 1 violation raised"])
+
+
+def test_require_all_fails_the_session_naming_the_contracts_never_exercised(pytester):
+    pytester.makepyfile(test_inner=CONTRACTS + """
+def test_calls():
+    nonneg(torch.ones(2))
+""")
+    result = run(pytester, "--kda-contracts-require-all")
+    result.assert_outcomes(passed=1)
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    result.stdout.fnmatch_lines(["kda-contracts: --kda-contracts-require-all: 1 registered contract never exercised: "
+                                 "unused"])
+
+
+def test_require_all_passes_when_every_registered_contract_was_called(pytester):
+    pytester.makepyfile(test_inner=CONTRACTS + """
+def test_calls():
+    nonneg(torch.ones(2))
+    with pytest.raises(kc.ShapeError):
+        unused(torch.ones(2, 2))        # a rejected call still exercises the contract
+""")
+    result = run(pytester, "--kda-contracts-require-all")
+    result.assert_outcomes(passed=1)
+    assert result.ret == pytest.ExitCode.OK
+    result.stdout.no_fnmatch_line("*never exercised*")
