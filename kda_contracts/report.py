@@ -1,0 +1,292 @@
+"""``kda-contracts validate DUMP.pt``: the full report on a packed-decode call saved to disk.
+
+A dump is what an engine can ``torch.save`` when a decode step fails: a dict whose keys are the
+argument names of ``packed_decode`` (``mixed_qkv`` ... ``ssm_state_indices`` required,
+``use_qk_l2norm_in_kernel`` and ``lower_bound`` optional) plus, optionally, ``"config"`` (a dict
+of :class:`~kda_contracts.KDAConfig` fields, or a preset name, or ``{"preset": name, "tp_size": 2}``)
+and ``"state_layout"`` (``"VK"`` or ``"KV"``). :func:`save_dump` writes one.
+
+It is read with ``torch.load(weights_only=True)``: a file that needs arbitrary unpickling is
+refused, never executed. The report lists every violation (not just the first), the dims that
+could be bound with where each came from, and which backends would accept the call.
+
+Exit codes of the command: 0 the call is valid, 1 it breaks the contract, 2 the file is not a
+usable dump (missing, not a ``torch.save`` file, refused by ``weights_only``, not a dict, missing
+arguments, a bad config).
+
+Example::
+
+    >>> import tempfile, os
+    >>> from kda_contracts import KDAConfig
+    >>> from kda_contracts.demo import make_decode_call
+    >>> cfg = KDAConfig.preset("kimi-linear-48b-a3b", tp_size=8)
+    >>> path = os.path.join(tempfile.mkdtemp(), "step.pt")
+    >>> save_dump(path, make_decode_call(cfg, batch=2, pool=4), config=cfg)
+    >>> check_dump(load_dump(path)).ok
+    True
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import re
+import zipfile
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from pydantic import ValidationError
+
+from . import adapters
+from .config import PRESETS, KDAConfig
+from .contract import CallContext, Dims
+from .decode import PACKED_DECODE_ARGS, _call_of, _layout, packed_decode_contract
+from .errors import ContractError, DeviceError, Violation, format_report
+
+__all__ = ["EXIT_INVALID", "EXIT_UNUSABLE", "EXIT_VALID", "DecodeDump", "DumpError", "DumpReport", "check_dump",
+           "load_dump", "save_dump"]
+
+EXIT_VALID, EXIT_INVALID, EXIT_UNUSABLE = 0, 1, 2
+REQUIRED = PACKED_DECODE_ARGS[:9]
+OPTIONAL = PACKED_DECODE_ARGS[9:]
+EXTRA_KEYS = ("config", "state_layout")
+
+
+class DumpError(Exception):
+    """The file is not a usable packed-decode dump (the command exits 2)."""
+
+
+@dataclass
+class DecodeDump:
+    """A loaded dump: the call's arguments by name, its config and declared layout."""
+
+    path: str
+    values: dict[str, Any]
+    config: KDAConfig | None
+    config_origin: str
+    state_layout: str | None
+    notes: list[str] = field(default_factory=list)
+    # Devices the tensors were saved on, and whether some were loaded elsewhere (no such device here).
+    saved_devices: tuple[str, ...] = ()
+    relocated: bool = False
+
+
+def save_dump(path: str | os.PathLike[str], call: Mapping[str, Any], *, config: KDAConfig | None = None,
+              state_layout: str | None = None) -> None:
+    """Write a dump of a packed-decode call (``call``: its arguments by name) for
+    ``kda-contracts validate``. The config is stored as plain fields, so the file loads with
+    ``weights_only=True``.
+
+    Example::
+
+        save_dump("/tmp/step.pt", dict(mixed_qkv=mixed_qkv, a=a, ...), config=cfg)
+    """
+    data: dict[str, Any] = {k: v for k, v in call.items() if k in PACKED_DECODE_ARGS}
+    if config is not None:
+        data["config"] = config.model_dump()
+    if state_layout is not None:
+        data["state_layout"] = state_layout
+    torch.save(data, path)
+
+
+def _config_from(raw: Any) -> KDAConfig:
+    if isinstance(raw, str):
+        return KDAConfig.preset(raw)
+    if isinstance(raw, Mapping):
+        fields = dict(raw)
+        preset = fields.pop("preset", None)
+        if preset is not None:
+            return KDAConfig.preset(str(preset), **fields)
+        return KDAConfig(**fields)
+    raise DumpError(f"'config' must be a dict of KDAConfig fields or a preset name "
+                    f"({', '.join(sorted(PRESETS))}), got {type(raw).__name__}")
+
+
+def load_dump(path: str | os.PathLike[str], *, config: KDAConfig | None = None,
+              state_layout: str | None = None) -> DecodeDump:
+    """Read and check the structure of a dump; ``config``/``state_layout`` override the dump's.
+
+    Raises :class:`DumpError` with a message that says what is wrong with the file.
+    """
+    p = Path(path)
+    if not p.is_file():
+        raise DumpError(f"{p}: no such file" if not p.exists() else f"{p}: not a file")
+    notes: list[str] = []
+    moved: set[str] = set()
+    seen: set[str] = set()
+
+    def restore(storage: Any, location: str) -> Any:
+        # Keep each tensor on its saved device when this machine has it; otherwise load it on the CPU.
+        seen.add(location)
+        if location == "cpu" or location.startswith("meta"):
+            return None
+        dev = torch.device(location)
+        if dev.type == "cuda" and torch.cuda.is_available() and (dev.index or 0) < torch.cuda.device_count():
+            return None
+        moved.add(location)
+        return storage
+
+    with open(p, "rb") as fh:
+        magic = fh.read(4)
+    if not (zipfile.is_zipfile(p) or magic[:1] == b"\x80"):  # torch.save writes a zip (or, legacy, a pickle)
+        raise DumpError(f"{p}: not a torch.save file (neither a zip archive nor a pickle)")
+    try:
+        raw = torch.load(p, map_location=restore, weights_only=True)
+    except pickle.UnpicklingError as exc:
+        # torch's message is long; its "Unsupported global: ..." line names the offending object.
+        why = next((m.group(1) for m in [re.search(r"(Unsupported [^.]*(?:\.[A-Za-z_][\w]*)*)", str(exc))] if m),
+                   str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__)
+        raise DumpError(f"{p}: refused by torch.load(weights_only=True): the file holds objects other than "
+                        f"tensors and plain Python values ({why}). Save a dict of tensors and scalars "
+                        "(kda_contracts.report.save_dump does).") from None
+    except Exception as exc:
+        raise DumpError(f"{p}: torch.load failed ({type(exc).__name__}: {str(exc)[:200]})") from None
+    if moved:
+        notes.append(f"tensors saved on {', '.join(sorted(moved))} were loaded on the CPU (no such device here): "
+                     "device checks see the CPU copies")
+    if not isinstance(raw, Mapping):
+        raise DumpError(f"{p}: expected a dict of packed_decode arguments by name, got a {type(raw).__name__}")
+    keys = [k for k in raw if isinstance(k, str)]
+    missing = [k for k in REQUIRED if k not in raw]
+    if missing:
+        known = [k for k in keys if k in PACKED_DECODE_ARGS or k in EXTRA_KEYS]
+        what = ("none of the packed_decode arguments: is this a dump of another call (or a state_dict)?"
+                if not known else f"missing {', '.join(missing)}")
+        shown = ", ".join(repr(k) for k in list(raw)[:8]) + (", ..." if len(raw) > 8 else "")
+        raise DumpError(f"{p}: not a packed_decode dump: {what} (keys: {shown or 'none'}; required: "
+                        f"{', '.join(REQUIRED)})")
+    ignored = [repr(k) for k in raw if k not in PACKED_DECODE_ARGS and k not in EXTRA_KEYS]
+    if ignored:
+        notes.append(f"ignored keys: {', '.join(ignored)}")
+    values = {k: raw[k] for k in PACKED_DECODE_ARGS if k in raw}
+    values.setdefault("use_qk_l2norm_in_kernel", False)
+    values.setdefault("lower_bound", None)
+
+    origin = "none"
+    cfg = config
+    if cfg is not None:
+        origin = "the command line"
+        if "config" in raw:
+            notes.append("the dump's config was replaced by --config")
+    elif raw.get("config") is not None:
+        try:
+            cfg = _config_from(raw["config"])
+        except (ValidationError, ValueError, TypeError) as exc:
+            raise DumpError(f"{p}: its 'config' is not a valid KDAConfig: {exc}") from None
+        origin = "the dump"
+    layout = state_layout if state_layout is not None else raw.get("state_layout")
+    if layout is not None and layout not in ("VK", "KV"):
+        raise DumpError(f"{p}: 'state_layout' must be 'VK' or 'KV', got {layout!r}")
+    return DecodeDump(str(p), values, cfg, origin, layout, notes, tuple(sorted(seen)), bool(moved))
+
+
+@dataclass
+class DumpReport:
+    """The verdict on a dump: violations, bound dims, backends. ``render()`` is the text."""
+
+    dump: DecodeDump
+    layout: str
+    mode: str
+    dims: Dims
+    violations: list[Violation]
+    backends: list[tuple[str, list[str]]] | None  # None: not asked (the call is invalid)
+
+    @property
+    def ok(self) -> bool:
+        return not self.violations
+
+    @property
+    def exit_code(self) -> int:
+        return EXIT_VALID if self.ok else EXIT_INVALID
+
+    def render(self) -> str:
+        d = self.dump
+        cfg = "none (dims come from the tensors)" if d.config is None else (
+            f"{_config_label(d.config)} (from {d.config_origin})")
+        lines = [f"kda-contracts validate: {d.path}",
+                 f"call:   packed_decode, state layout {self.layout}, mode {self.mode}",
+                 f"config: {cfg}"]
+        lines += [f"note:   {n}" for n in d.notes]
+        lines.append("")
+        if self.ok:
+            lines.append("VALID: the call meets the contract")
+        else:
+            lines.append(f"INVALID: {len(self.violations)} violation{'s' if len(self.violations) != 1 else ''}")
+            lines += format_report("packed_decode", self.violations, {}, {}).splitlines()[1:]
+        lines.append("")
+        if self.dims:
+            lines.append("dims:")
+            for sym, value in self.dims.items():
+                lines.append(f"  {sym:<2} = {value:<6} {self.dims.provenance.get(sym, '')}")
+        else:
+            lines.append("dims: none could be bound")
+        lines.append("")
+        if self.backends is None:
+            lines.append("backends: none would accept it (packed_decode validates before dispatching)")
+        else:
+            lines.append("backends:")
+            chosen = next((n for n, r in self.backends if not r), None)
+            for name, reasons in self.backends:
+                if not reasons:
+                    verdict = "accepts (backend='auto' picks it)" if name == chosen else "accepts"
+                else:
+                    verdict = "rejects: " + "; ".join(reasons)
+                lines.append(f"  {name:>7}: {verdict}")
+        return "\n".join(lines) + "\n"
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "path": self.dump.path,
+            "valid": self.ok,
+            "exit_code": self.exit_code,
+            "state_layout": self.layout,
+            "mode": self.mode,
+            "config": None if self.dump.config is None else self.dump.config.model_dump(mode="json"),
+            "notes": list(self.dump.notes),
+            "violations": [{"argument": v.argument, "error": v.kind.kind_name, "expected": v.expected,
+                            "got": v.got, "details": list(v.details), "fix": v.hint} for v in self.violations],
+            "dims": {k: {"value": v, "from": self.dims.provenance.get(k)} for k, v in self.dims.items()},
+            "backends": None if self.backends is None else [{"name": n, "accepts": not r, "reasons": r}
+                                                            for n, r in self.backends],
+        }
+
+
+def _config_label(cfg: KDAConfig) -> str:
+    d = cfg.contract_dims()
+    return (f"KDAConfig(H={d['H']}, HV={d['HV']}, K={d['K']}, V={d['V']}, tp_size={cfg.tp_size}, "
+            f"state_layout={cfg.state_layout}, gate={cfg.gate})")
+
+
+def check_dump(dump: DecodeDump, *, strict: bool = True) -> DumpReport:
+    """Run the packed-decode contract on a loaded dump and collect the whole verdict.
+
+    ``strict`` adds the value checks (index range, duplicate slots, aliasing, finiteness) when the
+    shapes, dtypes and layouts are right.
+    """
+    mode = "strict" if strict else "check"
+    try:
+        layout = _layout(dump.config, dump.state_layout)
+    except ContractError as err:  # the dump's state_layout contradicts its config
+        return DumpReport(dump, dump.state_layout or "VK", mode, Dims({}, {}), list(err.violations), None)
+    c = packed_decode_contract(layout)  # type: ignore[arg-type]
+    values = dict(dump.values, config=dump.config)
+    dims, violations = c.explain(**values)
+    if dump.relocated and len(dump.saved_devices) > 1:
+        # Loading on the CPU erased the mismatch the call had; say so rather than call it valid.
+        violations = [Violation(
+            DeviceError, "(dump)", "every tensor on one device", f"tensors saved on {', '.join(dump.saved_devices)}",
+            hint="this machine lacks one of those devices, so which argument was where is lost; validate on a "
+                 "machine that has it to see the argument"), *violations]
+    if not violations and strict and c.spec.value_checks is not None:
+        ctx = CallContext(c.spec, values, dump.config, dict(dims), dims.provenance)
+        violations = c.spec.value_checks(ctx)
+    backends = None
+    if not violations:
+        v = dump.values
+        call = _call_of(v["mixed_qkv"], v["initial_state"], v["ssm_state_indices"], layout, v["lower_bound"],
+                        dict(dims))
+        backends = [(ad.name, reasons) for ad, reasons in adapters.verdicts(call)]
+    return DumpReport(dump, layout, mode, dims, list(violations), backends)
