@@ -354,7 +354,7 @@ def _is_jaxtyping_array(tp: Any) -> bool:
     return isinstance(tp, type) and hasattr(tp, "dim_str") and hasattr(tp, "dtypes") and hasattr(tp, "array_type")
 
 
-def _split_optional(tp: Any) -> tuple[Any, bool]:
+def split_optional(tp: Any) -> tuple[Any, bool]:
     origin = typing.get_origin(tp)
     if origin in (typing.Union, UnionType):
         args = [a for a in typing.get_args(tp) if a is not NoneType]
@@ -391,7 +391,7 @@ def _read_param(name: str, annotation: Any, where: str) -> TensorParam | ScalarP
     if typing.get_origin(annotation) is typing.Annotated:
         annotation, *rest = typing.get_args(annotation)
         meta = tuple(rest)
-    inner, optional = _split_optional(annotation)
+    inner, optional = split_optional(annotation)
     if typing.get_origin(inner) is typing.Annotated:  # Optional[Annotated[...]]
         inner, *rest = typing.get_args(inner)
         meta += tuple(rest)

@@ -35,6 +35,7 @@ from .contract import (
     build_spec,
     config_dims,
     dtype_name,
+    split_optional,
 )
 from .dims import ANY, Expr, Sym
 from .errors import (
@@ -132,9 +133,45 @@ def _var(sym: str) -> str:
     return f"d_{sym}"
 
 
-def _generate_checker(spec: ContractSpec) -> tuple[str, dict[str, Any]]:
-    """Python source of ``check(<params>, _cfg) -> tuple | None`` for ``spec``."""
+_SIMPLE_TYPES: dict[Any, tuple[type, ...]] = {
+    # beartype's verdict for these hints, as isinstance (BeartypeConf(is_pep484_tower=True): a
+    # float parameter accepts an int; bool is an int)
+    float: (int, float),
+    int: (int,),
+    bool: (bool,),
+    torch.Tensor: (torch.Tensor,),
+}
+
+
+def _type_guards(spec: ContractSpec, g: _Gen) -> list[str] | None:
+    """Conditions that are true when an argument has the wrong Python type, equivalent to
+    beartype's verdict on the stripped annotations; None when some hint is not that simple (then
+    the beartype shim runs on every call instead)."""
+    guards: list[str] = []
+    hints: list[tuple[str, Any, bool]] = [(n, torch.Tensor, tp.optional) for n, tp in spec.tensors.items()]
+    for n, sp in spec.scalars.items():
+        inner, optional = split_optional(sp.hint)
+        hints.append((n, inner, optional or sp.optional))
+    for name, hint, optional in hints:
+        if hint is Any:
+            continue
+        types = _SIMPLE_TYPES.get(hint)
+        if types is None:
+            return None
+        k = g.const(types, "_ty")
+        guards.append(f"({name} is not None and not isinstance({name}, {k}))" if optional
+                      else f"not isinstance({name}, {k})")
+    return guards
+
+
+def _generate_checker(spec: ContractSpec) -> tuple[str, dict[str, Any], bool]:
+    """Python source of ``check(<params>, _cfg) -> tuple | None`` for ``spec``, its constants,
+    and whether it also checks the Python types (else the beartype shim must run first)."""
     g = _Gen()
+    guards = _type_guards(spec, g)
+    if guards:
+        g.emit("if " + " or ".join(guards) + ":")
+        g.emit("    return None")
     names = {s: _var(s) for s in spec.symbols}
     dtype_roles, match_params = config_view_layout(spec)
     bound: set[str] = set()
@@ -207,44 +244,52 @@ def _generate_checker(spec: ContractSpec) -> tuple[str, dict[str, Any]]:
         g.emit(f"if not ({c.render(names)}):")
         g.emit("    return None")
 
+    dtype_read: set[str] = set()  # tensors whose dtype is already in a local
+
+    def dtype_of(t: str) -> str:
+        return f"dt_{t}" if t in dtype_read else f"{t}.dtype"
+
     def tensor_checks(tp: TensorParam) -> None:
         t = tp.name
         dts = g.const(tp.dtypes, "_dt")
-        g.emit(f"if {t}.dtype not in {dts}:")
+        g.emit(f"dt_{t} = {t}.dtype")
+        dtype_read.add(t)
+        g.emit(f"if dt_{t} not in {dts}:")
         g.emit("    return None")
         if tp.spec.config_dtype is not None and has_cfg:
             j = dtype_roles.index(tp.spec.config_dtype)
-            g.emit(f"if _cdt is not None and _cdt[{j}] is not None and {t}.dtype != _cdt[{j}]:")
+            g.emit(f"if _cdt is not None and _cdt[{j}] is not None and dt_{t} != _cdt[{j}]:")
             g.emit("    return None")
         if tp.spec.same_dtype_as is not None:
             other = tp.spec.same_dtype_as
             if spec.tensors[other].optional:
-                g.emit(f"if {other} is not None and {t}.dtype != {other}.dtype:")
+                g.emit(f"if {other} is not None and dt_{t} != {other}.dtype:")
             else:
-                g.emit(f"if {t}.dtype != {other}.dtype:")
+                g.emit(f"if dt_{t} != {dtype_of(other)}:")
             g.emit("    return None")
         if tp.spec.same_device and spec.first_tensor is not None and t != spec.first_tensor:
             g.emit(f"if {t}.device != _dev:")
             g.emit("    return None")
+        n, r = tp.spec.inner_contiguous, tp.rank
         if tp.spec.contiguous:
             g.emit(f"if not {t}.is_contiguous():")
             g.emit("    return None")
-        elif tp.spec.inner_contiguous:
-            n, r = tp.spec.inner_contiguous, tp.rank
+        elif n:
+            # Dense row-major strides of the inner block; a size-0 dim counts as 1 (as in the
+            # interpreter's dense_strides), a size-1 dim may have any stride.
             g.emit(f"_st = {t}.stride()")
-            acc = "1"
-            conds = []
-            for axis in range(r - 1, r - 1 - n, -1):
-                conds.append(f"(s_{t}[{axis}] != 1 and _st[{axis}] != {acc})")
-                acc = f"{acc}*max(s_{t}[{axis}], 1)" if acc != "1" else f"max(s_{t}[{axis}], 1)"
+            conds = [f"(s_{t}[{r - 1}] != 1 and _st[{r - 1}] != 1)"]
+            for axis in range(r - 2, r - 1 - n, -1):
+                g.emit(f"_e{axis} = {'' if axis == r - 2 else f'_e{axis + 1}*'}(s_{t}[{axis + 1}] or 1)")
+                conds.append(f"(s_{t}[{axis}] != 1 and _st[{axis}] != _e{axis})")
             g.emit("if " + " or ".join(conds) + ":")
             g.emit("    return None")
         if tp.spec.disjoint and not tp.spec.contiguous:
-            n, r = tp.spec.inner_contiguous, tp.rank
             if not n:
                 g.emit(f"_st = {t}.stride()")
             if r - n == 1:  # one outer axis (a pool of slots): its stride must step over a whole block
-                block = "*".join(f"max(s_{t}[{axis}], 1)" for axis in range(1, r)) or "1"
+                block = (f"_e1*(s_{t}[1] or 1)" if n >= 2 else
+                         "*".join(f"(s_{t}[{axis}] or 1)" for axis in range(1, r)) or "1")
                 g.emit(f"if s_{t}[0] > 1 and _st[0] < {block}:")
                 g.emit("    return None")
             elif r - n > 1:
@@ -282,7 +327,7 @@ def _generate_checker(spec: ContractSpec) -> tuple[str, dict[str, Any]]:
            f"    try:\n" + "\n".join("    " + ln for ln in body.splitlines()) + "\n"
            "    except ZeroDivisionError:\n"
            "        return None\n")
-    return src, g.consts
+    return src, g.consts, guards is not None
 
 
 def _config_dtypes(cfg: Any) -> Mapping[str, torch.dtype] | None:
@@ -316,7 +361,7 @@ class Contract:
         self.name = spec.name
         params = [p for p in spec.signature.parameters.values() if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
         self._param_names = [p.name for p in params]
-        src, consts = _generate_checker(spec)
+        src, consts, self.types_in_checker = _generate_checker(spec)
         self.checker_source = src
         namespace: dict[str, Any] = dict(consts)
         namespace["_views"] = ConfigViews(spec)
@@ -390,7 +435,8 @@ class Contract:
         signature order); return the bound dims in ``spec.symbols`` order or raise."""
         self.calls += 1
         try:
-            self.check_types(*vals)
+            if not self.types_in_checker:
+                self.check_types(*vals)
             dims = self.check(*vals, _cfg=config)
         except BeartypeCallHintParamViolation:
             dims = None
@@ -470,7 +516,8 @@ class Contract:
             raise_violations(self.name, violations, env, self.provenance(None))
 
 
-def _wrapper_source(spec: ContractSpec, fn_name: str, has_return: bool, value_checks: bool) -> str:
+def _wrapper_source(spec: ContractSpec, fn_name: str, has_return: bool, value_checks: bool,
+                    beartype_first: bool) -> str:
     """Source of a wrapper with ``fn``'s exact signature (so Python binds the arguments)."""
     sig = spec.signature
     parts: list[str] = []
@@ -513,10 +560,15 @@ def _wrapper_source(spec: ContractSpec, fn_name: str, has_return: bool, value_ch
         "    _m = _current_mode() if _fixed_mode is None else _fixed_mode",
         "    if _m:",
         "        _self.calls += 1",
-        "        try:",
-        f"            _types({plain})",
-        "        except _TypeViolation:",
-        f"            _fail_types({plain})",
+    ]
+    if beartype_first:  # hints the generated checker cannot decide with isinstance
+        lines += [
+            "        try:",
+            f"            _types({plain})",
+            "        except _TypeViolation:",
+            f"            _fail_types({plain})",
+        ]
+    lines += [
         f"        _d = _check({plain}{', ' if plain else ''}_cfg={cfg})",
         "        if _d is None:",
         f"            _fail({plain})",
@@ -578,7 +630,7 @@ def _build_wrapper(c: Contract, fixed_mode: int | None) -> Callable[..., Any]:
     ns: dict[str, Any] = {
         "_current_mode": modes.current_mode,
         "_fixed_mode": fixed_mode,
-        "_types": _outside_compile(c.check_types),
+        "_types": modes.mark_constant_result(c.check_types),
         "_TypeViolation": BeartypeCallHintParamViolation,
         "_fail_types": _outside_compile(fail_types),
         "_check": c.check,
@@ -595,7 +647,8 @@ def _build_wrapper(c: Contract, fixed_mode: int | None) -> Callable[..., Any]:
     fn_name = getattr(c.fn, "__name__", "wrapper")
     if not fn_name.isidentifier():
         fn_name = "wrapper"
-    src = _wrapper_source(spec, fn_name, spec.returns is not None, spec.value_checks is not None)
+    src = _wrapper_source(spec, fn_name, spec.returns is not None, spec.value_checks is not None,
+                          not c.types_in_checker)
     exec(compile(src, f"<kda_contracts wrapper for {spec.name} #{next(_ids)}>", "exec"), ns)
     wrapper = ns[fn_name]
     functools.update_wrapper(wrapper, c.fn)
