@@ -215,48 +215,35 @@ def sweep(device: torch.device, batches: list[int], heads: list[int], states: li
     return rows, copy_tbps
 
 
-def host_overhead(device: torch.device) -> list[tuple[str, float]]:
-    """µs per eager call at B=1 (H=32, fp32 state): wall time of 300 calls, device synced at the end."""
-    cfg = kc.KDAConfig.preset("kimi-linear-48b-a3b")
-    call = make_decode_call(cfg, 1, 64, device=device)
-    results = []
-    best = next((n for n in ("triton", "helion", "torch") if kc.adapters.available().get(n, (False,))[0]), "torch")
-    for label, mode in ((f"kc.packed_decode(backend='{best}'), check mode", "check"),
-                        (f"kc.packed_decode(backend='{best}'), check mode + config", "check+cfg"),
-                        (f"kc.packed_decode(backend='{best}'), off mode", "off")):
-        kw: dict[str, Any] = {"backend": best}
-        if mode == "check+cfg":
-            kw["config"] = cfg
-        m = "off" if mode == "off" else "check"
-
-        def one(kw: dict[str, Any] = kw) -> None:
-            kc.packed_decode(**call, **kw)
-
-        with kc.mode(m):  # type: ignore[arg-type]
-            for _ in range(20):
-                one()
-            torch.cuda.synchronize()
-            samples = []
-            for _ in range(SAMPLES):
-                t0 = time.perf_counter()
-                for _ in range(300):
-                    one()
-                torch.cuda.synchronize()
-                samples.append((time.perf_counter() - t0) / 300 * 1e6)
-        results.append((label, statistics.median(samples)))
-    kern = kc.adapters.get(best).load()
-    fn = run_kernel(kern, call, cfg.local_num_heads)
+def wall_us_per_call(fn: Callable[[], None], calls: int = 300) -> float:
+    """Median wall-clock µs per call of back-to-back eager calls (device synced at the end)."""
     for _ in range(20):
         fn()
     torch.cuda.synchronize()
     samples = []
     for _ in range(SAMPLES):
         t0 = time.perf_counter()
-        for _ in range(300):
+        for _ in range(calls):
             fn()
         torch.cuda.synchronize()
-        samples.append((time.perf_counter() - t0) / 300 * 1e6)
-    results.append((f"{best} kernel called directly (launch only)", statistics.median(samples)))
+        samples.append((time.perf_counter() - t0) / calls * 1e6)
+    return statistics.median(samples)
+
+
+def host_overhead(device: torch.device) -> list[tuple[str, float]]:
+    """µs per eager call at B=1 (H=32, fp32 state): validation + dispatch + launch, and launch alone."""
+    cfg = kc.KDAConfig.preset("kimi-linear-48b-a3b")
+    call = make_decode_call(cfg, 1, 64, device=device)
+    best = next(n for n in kc.adapters.names()  # the one backend="auto" would run
+                if device.type in kc.adapters.get(n).devices and kc.adapters.get(n).available()[0])
+    results = []
+    for label, mode, config in (("check mode", "check", None), ("check mode + config", "check", cfg),
+                                ("off mode", "off", None)):
+        with kc.mode(mode):  # type: ignore[arg-type]
+            us = wall_us_per_call(lambda config=config: kc.packed_decode(**call, backend=best, config=config))
+        results.append((f"kc.packed_decode(backend='{best}'), {label}", us))
+    direct = run_kernel(kc.adapters.get(best).load(), call, cfg.local_num_heads)
+    results.append((f"{best} kernel called directly (launch only)", wall_us_per_call(direct)))
     return results
 
 

@@ -249,27 +249,22 @@ def oracle_kda_gate(a: Tensor, dt_bias: Tensor, A_log: Tensor, lower_bound: floa
 KernelFn = Callable[..., None]
 
 
-def run_kernel(kernel: KernelFn, case: DecodeCase) -> tuple[Tensor, Tensor]:
+def run_kernel(kernel: KernelFn, case: DecodeCase, **overrides: object) -> tuple[Tensor, Tensor]:
     """Call ``kernel`` (a ``packed_decode``) on a fresh pool copy and NaN-filled ``out``.
 
-    Returns ``(out, state)`` after the call; ``case.state`` stays pristine.
+    ``overrides`` replace keyword arguments of the call (``oob_counter=``, ``state_layout=``,
+    ``num_heads=`` ...). Returns ``(out, state)`` after the call; ``case.state`` stays pristine.
     """
     state, out = case.clone_state(), case.new_out()
-    kernel(
-        case.mixed_qkv,
-        case.a,
-        case.b,
-        case.A_log,
-        case.dt_bias,
-        case.scale,
-        state,
-        out,
-        case.indices,
-        num_heads=case.num_heads,
-        use_qk_l2norm=case.use_qk_l2norm,
-        lower_bound=case.lower_bound,
-        state_layout=case.state_layout,
-    )
+    kwargs: dict[str, object] = {
+        "num_heads": case.num_heads,
+        "use_qk_l2norm": case.use_qk_l2norm,
+        "lower_bound": case.lower_bound,
+        "state_layout": case.state_layout,
+    }
+    kwargs.update(overrides)
+    kernel(case.mixed_qkv, case.a, case.b, case.A_log, case.dt_bias, case.scale, state, out, case.indices,
+           **kwargs)
     return out, state
 
 

@@ -18,8 +18,6 @@ not check), the verdicts must agree:
 
 # No `from __future__ import annotations`: the binder-first annotations below are built from a local
 # (the layout's dim string) and must be evaluated when the function is defined.
-import contextlib
-import json
 import os
 from collections import Counter
 from typing import Any
@@ -29,6 +27,7 @@ import pytest
 import torch
 from beartype import beartype
 from beartype.roar import BeartypeCallHintViolation
+from fuzz_stats import report_counters
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from jaxtyping import Float, Int, Shaped, jaxtyped
@@ -246,16 +245,4 @@ def test_jaxtyping_accepts_what_we_reject_beyond_shapes(difference: str) -> None
 @pytest.fixture(scope="module", autouse=True)
 def _report_counters(request: pytest.FixtureRequest):
     yield
-    if not STATS:
-        return
-    summary = ", ".join(f"{k}={v}" for k, v in sorted(STATS.items()))
-    reporter = request.config.pluginmanager.get_plugin("terminalreporter")
-    capture = request.config.pluginmanager.get_plugin("capturemanager")
-    if reporter is not None:
-        with capture.global_and_fixture_disabled() if capture is not None else contextlib.nullcontext():
-            reporter.write_line(f"\nfuzz_differential counters: {summary}")
-    folder = os.environ.get("KDA_FUZZ_STATS")
-    if folder:
-        os.makedirs(folder, exist_ok=True)
-        with open(os.path.join(folder, "differential.json"), "w", encoding="utf-8") as fh:
-            json.dump(dict(STATS), fh, indent=1, sort_keys=True)
+    report_counters(request, STATS, "differential")

@@ -23,8 +23,6 @@ Counters (cases, mutations, rejections, escapes) are printed at the end of the m
 
 from __future__ import annotations
 
-import contextlib
-import json
 import os
 from collections import Counter
 from collections.abc import Callable
@@ -33,6 +31,7 @@ from typing import Any
 
 import pytest
 import torch
+from fuzz_stats import report_counters
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 from pydantic import BaseModel
@@ -674,19 +673,7 @@ def test_a_valid_call_on_the_meta_device_is_accepted_in_check_and_strict_mode(ca
 @pytest.fixture(scope="module", autouse=True)
 def _report_counters(request: pytest.FixtureRequest):
     yield
-    if not STATS:
-        return
-    summary = ", ".join(f"{k}={v}" for k, v in sorted(STATS.items()))
-    reporter = request.config.pluginmanager.get_plugin("terminalreporter")
-    capture = request.config.pluginmanager.get_plugin("capturemanager")
-    if reporter is not None:
-        with capture.global_and_fixture_disabled() if capture is not None else contextlib.nullcontext():
-            reporter.write_line(f"\nfuzz_packed_decode counters: {summary}")
-    folder = os.environ.get("KDA_FUZZ_STATS")
-    if folder:
-        os.makedirs(folder, exist_ok=True)
-        with open(os.path.join(folder, "packed_decode.json"), "w", encoding="utf-8") as fh:
-            json.dump(dict(STATS), fh, indent=1, sort_keys=True)
+    report_counters(request, STATS, "packed_decode")
 
 
 # -- what the fuzzer found, pinned as plain tests ----------------------------------------------------

@@ -21,9 +21,7 @@ layout and values drawn), and examples are few. ``HYPOTHESIS_PROFILE=long`` runs
 
 from __future__ import annotations
 
-import contextlib
 import functools
-import json
 import os
 from collections import Counter
 from collections.abc import Callable
@@ -32,6 +30,7 @@ from types import ModuleType
 
 import pytest
 import torch
+from fuzz_stats import report_counters
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from kda_kernels import helion_decode, reference, triton_decode
@@ -269,16 +268,4 @@ def _count(backend: str, test: str, call: Call) -> None:
 @pytest.fixture(scope="module", autouse=True)
 def _report_counters(request: pytest.FixtureRequest):
     yield
-    if not STATS:
-        return
-    summary = ", ".join(f"{k}={v}" for k, v in sorted(STATS.items()))
-    reporter = request.config.pluginmanager.get_plugin("terminalreporter")
-    capture = request.config.pluginmanager.get_plugin("capturemanager")
-    if reporter is not None:
-        with capture.global_and_fixture_disabled() if capture is not None else contextlib.nullcontext():
-            reporter.write_line(f"\nkernels_under_abuse counters: {summary}")
-    folder = os.environ.get("KDA_FUZZ_STATS")
-    if folder:
-        os.makedirs(folder, exist_ok=True)
-        with open(os.path.join(folder, "kernels_under_abuse.json"), "w", encoding="utf-8") as fh:
-            json.dump(dict(STATS), fh, indent=1, sort_keys=True)
+    report_counters(request, STATS, "kernels_under_abuse")

@@ -144,23 +144,8 @@ def test_padding_rows_give_zero_output_and_leave_the_pool_bit_identical() -> Non
 def test_out_of_range_indices_are_zeroed_counted_and_never_touch_the_pool(index_dtype: torch.dtype) -> None:
     big = torch.iinfo(index_dtype).max
     case = _case(num_slots=5, indices=[5, 1, big, -1, 6], index_dtype=index_dtype, slot_pad=3)
-    state, out = case.clone_state(), case.new_out()
     counter = torch.zeros(1, dtype=torch.int32)
-    packed_decode(
-        case.mixed_qkv,
-        case.a,
-        case.b,
-        case.A_log,
-        case.dt_bias,
-        case.scale,
-        state,
-        out,
-        case.indices,
-        num_heads=case.num_heads,
-        use_qk_l2norm=case.use_qk_l2norm,
-        lower_bound=case.lower_bound,
-        oob_counter=counter,
-    )
+    out, state = run_kernel(packed_decode, case, oob_counter=counter)
     assert counter.item() == 3  # 5, big and 6; padding (-1) is not counted
     for row in (0, 2, 3, 4):
         assert out[row].eq(0).all()
@@ -174,21 +159,7 @@ def test_oob_counter_accumulates_across_calls_and_ignores_valid_rows() -> None:
     case = _case(num_slots=4, indices=[3, 9, 0])
     counter = torch.full((1,), 10, dtype=torch.int32)
     for _ in range(2):
-        packed_decode(
-            case.mixed_qkv,
-            case.a,
-            case.b,
-            case.A_log,
-            case.dt_bias,
-            case.scale,
-            case.clone_state(),
-            case.new_out(),
-            case.indices,
-            num_heads=case.num_heads,
-            use_qk_l2norm=True,
-            lower_bound=None,
-            oob_counter=counter,
-        )
+        run_kernel(packed_decode, case, oob_counter=counter)
     assert counter.item() == 12
 
 
@@ -216,21 +187,7 @@ def test_is_available_names_the_interpreter_when_it_is_selected() -> None:
 def test_unknown_state_layout_is_rejected() -> None:
     case = _case()
     with pytest.raises(ValueError, match="state_layout must be 'VK' or 'KV', got 'kv'"):
-        packed_decode(
-            case.mixed_qkv,
-            case.a,
-            case.b,
-            case.A_log,
-            case.dt_bias,
-            case.scale,
-            case.clone_state(),
-            case.new_out(),
-            case.indices,
-            num_heads=2,
-            use_qk_l2norm=True,
-            lower_bound=None,
-            state_layout="kv",
-        )
+        run_kernel(packed_decode, case, state_layout="kv")
 
 
 @pytest.mark.parametrize("batch", [1, 8, 64, 256, 512])
