@@ -884,6 +884,6 @@ def _generic_hint(v: Violation, ctx: CallContext) -> str | None:
         return (f"pass {v.argument}.contiguous(), or allocate it with a dense inner block; a transposed or "
                 "sliced view has the wrong strides")
     if v.kind is DeviceError:
-        return f"move it: {v.argument}.to({v.facts.get('device')})"
+        return f"move it: {v.argument}.to({str(v.facts.get('device'))!r})"
     return None
 

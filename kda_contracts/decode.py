@@ -27,8 +27,8 @@ from .errors import (
     raise_violations,
 )
 
-__all__ = ["PACKED_DECODE_ARGS", "explain_backends", "packed_decode", "packed_decode_contract",
-           "validate_packed_decode"]
+__all__ = ["PACKED_DECODE_ARGS", "decode_call", "explain_backends", "packed_decode", "packed_decode_contract",
+           "resolve_layout", "validate_packed_decode"]
 
 ACTIVATION_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 STATE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -275,7 +275,9 @@ def packed_decode_contract(state_layout: Literal["VK", "KV"] = "VK") -> Contract
     return _CONTRACTS[state_layout]
 
 
-def _layout(config: Any, state_layout: str | None) -> str:
+def resolve_layout(config: Any, state_layout: str | None) -> str:
+    """The declared state layout of a call: ``state_layout=``, else the config's, else "VK"; a
+    keyword that contradicts the config is a LayoutError."""
     cfg_layout = getattr(config, "state_layout", None)
     if state_layout is None:
         return cfg_layout or "VK"
@@ -306,15 +308,16 @@ def validate_packed_decode(
         >>> dims.H, dims.provenance["H"]
         (32, 'from config (num_heads=32)')
     """
-    c = _CONTRACTS[_layout(config, state_layout)]
+    c = _CONTRACTS[resolve_layout(config, state_layout)]
     values = {"mixed_qkv": mixed_qkv, "a": a, "b": b, "A_log": A_log, "dt_bias": dt_bias, "scale": scale,
               "initial_state": initial_state, "out": out, "ssm_state_indices": ssm_state_indices,
               "use_qk_l2norm_in_kernel": use_qk_l2norm_in_kernel, "lower_bound": lower_bound, "config": config}
     return c.validate_values(values, config, strict=strict)
 
 
-def _call_of(mixed_qkv: Tensor, initial_state: Tensor, ssm_state_indices: Tensor, layout: str,
-             lower_bound: float | None, dims: dict[str, int]) -> adapters.DecodeCall:
+def decode_call(mixed_qkv: Tensor, initial_state: Tensor, ssm_state_indices: Tensor, layout: str,
+                lower_bound: float | None, dims: dict[str, int]) -> adapters.DecodeCall:
+    """What the backends are told of a validated call (see ``kc.adapters.verdicts``)."""
     return adapters.DecodeCall(
         device_type=initial_state.device.type, state_dtype=initial_state.dtype,
         activation_dtype=mixed_qkv.dtype, index_dtype=ssm_state_indices.dtype, layout=layout,
@@ -352,7 +355,7 @@ def packed_decode(
         out, state = kc.packed_decode(mixed_qkv, a, b, A_log, dt_bias, cfg.scale, state, out, idx,
                                       use_qk_l2norm_in_kernel=True, config=cfg, backend="torch")
     """
-    layout = "VK" if config is None and state_layout is None else _layout(config, state_layout)
+    layout = "VK" if config is None and state_layout is None else resolve_layout(config, state_layout)
     m = modes.current_mode()
     if m:
         d = _CONTRACTS[layout].enforce((mixed_qkv, a, b, A_log, dt_bias, scale, initial_state, out,
@@ -361,7 +364,7 @@ def packed_decode(
         d = _dims_unchecked(mixed_qkv, initial_state, layout)
     key = (backend, initial_state.device.type, initial_state.dtype, mixed_qkv.dtype, ssm_state_indices.dtype,
            layout, lower_bound is None, d)
-    adapter = adapters.select_cached(key, backend, lambda: _call_of(
+    adapter = adapters.select_cached(key, backend, lambda: decode_call(
         mixed_qkv, initial_state, ssm_state_indices, layout, lower_bound, dict(zip(_SYMBOLS, d, strict=True))))
     adapter.load()(mixed_qkv, a, b, A_log, dt_bias, scale, initial_state, out, ssm_state_indices,
                    num_heads=d[_H], use_qk_l2norm=use_qk_l2norm_in_kernel, lower_bound=lower_bound,
@@ -406,10 +409,10 @@ def explain_backends(
 
         print(kc.explain_backends(mixed_qkv, a, b, A_log, dt_bias, scale, state, out, idx))
     """
-    layout = _layout(config, state_layout)
+    layout = resolve_layout(config, state_layout)
     dims = validate_packed_decode(mixed_qkv, a, b, A_log, dt_bias, scale, initial_state, out, ssm_state_indices,
                                   use_qk_l2norm_in_kernel, lower_bound, config=config, state_layout=layout)
-    call = _call_of(mixed_qkv, initial_state, ssm_state_indices, layout, lower_bound, dict(dims))
+    call = decode_call(mixed_qkv, initial_state, ssm_state_indices, layout, lower_bound, dict(dims))
     lines, chosen = [], None
     for ad, reasons in adapters.verdicts(call):
         if not reasons and chosen is None:

@@ -43,7 +43,7 @@ from pydantic import ValidationError
 from . import adapters
 from .config import PRESETS, KDAConfig
 from .contract import CallContext, Dims
-from .decode import PACKED_DECODE_ARGS, _call_of, _layout, packed_decode_contract
+from .decode import PACKED_DECODE_ARGS, decode_call, packed_decode_contract, resolve_layout
 from .errors import ContractError, DeviceError, Violation, format_report
 
 __all__ = ["EXIT_INVALID", "EXIT_UNUSABLE", "EXIT_VALID", "DecodeDump", "DumpError", "DumpReport", "check_dump",
@@ -268,7 +268,7 @@ def check_dump(dump: DecodeDump, *, strict: bool = True) -> DumpReport:
     """
     mode = "strict" if strict else "check"
     try:
-        layout = _layout(dump.config, dump.state_layout)
+        layout = resolve_layout(dump.config, dump.state_layout)
     except ContractError as err:  # the dump's state_layout contradicts its config
         return DumpReport(dump, dump.state_layout or "VK", mode, Dims({}, {}), list(err.violations), None)
     c = packed_decode_contract(layout)  # type: ignore[arg-type]
@@ -286,7 +286,7 @@ def check_dump(dump: DecodeDump, *, strict: bool = True) -> DumpReport:
     backends = None
     if not violations:
         v = dump.values
-        call = _call_of(v["mixed_qkv"], v["initial_state"], v["ssm_state_indices"], layout, v["lower_bound"],
+        call = decode_call(v["mixed_qkv"], v["initial_state"], v["ssm_state_indices"], layout, v["lower_bound"],
                         dict(dims))
         backends = [(ad.name, reasons) for ad, reasons in adapters.verdicts(call)]
     return DumpReport(dump, layout, mode, dims, list(violations), backends)

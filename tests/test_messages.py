@@ -153,7 +153,7 @@ def test_a_device_mismatch(call):
     bad = dict(call, dt_bias=call["dt_bias"].to("meta"))
     text = message(lambda: kc.validate_packed_decode(**bad))
     assert ("  [1] dt_bias: DeviceError\n      expected cpu (device of mixed_qkv)\n      got      meta\n"
-            "      fix: move it: dt_bias.to(cpu)") in text
+            "      fix: move it: dt_bias.to('cpu')") in text
 
 
 def test_scale_out_of_range(call):
