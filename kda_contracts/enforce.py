@@ -15,6 +15,7 @@ import functools
 import inspect
 import itertools
 import warnings
+import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, TypeVar, overload
 
@@ -76,11 +77,18 @@ def config_view_layout(spec: ContractSpec) -> tuple[list[str], list[str]]:
     return roles, matches
 
 
+def _same(obj: Any) -> Any:
+    return obj
+
+
 class ConfigViews:
     """What each config object fixes for one contract, flattened once per config object:
-    ``(config, dims aligned with spec.symbols, dtypes aligned with the roles, match values)``.
+    ``(reference to the config, dims aligned with spec.symbols, dtypes aligned with the roles,
+    match values)``.
 
-    Keyed by ``id``, holding the config itself so a recycled id is detected; bounded.
+    Keyed by ``id``; the entry holds a weak reference to its config (a strong one only for
+    objects that refuse weak references), so a recycled id is detected and a cached view never
+    keeps a model layer alive. Bounded.
     """
 
     MAX = 64
@@ -96,8 +104,12 @@ class ConfigViews:
     def make(self, cfg: Any) -> tuple[Any, ...]:
         dims = config_dims(cfg)
         dts = _config_dtypes(cfg) or {}
+        try:
+            ref: Callable[[], Any] = weakref.ref(cfg)
+        except TypeError:  # no __weakref__ slot
+            ref = functools.partial(_same, cfg)
         view = (
-            cfg,
+            ref,
             tuple(dims.get(s) for s in self.spec.symbols),
             tuple(dts.get(r) for r in self.roles),
             tuple(getattr(cfg, self.spec.scalars[n].match.attr, CONFIG_LACKS)  # type: ignore[union-attr]
@@ -213,7 +225,7 @@ def _generate_checker(spec: ContractSpec) -> tuple[str, dict[str, Any], bool]:
         g.emit("if _cfg is not None:")
         g.indent += 1
         g.emit("_v = _views.get(id(_cfg))")
-        g.emit("if _v is None or _v[0] is not _cfg:")
+        g.emit("if _v is None or _v[0]() is not _cfg:")
         g.emit("    _v = _views.make(_cfg)")
         g.emit("_cd, _cdt, _cm = _v[1], _v[2], _v[3]")
         for i, s in enumerate(spec.symbols):
