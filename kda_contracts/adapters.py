@@ -262,6 +262,7 @@ def select_cached(key: tuple[Any, ...], backend: str, make_call: Callable[[], De
             raise_violations("packed_decode", [Violation(
                 BackendError, "backend", "an available backend that supports this call",
                 "; ".join(f"{a.name}: {', '.join(r)}" for a, r in table))], dict(call.dims), {})
+        assert chosen is not None  # raise_violations raised
         ad = chosen
     if len(_SELECTED) >= _SELECTED_MAX:
         _SELECTED.clear()

@@ -446,7 +446,7 @@ def build_spec(
 
     Raises :class:`AnnotationError` naming the problem when the contract is malformed.
     """
-    qualname = name or getattr(fn, "__qualname__", getattr(fn, "__name__", repr(fn)))
+    qualname: str = name or str(getattr(fn, "__qualname__", getattr(fn, "__name__", repr(fn))))
     try:
         hints_map = typing.get_type_hints(fn, include_extras=True)
     except Exception as exc:  # a forward reference that does not resolve, a bad dim string ...
@@ -696,7 +696,7 @@ class _Explainer:
                     self.violations.append(Violation(
                         ShapeError, pname, f"{sym}={self.dims[sym]} ({self.prov[sym]})", f"{value}"))
                 continue
-            self.dims[sym] = int(value)
+            self.dims[sym] = int(value)  # type: ignore[arg-type]  # beartype checked it is an int
             self.prov[sym] = f"from {pname}"
         for sym, srcs in spec.sources.items():
             if sym in self.dims:

@@ -211,8 +211,8 @@ def _overlaps(x: Tensor, y: Tensor) -> bool:
     if xs.data_ptr() != ys.data_ptr():
         return False
     def span(t: Tensor) -> tuple[int, int]:
-        lo = t.storage_offset()
-        hi = lo + sum((s - 1) * st for s, st in zip(t.shape, t.stride(), strict=True))
+        lo = int(t.storage_offset())
+        hi = lo + sum((int(s) - 1) * st for s, st in zip(t.shape, t.stride(), strict=True))
         return lo * t.element_size(), (hi + 1) * t.element_size()
     (a0, a1), (b0, b1) = span(x), span(y)
     return a0 < b1 and b0 < a1
@@ -409,7 +409,7 @@ def explain_backends(
 
         print(kc.explain_backends(mixed_qkv, a, b, A_log, dt_bias, scale, state, out, idx))
     """
-    layout = resolve_layout(config, state_layout)
+    layout: Literal["VK", "KV"] = resolve_layout(config, state_layout)  # type: ignore[assignment]
     dims = validate_packed_decode(mixed_qkv, a, b, A_log, dt_bias, scale, initial_state, out, ssm_state_indices,
                                   use_qk_l2norm_in_kernel, lower_bound, config=config, state_layout=layout)
     call = decode_call(mixed_qkv, initial_state, ssm_state_indices, layout, lower_bound, dict(dims))

@@ -205,8 +205,8 @@ def state_pool_svg(cfg: KDAConfig, layout: str) -> str:
     for i in range(0, HV, g):
         w = head_w * min(g, HV - i)
         svg.rect(sx + i * head_w, sy, w, sh, _COLORS["hot"] if i == 0 else _COLORS["head"], width=0.8)
-    lab = _group(HV, head_w, 26.0)
-    for i in range(0, HV, lab):
+    every = _group(HV, head_w, 26.0)
+    for i in range(0, HV, every):
         svg.text(sx + (i + 0.5) * head_w, sy + sh + 13, str(i), 9, "middle")
     if g > 1:
         svg.text(sx + sw / 2, sy + sh + 28, f"(boxes of {g} heads)", 10, "middle", fill="#555555")

@@ -206,18 +206,18 @@ def _generate_checker(spec: ContractSpec) -> tuple[str, dict[str, Any], bool]:
     for sym, srcs in spec.sources.items():
         if sym in bound:
             continue
-        src = srcs[0]
-        g.emit(f"{names[sym]} = s_{src.param}[{src.axis}]")
+        first = srcs[0]
+        g.emit(f"{names[sym]} = s_{first.param}[{first.axis}]")
         bound.add(sym)
     solved_axes: set[tuple[str, int]] = set()
-    for s in spec.solvers:
-        g.emit(f"_c = {s.coef.render(names)}")
-        g.emit(f"_r = s_{s.param}[{s.axis}] - ({s.const.render(names)})")
+    for solver in spec.solvers:
+        g.emit(f"_c = {solver.coef.render(names)}")
+        g.emit(f"_r = s_{solver.param}[{solver.axis}] - ({solver.const.render(names)})")
         g.emit("if _c <= 0 or _r % _c or _r < _c:")
         g.emit("    return None")
-        g.emit(f"{names[s.symbol]} = _r // _c")
-        bound.add(s.symbol)
-        solved_axes.add((s.param, s.axis))
+        g.emit(f"{names[solver.symbol]} = _r // _c")
+        bound.add(solver.symbol)
+        solved_axes.add((solver.param, solver.axis))
     # Config agreement: every dim the config fixes must equal what the tensors bound. What a
     # config fixes is read once per config object into a flat "view" (see ConfigViews).
     has_cfg = spec.config is not None or spec.config_arg is not None

@@ -82,7 +82,7 @@ def _other_tp(cfg: KDAConfig) -> int | None:
     hv = cfg.num_v_heads or cfg.num_heads
     ok = [t for t in (2, 4, 8, 1, 16) if t != cfg.tp_size and cfg.num_heads % t == 0 and hv % t == 0]
     bigger = [t for t in ok if t > cfg.tp_size]
-    return (bigger or ok or [None])[0]
+    return (bigger or ok)[0] if (bigger or ok) else None
 
 
 def _unflattened_a(cfg: KDAConfig) -> Attempt:
