@@ -654,8 +654,6 @@ class _Explainer:
         self._scalars()
         dims = {s: self.dims[s] for s in spec.symbols if s in self.dims}
         ctx = CallContext(spec, self.values, self.config, dims, self.prov, self.violations)
-        if not self.violations and spec.value_checks is not None:
-            pass  # value checks run separately (strict mode), after a clean metadata check
         self.violations = [self._hinted(v, ctx) for v in self.violations]
         return dims, {s: self.prov[s] for s in dims}, self.violations
 

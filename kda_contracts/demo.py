@@ -14,7 +14,6 @@ import torch
 
 from .config import KDAConfig
 from .decode import packed_decode, validate_packed_decode
-from .errors import ContractError
 
 __all__ = ["make_decode_call", "run_demo"]
 
@@ -60,17 +59,30 @@ def make_decode_call(
     }
 
 
-def _show_rejection(title: str, attempt: Callable[[], object], print_: Callable[[str], None]) -> bool:
-    print_(f"\n-- {title}")
-    try:
-        attempt()
-    except ContractError as err:
-        print_(f"   caught {type(err).__name__}:")
-        for line in str(err).splitlines():
+# The mistakes the tour shows, by their key in the catalogue (kda_contracts.mistakes), which
+# defines how each is made; `kda-contracts docs` renders the same catalogue.
+TOUR = ("unflattened-a", "tp-mismatch", "kv-for-vk", "int64-indices", "strided-state")
+
+
+def _show_rejections(cfg: KDAConfig, print_: Callable[[str], None]) -> int:
+    """Make each mistake of :data:`TOUR` on a call for ``cfg``; print its message; count the caught."""
+    from .mistakes import MISTAKES, reproduce  # mistakes builds on this module's make_decode_call
+
+    by_key = {m.key: m for m in MISTAKES}
+    caught = 0
+    for key in TOUR:
+        mistake = by_key[key]
+        print_(f"\n-- {mistake.title}")
+        try:
+            r = reproduce(mistake, cfg)
+        except AssertionError as err:  # not caught, or caught as another kind
+            print_(f"   NOT caught as documented (this is a bug): {err}")
+            continue
+        print_(f"   caught {r.error}{': ' + '; '.join(r.notes) if r.notes else ''}:")
+        for line in r.message.splitlines():
             print_("   " + line)
-        return True
-    print_("   NOT caught (this is a bug)")
-    return False
+        caught += 1
+    return caught
 
 
 def run_demo(print_: Callable[[str], None] = print) -> int:
@@ -89,23 +101,7 @@ def run_demo(print_: Callable[[str], None] = print) -> int:
     call2 = make_decode_call(tp2, B, N)
     print_(f"-- a correct TP2 call passes too: {validate_packed_decode(**call2, config=tp2)}")
 
-    caught = 0
-    bad = dict(call, a=call["a"].view(B, tp1.local_num_v_heads, tp1.head_k))
-    caught += _show_rejection("`a` passed as [B, HV, K] instead of [B, HV*K]",
-                              lambda: validate_packed_decode(**bad, config=tp1), print_)
-    caught += _show_rejection("TP1 tensors checked against a TP2 config (HV from a differently sharded config)",
-                              lambda: validate_packed_decode(**call, config=tp2), print_)
-    kv_cfg = KDAConfig(num_heads=4, head_k_dim=64, head_v_dim=128)  # K != V, so the layout shows in shapes
-    kv_call = make_decode_call(kv_cfg.model_copy(update={"state_layout": "KV"}).revalidate(), 2, 8)
-    caught += _show_rejection("a KV-layout state [N, HV, K, V] given where VK is declared (K=64, V=128)",
-                              lambda: validate_packed_decode(**kv_call, config=kv_cfg), print_)
-    idx64 = dict(call, ssm_state_indices=call["ssm_state_indices"].long())
-    caught += _show_rejection("int64 indices where the config pins int32",
-                              lambda: validate_packed_decode(**idx64, config=tp1), print_)
-    strided = call["initial_state"].transpose(-1, -2)  # same shape when K == V, wrong strides
-    caught += _show_rejection("a non-contiguous state pool (a transposed view: same shape, wrong strides)",
-                              lambda: validate_packed_decode(**dict(call, initial_state=strided), config=tp1),
-                              print_)
+    caught = _show_rejections(tp1, print_)
 
     state_before = call["initial_state"].clone()
     t0 = time.perf_counter()
@@ -120,6 +116,6 @@ def run_demo(print_: Callable[[str], None] = print) -> int:
            f"|out| mean {out.float().abs().mean().item():.4f}, {ms:.1f} ms on the CPU")
     print_(f"   the {B} used slots were updated: {changed}; the other {N - B} slots are bit-identical: "
            f"{same_elsewhere}")
-    ok = caught == 5 and same_elsewhere and changed and out is call["out"] and state is call["initial_state"]
-    print_(f"\n{caught}/5 mistakes caught; demo {'OK' if ok else 'FAILED'}")
+    ok = caught == len(TOUR) and same_elsewhere and changed and out is call["out"] and state is call["initial_state"]
+    print_(f"\n{caught}/{len(TOUR)} mistakes caught; demo {'OK' if ok else 'FAILED'}")
     return 0 if ok else 1
