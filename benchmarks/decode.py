@@ -30,7 +30,7 @@ from typing import Any
 import torch
 
 import kda_contracts as kc
-from kda_contracts.demo import make_decode_call
+from kda_contracts.testing import make_decode_call
 
 SECTION = "## Packed decode kernels (GPU)"
 GRAPH_CALLS = 20  # kernel launches captured in one graph

@@ -13,7 +13,7 @@ import sys
 import torch
 
 import kda_contracts as kc
-from kda_contracts.demo import make_decode_call
+from kda_contracts.testing import make_decode_call
 
 ORDER = ("mixed_qkv", "a", "b", "A_log", "dt_bias", "scale", "initial_state", "out", "ssm_state_indices")
 

@@ -14,7 +14,7 @@ import sys
 import torch
 
 import kda_contracts as kc
-from kda_contracts.demo import make_decode_call
+from kda_contracts.testing import make_decode_call
 
 
 def main() -> int:

@@ -68,7 +68,7 @@ from jaxtyping import Float, Float32, Int, jaxtyped
 from torch import Tensor
 
 import kda_contracts as kc
-from kda_contracts.demo import make_decode_call
+from kda_contracts.testing import make_decode_call
 
 SECTION = "## Contract overhead (CPU)"
 ARG_ORDER = ("mixed_qkv", "a", "b", "A_log", "dt_bias", "scale", "initial_state", "out", "ssm_state_indices",

@@ -17,21 +17,9 @@ from jaxtyping import Int as Int
 from jaxtyping import Shaped as Shaped
 from torch import Tensor as Tensor
 
-from . import adapters as adapters
-from .config import PRESETS as PRESETS
-from .config import KDAConfig as KDAConfig
-from .contract import Dims as Dims
-from .contract import MatchConfig as MatchConfig
-from .contract import Range as Range
-from .contract import Spec as Spec
-from .contract import Where as Where
-from .decode import explain_backends as explain_backends
-from .decode import packed_decode as packed_decode
-from .decode import packed_decode_contract as packed_decode_contract
-from .decode import validate_packed_decode as validate_packed_decode
-from .enforce import Contract as Contract
-from .enforce import contract as contract
-from .enforce import registered_contracts as registered_contracts
+from .decorator import Contract as Contract
+from .decorator import contract as contract
+from .decorator import registered_contracts as registered_contracts
 from .errors import AnnotationError as AnnotationError
 from .errors import ArgumentTypeError as ArgumentTypeError
 from .errors import ContractError as ContractError
@@ -41,8 +29,20 @@ from .errors import LayoutError as LayoutError
 from .errors import ShapeError as ShapeError
 from .errors import ValueRangeError as ValueRangeError
 from .errors import Violation as Violation
+from .markers import MatchConfig as MatchConfig
+from .markers import Range as Range
+from .markers import Spec as Spec
+from .markers import Where as Where
 from .modes import get_mode as get_mode
 from .modes import mode as mode
 from .modes import set_default_mode as set_default_mode
+from .ops.packed_decode import PRESETS as PRESETS
+from .ops.packed_decode import KDAConfig as KDAConfig
+from .ops.packed_decode import adapters as adapters
+from .ops.packed_decode import explain_backends as explain_backends
+from .ops.packed_decode import packed_decode as packed_decode
+from .ops.packed_decode import packed_decode_contract as packed_decode_contract
+from .ops.packed_decode import validate_packed_decode as validate_packed_decode
+from .spec import Dims as Dims
 
 __version__ = "0.1.0.dev0"

@@ -16,7 +16,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from .config import PRESETS, KDAConfig
+from .ops.packed_decode.config import PRESETS, KDAConfig
 
 __all__ = ["config_from_arg", "main"]
 
@@ -34,7 +34,7 @@ exit codes:
 The dump is a dict: keys mixed_qkv, a, b, A_log, dt_bias, scale, initial_state, out,
 ssm_state_indices (required), use_qk_l2norm_in_kernel, lower_bound (optional),
 "config" (dict of KDAConfig fields, a preset name, or {"preset": name, "tp_size": n}),
-"state_layout" ("VK" or "KV"). kda_contracts.report.save_dump writes one.
+"state_layout" ("VK" or "KV"). kda_contracts.ops.packed_decode.dump.save_dump writes one.
 """
 
 _DOCS_EPILOG = """\
@@ -114,7 +114,7 @@ def _docs_options(args: argparse.Namespace) -> list[str]:
 
 
 def _validate(args: argparse.Namespace) -> int:
-    from .report import EXIT_UNUSABLE, DumpError, check_dump, load_dump
+    from .ops.packed_decode.dump import EXIT_UNUSABLE, DumpError, check_dump, load_dump
 
     if args.tp is not None and not args.config:
         raise CommandError("--tp needs --config (the dump's own config already says its tp_size)")
@@ -176,7 +176,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         if args.command == "demo":
-            from .demo import run_demo
+            from .ops.packed_decode.demo import run_demo
 
             return run_demo()
         if args.command == "docs":

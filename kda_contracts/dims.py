@@ -6,7 +6,7 @@ whitespace, each dim an expression over integers and names with ``+ - * // %`` a
 (``"HV % H == 0"``, ``"pow2(K)"``) use the same expressions plus one comparison.
 
 Nothing here ever calls ``eval`` on user text: expressions are parsed into a tiny tree, and the
-code generator (``enforce``) renders that tree itself.
+code generator (``codegen``) renders that tree itself.
 
 Example::
 

@@ -25,13 +25,14 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from . import adapters
-from .config import KDAConfig
-from .contract import ContractSpec, TensorParam, config_dims, dtype_name
-from .diagrams import mixed_qkv_svg, state_pool_svg
+from .decorator import Contract, registered_contracts
 from .dims import ANY, BinOp, Const, Expr, parse_constraint
-from .enforce import Contract, registered_contracts
-from .mistakes import BATCH, MISTAKES, POOL, reproduce
+from .markers import config_dims
+from .ops.packed_decode import adapters
+from .ops.packed_decode.config import KDAConfig
+from .ops.packed_decode.diagrams import mixed_qkv_svg, state_pool_svg
+from .ops.packed_decode.mistakes import BATCH, MISTAKES, POOL, reproduce
+from .spec import ContractSpec, TensorParam, dtype_name
 
 __all__ = ["GENERATED_MARK", "check", "describe", "generate", "render_contracts_md", "render_errors_md", "write"]
 
@@ -443,7 +444,7 @@ def render_errors_md(cfg: KDAConfig, label: str) -> str:
         "",
         f"Each known packed-decode mistake, made on a valid call for **{label}** (B={BATCH} requests, a pool "
         f"of N={POOL} slots), with the message the library raises today and the fix. The messages are produced "
-        "by running the library (`kda_contracts.mistakes`), so they cannot drift from the code.",
+        "by running the library (`kda_contracts.ops.packed_decode.mistakes`), so they cannot drift from the code.",
         "",
         "| mistake | error | fix |",
         "|---|---|---|",

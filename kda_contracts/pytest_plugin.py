@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 import pytest
 
 from . import modes
-from .enforce import Contract, registered_contracts
+from .decorator import Contract, registered_contracts
 
 __all__ = ["ModeControl"]
 

@@ -9,8 +9,8 @@ import torch
 
 import kda_contracts as kc
 from kda_contracts import adapters
-from kda_contracts.adapters import Adapter, BackendError
-from kda_contracts.demo import make_decode_call
+from kda_contracts.ops.packed_decode.adapters import Adapter, BackendError
+from kda_contracts.testing import make_decode_call
 
 CFG = kc.KDAConfig(num_heads=2, num_v_heads=4, head_k_dim=8, head_v_dim=16)
 
@@ -106,7 +106,7 @@ def test_a_bad_adapter_constraint_is_an_annotation_error():
 def test_a_third_party_backend_plugs_in_through_its_entry_point(tmp_path, registry, monkeypatch):
     """A real distribution on sys.path (dist-info with entry_points.txt), as pip would install it."""
     (tmp_path / "my_kda_plugin.py").write_text(textwrap.dedent("""
-        from kda_contracts.adapters import Adapter
+        from kda_contracts.ops.packed_decode.adapters import Adapter
 
         CALLS = []
 

@@ -337,7 +337,7 @@ def test_a_match_config_attribute_a_dynamic_config_lacks_leaves_the_scalar_free(
 def test_a_plain_pydantic_config_can_validate_a_packed_decode_call() -> None:
     from pydantic import BaseModel
 
-    from kda_contracts.demo import make_decode_call
+    from kda_contracts.testing import make_decode_call
 
     class LayerDims(BaseModel):
         H: int

@@ -11,8 +11,8 @@ import torch
 
 import kda_contracts as kc
 from kda_contracts.cli import config_from_arg, main
-from kda_contracts.demo import make_decode_call
-from kda_contracts.report import check_dump, load_dump, save_dump
+from kda_contracts.ops.packed_decode.dump import check_dump, load_dump, save_dump
+from kda_contracts.testing import make_decode_call
 
 TP2 = kc.KDAConfig.preset("kimi-linear-48b-a3b", tp_size=2)
 

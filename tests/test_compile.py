@@ -6,7 +6,7 @@ import torch
 
 import kda_contracts as kc
 from kda_contracts import Float, Tensor
-from kda_contracts.demo import make_decode_call
+from kda_contracts.testing import make_decode_call
 
 pytestmark = pytest.mark.kda_contracts("check")  # the mode compiled functions are traced in
 
@@ -67,9 +67,9 @@ def op_args(call, layout="VK", backend="torch"):
 
 @pytest.fixture(scope="module")
 def ops():
-    import kda_contracts.ops
+    import kda_contracts.ops.packed_decode.custom_op
 
-    return kda_contracts.ops
+    return kda_contracts.ops.packed_decode.custom_op
 
 
 def small_call(**kw):

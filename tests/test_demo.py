@@ -5,7 +5,7 @@ import sys
 
 import kda_contracts as kc
 from kda_contracts.cli import main
-from kda_contracts.demo import run_demo
+from kda_contracts.ops.packed_decode.demo import run_demo
 
 
 def test_demo_catches_all_five_mistakes_and_runs_the_reference():

@@ -23,7 +23,8 @@ from pathlib import Path
 import pytest
 
 import kda_contracts as kc
-from kda_contracts import adapters, enforce
+from kda_contracts import adapters
+from kda_contracts import decorator as enforce
 
 pytest_plugins = ["pytester"]
 

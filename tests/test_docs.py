@@ -11,12 +11,13 @@ import pytest
 import torch
 
 import kda_contracts as kc
-from kda_contracts import Float, Int, Tensor, enforce
+from kda_contracts import Float, Int, Tensor
+from kda_contracts import decorator as enforce
 from kda_contracts.cli import main
-from kda_contracts.decode import PACKED_DECODE_ARGS
-from kda_contracts.diagrams import mixed_qkv_svg, state_pool_svg
 from kda_contracts.docs import FILES, GENERATED_MARK, check, describe, generate, write
-from kda_contracts.mistakes import MISTAKES, reproduce
+from kda_contracts.ops.packed_decode.decode import PACKED_DECODE_ARGS
+from kda_contracts.ops.packed_decode.diagrams import mixed_qkv_svg, state_pool_svg
+from kda_contracts.ops.packed_decode.mistakes import MISTAKES, reproduce
 
 ROOT = Path(__file__).resolve().parents[1]
 KIMI = kc.KDAConfig.preset("kimi-linear-48b-a3b")

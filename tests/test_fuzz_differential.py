@@ -214,7 +214,7 @@ def test_in_sglang_order_jaxtyping_cannot_decide_a_valid_call_and_we_accept_it(c
 
 # -- what jaxtyping does not check: fixed examples of each documented difference ---------------------
 def _valid_call() -> dict[str, Any]:
-    from kda_contracts.demo import make_decode_call
+    from kda_contracts.testing import make_decode_call
 
     cfg = kc.KDAConfig(num_heads=2, num_v_heads=4, head_k_dim=8, head_v_dim=8)
     return make_decode_call(cfg, 3, 6)

@@ -678,7 +678,7 @@ def _report_counters(request: pytest.FixtureRequest):
 
 # -- what the fuzzer found, pinned as plain tests ----------------------------------------------------
 def _small_call() -> dict[str, Any]:
-    from kda_contracts.demo import make_decode_call
+    from kda_contracts.testing import make_decode_call
 
     return make_decode_call(kc.KDAConfig(num_heads=1, num_v_heads=2, head_k_dim=4, head_v_dim=4), 2, 4)
 
@@ -715,7 +715,7 @@ def test_strict_mode_on_meta_tensors_checks_the_shapes_and_reads_no_values() -> 
 def test_the_layout_hint_survives_calls_it_cannot_reason_about(broken: str) -> None:
     # The KV-vs-VK hint indexed mixed_qkv.shape[1] of a rank-1 tensor (IndexError) and divided by
     # a zero K (ZeroDivisionError): both escaped from validation instead of the ShapeError.
-    from kda_contracts.demo import make_decode_call
+    from kda_contracts.testing import make_decode_call
 
     cfg = kc.KDAConfig(num_heads=1, num_v_heads=1, head_k_dim=1, head_v_dim=2, state_layout="KV")
     call = make_decode_call(cfg, 2, 1)

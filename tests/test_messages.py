@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import kda_contracts as kc
-from kda_contracts.demo import make_decode_call
+from kda_contracts.testing import make_decode_call
 
 TP1 = kc.KDAConfig.preset("kimi-linear-48b-a3b", index_dtype="int32")
 B, N = 2, 4

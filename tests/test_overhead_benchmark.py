@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import kda_contracts as kc
-from kda_contracts.demo import make_decode_call
+from kda_contracts.testing import make_decode_call
 
 _PATH = Path(__file__).resolve().parent.parent / "benchmarks" / "overhead.py"
 

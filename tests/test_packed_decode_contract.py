@@ -8,8 +8,8 @@ import torch
 
 import kda_contracts as kc
 from kda_contracts import Float, Int, Tensor
-from kda_contracts.adapters import BackendError
-from kda_contracts.demo import make_decode_call
+from kda_contracts.ops.packed_decode.adapters import BackendError
+from kda_contracts.testing import make_decode_call
 
 KIMI = kc.KDAConfig.preset("kimi-linear-48b-a3b")
 

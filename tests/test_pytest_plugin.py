@@ -11,7 +11,8 @@ import pytest
 
 import kda_contracts as kc
 import kda_contracts.pytest_plugin
-from kda_contracts import Float, Tensor, enforce
+from kda_contracts import Float, Tensor
+from kda_contracts import decorator as enforce
 
 pytest_plugins = ["pytester"]
 

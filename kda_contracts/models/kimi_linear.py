@@ -55,12 +55,13 @@ from jaxtyping import Float, Int
 from kda_kernels import reference
 from torch import Tensor, nn
 
-from ..config import KDAConfig
-from ..contract import CallContext, Spec, Where
-from ..decode import packed_decode
+from ..decorator import contract
 from ..dims import ANY
-from ..enforce import contract
 from ..errors import ShapeError, ValueRangeError, Violation
+from ..markers import Spec, Where
+from ..ops.packed_decode.config import KDAConfig
+from ..ops.packed_decode.decode import packed_decode
+from ..spec import CallContext
 
 __all__ = ["WEIGHT_NAMES", "KimiDeltaAttention", "layer_dims", "random_weights", "shard_weights"]
 

@@ -18,7 +18,7 @@ Example::
 
     >>> import tempfile, os
     >>> from kda_contracts import KDAConfig
-    >>> from kda_contracts.demo import make_decode_call
+    >>> from kda_contracts.testing import make_decode_call
     >>> cfg = KDAConfig.preset("kimi-linear-48b-a3b", tp_size=8)
     >>> path = os.path.join(tempfile.mkdtemp(), "step.pt")
     >>> save_dump(path, make_decode_call(cfg, batch=2, pool=4), config=cfg)
@@ -40,11 +40,11 @@ from typing import Any
 import torch
 from pydantic import ValidationError
 
+from ...errors import ContractError, DeviceError, Violation, format_report
+from ...spec import CallContext, Dims
 from . import adapters
 from .config import PRESETS, KDAConfig
-from .contract import CallContext, Dims
 from .decode import PACKED_DECODE_ARGS, decode_call, packed_decode_contract, resolve_layout
-from .errors import ContractError, DeviceError, Violation, format_report
 
 __all__ = ["EXIT_INVALID", "EXIT_UNUSABLE", "EXIT_VALID", "DecodeDump", "DumpError", "DumpReport", "check_dump",
            "load_dump", "save_dump"]
@@ -141,7 +141,7 @@ def load_dump(path: str | os.PathLike[str], *, config: KDAConfig | None = None,
                    str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__)
         raise DumpError(f"{p}: refused by torch.load(weights_only=True): the file holds objects other than "
                         f"tensors and plain Python values ({why}). Save a dict of tensors and scalars "
-                        "(kda_contracts.report.save_dump does).") from None
+                        "(kda_contracts.ops.packed_decode.dump.save_dump does).") from None
     except Exception as exc:
         raise DumpError(f"{p}: torch.load failed ({type(exc).__name__}: {str(exc)[:200]})") from None
     if moved:

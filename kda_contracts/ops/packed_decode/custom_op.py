@@ -6,7 +6,7 @@ Importing this module registers the op (it is not imported by ``import kda_contr
 
 Example::
 
-    import kda_contracts.ops  # registers the op
+    import kda_contracts.ops.packed_decode.custom_op  # registers the op
     torch.ops.kda_contracts.packed_decode(mixed_qkv, a, b, A_log, dt_bias, scale, state, out, idx,
                                           True, None, "VK", "auto")
 """

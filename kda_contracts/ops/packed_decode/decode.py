@@ -16,16 +16,18 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from . import adapters, modes
-from .contract import CallContext, Dims, MatchConfig, Range, Spec, Where, config_dim_source, config_dims
-from .enforce import Contract, build_spec, register_contract
-from .errors import (
+from ... import modes
+from ...decorator import Contract, register_contract
+from ...errors import (
     LayoutError,
     ShapeError,
     ValueRangeError,
     Violation,
     raise_violations,
 )
+from ...markers import MatchConfig, Range, Spec, Where, config_dim_source, config_dims
+from ...spec import CallContext, Dims, build_spec
+from . import adapters
 
 __all__ = ["PACKED_DECODE_ARGS", "decode_call", "explain_backends", "packed_decode", "packed_decode_contract",
            "resolve_layout", "validate_packed_decode"]

@@ -23,8 +23,8 @@ from typing import Any
 
 import torch
 
-from .dims import Constraint, parse_constraint
-from .errors import ContractError, Violation, raise_violations
+from ...dims import Constraint, parse_constraint
+from ...errors import ContractError, Violation, raise_violations
 
 __all__ = ["Adapter", "DecodeCall", "available", "get", "names", "register", "select", "unregister"]
 

@@ -22,10 +22,10 @@ from typing import Any
 
 import torch
 
+from ...errors import ContractError, DeviceError, DtypeError, LayoutError, ShapeError, ValueRangeError
+from ...testing import make_decode_call
 from .config import KDAConfig
 from .decode import validate_packed_decode
-from .demo import make_decode_call
-from .errors import ContractError, DeviceError, DtypeError, LayoutError, ShapeError, ValueRangeError
 
 __all__ = ["MISTAKES", "Attempt", "Mistake", "Reproduction", "reproduce"]
 

@@ -1,0 +1,179 @@
+"""Markers users write next to an annotation (``kc.Spec``, ``kc.Range``, ``kc.MatchConfig``,
+``kc.Where``) and the config protocol: how a config object fixes dims and dtypes.
+
+A config is a ``KDAConfig``, any object with ``contract_dims()`` (and optionally
+``contract_dim_source(sym)`` and ``contract_dtypes()``), or a plain pydantic model whose int
+fields are named like dims.
+
+Example::
+
+    scale: Annotated[float, kc.Range(gt=0), kc.MatchConfig("scale", rel_tol=1e-6)]
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from .errors import AnnotationError, ContractError, ShapeError
+
+__all__ = ["CONFIG_LACKS", "MatchConfig", "Range", "Spec", "Where", "config_dim_source", "config_dims",
+           "config_dtypes"]
+
+
+# -- what users write next to an annotation ------------------------------------------------------
+@dataclass(frozen=True)
+class Spec:
+    """Rules for one tensor beyond its shape, given as ``Annotated[Float[Tensor, ...], kc.Spec(...)]``.
+
+    - ``dtypes``: the allowed dtypes (narrows the jaxtyping category, e.g. ``Float``).
+    - ``contiguous``: the whole tensor must be contiguous.
+    - ``inner_contiguous``: the last *n* dims must form one dense row-major block (``1``: the last
+      dim has stride 1; ``3`` on a ``[N, HV, V, K]`` pool: each slot is dense, the pool stride is free).
+    - ``same_dtype_as``: name of another tensor argument whose dtype this one must equal.
+    - ``config_dtype``: a role (``"state"``, ``"activation"``, ``"index"``) whose dtype the config
+      may pin (see ``KDAConfig.contract_dtypes``).
+    - ``same_device``: must share the device of the call's first tensor (default True).
+    - ``disjoint``: the tensor is written in place, so its dense inner blocks must not share
+      memory (with ``inner_contiguous=3`` on a pool: ``stride(0) >= HV*V*K`` unless N == 1; an
+      ``.expand()``ed pool is rejected).
+
+    Example::
+
+        state: Annotated[Float[Tensor, "N HV V K"], kc.Spec(inner_contiguous=3, config_dtype="state")]
+    """
+
+    dtypes: tuple[torch.dtype, ...] | None = None
+    contiguous: bool = False
+    inner_contiguous: int = 0
+    same_dtype_as: str | None = None
+    config_dtype: str | None = None
+    same_device: bool = True
+    disjoint: bool = False
+
+
+@dataclass(frozen=True)
+class Range:
+    """Bounds for a scalar: ``Annotated[float, kc.Range(gt=0)]``. NaN is always out of range.
+
+    Example::
+
+        lower_bound: Annotated[float | None, kc.Range(lt=0)] = None   # None skips the check
+    """
+
+    gt: float | None = None
+    ge: float | None = None
+    lt: float | None = None
+    le: float | None = None
+
+    def holds(self, x: float) -> bool:
+        return (
+            x == x  # NaN fails every bound
+            and (self.gt is None or x > self.gt)
+            and (self.ge is None or x >= self.ge)
+            and (self.lt is None or x < self.lt)
+            and (self.le is None or x <= self.le)
+        )
+
+    def describe(self) -> str:
+        parts = [f"{op} {v}" for op, v in (("> ", self.gt), (">=", self.ge), ("< ", self.lt), ("<=", self.le))
+                 if v is not None]
+        return " and ".join(p.replace("  ", " ") for p in parts) or "any number"
+
+    def render(self, var: str) -> str:
+        """Python source that is True when ``var`` is in range."""
+        terms = [f"{var} == {var}"]
+        for op, v in ((">", self.gt), (">=", self.ge), ("<", self.lt), ("<=", self.le)):
+            if v is not None:  # repr(inf) is not Python source
+                terms.append(f"{var} {op} {v!r}" if math.isfinite(v) else f"{var} {op} float({str(v)!r})")
+        return " and ".join(terms)
+
+    def malformed(self) -> str | None:
+        """Why no value can satisfy this range (a NaN bound, bounds that exclude each other)."""
+        bounds = [v for v in (self.gt, self.ge, self.lt, self.le) if v is not None]
+        if any(v != v for v in bounds):
+            return "a bound is NaN"
+        lows = [(v, True) for v in (self.gt,) if v is not None] + [(v, False) for v in (self.ge,) if v is not None]
+        highs = [(v, True) for v in (self.lt,) if v is not None] + [(v, False) for v in (self.le,) if v is not None]
+        for lo, lo_strict in lows:
+            for hi, hi_strict in highs:
+                if lo > hi or (lo == hi and (lo_strict or hi_strict)):
+                    return f"no number is {self.describe()}"
+        return None
+
+
+class _ConfigLacks:
+    """What a config without a MatchConfig attribute gives for it (the scalar is then free)."""
+
+    def __repr__(self) -> str:
+        return "CONFIG_LACKS"
+
+
+CONFIG_LACKS = _ConfigLacks()
+
+
+@dataclass(frozen=True)
+class MatchConfig:
+    """A scalar that must equal a config attribute when the call has a config:
+    ``Annotated[float, kc.MatchConfig("scale", rel_tol=1e-6)]``. Without a config, or with a
+    config that has no such attribute (a plain pydantic model of dims), it is free.
+
+    Example::
+
+        lower_bound: Annotated[float | None, kc.Range(lt=0), kc.MatchConfig("effective_lower_bound")] = None
+    """
+
+    attr: str
+    rel_tol: float = 0.0
+
+    def agrees(self, value: Any, config: Any) -> bool:
+        return self.agrees_value(value, getattr(config, self.attr, CONFIG_LACKS))
+
+    def agrees_value(self, value: Any, want: Any) -> bool:
+        if want is CONFIG_LACKS:
+            return True
+        if value is None or want is None:
+            return value is None and want is None
+        if isinstance(value, (int, float)) and isinstance(want, (int, float)):
+            return math.isclose(value, want, rel_tol=self.rel_tol, abs_tol=0.0)
+        return bool(value == want)
+
+
+@dataclass(frozen=True)
+class Where:
+    """A cross-argument constraint on dims, ``kc.Where("HV % H == 0", hint="...")``; a plain
+    string in ``where=[...]`` is the same without a hint."""
+
+    expr: str
+    hint: str | None = None
+    kind: type[ContractError] = ShapeError
+
+
+
+# -- config access (KDAConfig, any object with contract_dims(), or a plain pydantic model) -------
+def config_dims(config: Any) -> Mapping[str, int]:
+    if config is None:
+        return {}
+    getter = getattr(config, "contract_dims", None)
+    if getter is not None:
+        return getter()
+    fields = getattr(type(config), "model_fields", None)
+    if fields is not None:  # a plain pydantic model: its int fields, by name
+        return {k: v for k in fields if isinstance(v := getattr(config, k), int) and not isinstance(v, bool)}
+    raise AnnotationError(f"config {config!r} has no contract_dims() and is not a pydantic model")
+
+
+def config_dim_source(config: Any, sym: str) -> str:
+    getter = getattr(config, "contract_dim_source", None)
+    if getter is not None:
+        return getter(sym)
+    return f"{type(config).__name__}.{sym}={config_dims(config)[sym]}"
+
+
+def config_dtypes(config: Any) -> Mapping[str, torch.dtype]:
+    getter = getattr(config, "contract_dtypes", None) if config is not None else None
+    return getter() if getter is not None else {}

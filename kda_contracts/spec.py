@@ -1,0 +1,437 @@
+"""Contracts as data: read a function's annotations once into a :class:`ContractSpec`, plan how
+every dim is bound, and (on the slow path only) explain a call that broke it.
+
+How a parameter is declared::
+
+    from typing import Annotated
+    x: Float[Tensor, "B HV*K"]                                   # shape + dtype category
+    x: Annotated[Float[Tensor, "B HV*K"], kc.Spec(inner_contiguous=1, dtypes=(torch.bfloat16,))]
+    y: Float[Tensor, "B D"] | None                               # optional tensor
+    scale: Annotated[float, kc.Range(gt=0)]                      # scalar with a range
+    num_heads: int                                               # an int named like a dim binds it
+
+and across arguments: ``@kc.contract(where=["HV % H == 0", "pow2(K)"])``.
+
+Binding is order-independent (principle 2 of DESIGN.md): a config binds first, then int scalars,
+then tensor axes whose dim is a plain name (in ``bind_first`` order, then argument order); a dim
+that is a linear expression with one unknown (``2*H*K+HV*V``) solves that unknown with a
+divisibility check. Everything else is a check against what is bound.
+"""
+
+
+from __future__ import annotations
+
+import inspect
+import typing
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from types import NoneType, UnionType
+from typing import Any
+
+import torch
+
+from .dims import Constraint, DimSpec, Expr, Sym, linear_form, parse_constraint, parse_shape
+from .errors import AnnotationError, Violation
+from .markers import MatchConfig, Range, Spec, Where, config_dim_source, config_dims
+
+__all__ = ["CallContext", "ContractSpec", "Dims", "build_spec"]
+
+_TORCH_DTYPE_BY_NAME: dict[str, torch.dtype] = {
+    name: dt for name in dir(torch) if isinstance(dt := getattr(torch, name, None), torch.dtype)
+}
+
+
+# -- the parsed contract -------------------------------------------------------------------------
+@dataclass(frozen=True)
+class TensorParam:
+    name: str
+    dim_str: str
+    dims: tuple[DimSpec, ...]
+    dtypes: frozenset[torch.dtype]
+    spec: Spec
+    optional: bool
+
+    @property
+    def rank(self) -> int:
+        return len(self.dims)
+
+    def symbolic(self) -> str:
+        return "[" + ", ".join(str(d) for d in self.dims) + "]"
+
+
+@dataclass(frozen=True)
+class ScalarParam:
+    name: str
+    hint: Any  # the type beartype checks (Annotated metadata stripped)
+    range: Range | None
+    optional: bool
+    binds: str | None  # the dim symbol an int parameter binds, if named like one
+    match: MatchConfig | None = None
+
+
+@dataclass(frozen=True)
+class AxisSource:
+    param: str
+    axis: int
+
+
+@dataclass(frozen=True)
+class Solver:
+    """``symbol = (param.shape[axis] - const) / coef``, from a dim linear in ``symbol``."""
+
+    symbol: str
+    param: str
+    axis: int
+    dim: Expr
+    coef: Expr
+    const: Expr
+
+
+@dataclass
+class ContractSpec:
+    """Everything the engine knows about one contract, built once at decoration time."""
+
+    name: str
+    signature: inspect.Signature
+    tensors: dict[str, TensorParam]
+    scalars: dict[str, ScalarParam]
+    returns: tuple[TensorParam, ...] | None  # None: no tensor return contract
+    returns_tuple: bool
+    where: tuple[tuple[Constraint, Where], ...]
+    symbols: tuple[str, ...]  # the order in which bound dims are reported
+    sources: dict[str, tuple[AxisSource, ...]]
+    scalar_sources: dict[str, str]
+    solvers: tuple[Solver, ...]
+    config: Any = None
+    config_arg: str | None = None
+    hints: tuple[Callable[[Violation, CallContext], str | None], ...] = ()
+    value_checks: Callable[[CallContext], list[Violation]] | None = None
+    first_tensor: str | None = None
+
+    # -- provenance of a successful binding (static: every required tensor was usable) --------
+    def provenance(self, config: Any) -> dict[str, str]:
+        prov: dict[str, str] = {}
+        cfg_dims = config_dims(config)
+        for sym in self.symbols:
+            if sym in cfg_dims:
+                prov[sym] = f"from config ({config_dim_source(config, sym)})"
+            elif sym in self.scalar_sources:
+                prov[sym] = f"from {self.scalar_sources[sym]}"
+            elif self.sources.get(sym):
+                src = self.sources[sym][0]
+                prov[sym] = f"from {src.param}.shape[{src.axis}]"
+            else:
+                for s in self.solvers:
+                    if s.symbol == sym:
+                        prov[sym] = f"solved from {s.param}.shape[{s.axis}] = {s.dim}"
+                        break
+        return prov
+
+    # -- the slow path: every violation, with provenance ---------------------------------------
+    def explain(self, values: Mapping[str, Any], config: Any) -> tuple[dict[str, int], dict[str, str],
+                                                                        list[Violation]]:
+        """Interpret the contract on one call; return (dims, provenance, violations).
+
+        This is the specification the generated fast checker must agree with.
+        """
+        from .explain import Explainer  # the slow path imports this module
+
+        return Explainer(self, values, config).run()
+
+
+@dataclass
+class CallContext:
+    """What hints and value checks see of a call: its arguments, config and bound dims."""
+
+    spec: ContractSpec
+    values: Mapping[str, Any]
+    config: Any
+    dims: dict[str, int]
+    provenance: dict[str, str]
+    violations: list[Violation] = field(default_factory=list)
+
+
+class Dims(Mapping[str, int]):
+    """The dims a call bound, by symbol, with where each came from.
+
+    Example::
+
+        >>> dims = kc.validate_packed_decode(...)
+        >>> dims.H, dims["HV"], dims.provenance["HV"]
+        (32, 32, 'from initial_state.shape[1]')
+    """
+
+    __slots__ = ("_provenance", "_values")
+
+    def __init__(self, values: dict[str, int], provenance: dict[str, str]) -> None:
+        self._values = values
+        self._provenance = provenance
+
+    @property
+    def provenance(self) -> dict[str, str]:
+        return dict(self._provenance)
+
+    def __getattr__(self, name: str) -> int:
+        try:
+            return self._values[name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+    def __getitem__(self, key: str) -> int:
+        return self._values[key]
+
+    def __iter__(self):
+        return iter(self._values)
+
+    def __len__(self) -> int:
+        return len(self._values)
+
+    def __repr__(self) -> str:
+        return "Dims(" + ", ".join(f"{k}={v}" for k, v in self._values.items()) + ")"
+
+
+# -- reading annotations -------------------------------------------------------------------------
+def _is_jaxtyping_array(tp: Any) -> bool:
+    return isinstance(tp, type) and hasattr(tp, "dim_str") and hasattr(tp, "dtypes") and hasattr(tp, "array_type")
+
+
+def split_optional(tp: Any) -> tuple[Any, bool]:
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, UnionType):
+        args = [a for a in typing.get_args(tp) if a is not NoneType]
+        if len(args) == 1 and len(args) != len(typing.get_args(tp)):
+            return args[0], True
+    return tp, False
+
+
+def _dtypes_of(array_type: Any, spec: Spec, where: str) -> frozenset[torch.dtype]:
+    names = array_type.dtypes
+    if not isinstance(names, (list, tuple, set, frozenset)):  # Shaped[...]: jaxtyping's "any dtype"
+        names = tuple(_TORCH_DTYPE_BY_NAME)
+    allowed = frozenset(_TORCH_DTYPE_BY_NAME[n] for n in names if n in _TORCH_DTYPE_BY_NAME)
+    if spec.dtypes is not None:
+        narrowed = frozenset(spec.dtypes)
+        if not narrowed <= allowed:
+            extra = ", ".join(sorted(dtype_name(d) for d in narrowed - allowed))
+            raise AnnotationError(f"{where}: Spec(dtypes=...) allows {extra}, outside the annotation's dtype "
+                                  f"category {array_type.dtype.__name__}")
+        allowed = narrowed
+    if not allowed:
+        raise AnnotationError(f"{where}: no torch dtype is allowed by the annotation")
+    return allowed
+
+
+def dtype_name(dt: torch.dtype) -> str:
+    return str(dt).removeprefix("torch.")
+
+
+def _read_param(name: str, annotation: Any, where: str) -> TensorParam | ScalarParam | None:
+    if annotation is inspect.Parameter.empty:
+        return None
+    meta: tuple[Any, ...] = ()
+    if typing.get_origin(annotation) is typing.Annotated:
+        annotation, *rest = typing.get_args(annotation)
+        meta = tuple(rest)
+    inner, optional = split_optional(annotation)
+    if typing.get_origin(inner) is typing.Annotated:  # Optional[Annotated[...]]
+        inner, *rest = typing.get_args(inner)
+        meta += tuple(rest)
+    specs = [m for m in meta if isinstance(m, Spec)]
+    ranges = [m for m in meta if isinstance(m, Range)]
+    matches = [m for m in meta if isinstance(m, MatchConfig)]
+    if len(specs) > 1 or len(ranges) > 1 or len(matches) > 1:
+        raise AnnotationError(f"{where}: at most one kc.Spec, one kc.Range and one kc.MatchConfig per argument")
+    if _is_jaxtyping_array(inner):
+        if ranges or matches:
+            raise AnnotationError(f"{where}: kc.Range and kc.MatchConfig apply to scalars; tensor values are "
+                                  "checked in strict mode")
+        if not (isinstance(inner.array_type, type) and issubclass(inner.array_type, torch.Tensor)):
+            raise AnnotationError(f"{where}: only torch.Tensor arrays are supported, got {inner.array_type!r}")
+        spec = specs[0] if specs else Spec()
+        dims = parse_shape(inner.dim_str, where)
+        if spec.inner_contiguous > len(dims) or spec.inner_contiguous < 0:
+            raise AnnotationError(f"{where}: inner_contiguous={spec.inner_contiguous} but the tensor has rank "
+                                  f"{len(dims)}")
+        return TensorParam(name, inner.dim_str, dims, _dtypes_of(inner, spec, where), spec, optional)
+    if specs:
+        raise AnnotationError(f"{where}: kc.Spec applies to tensor annotations like Float[Tensor, '...']")
+    if inner is torch.Tensor:
+        raise AnnotationError(f"{where}: a bare torch.Tensor has no shape; annotate it as "
+                              f"Float[Tensor, 'dims'] (or Shaped[Tensor, '...'])")
+    rng = ranges[0] if ranges else None
+    if rng is not None and inner not in (int, float):
+        raise AnnotationError(f"{where}: kc.Range needs an int or float annotation, got {inner!r}")
+    if rng is not None and (why := rng.malformed()) is not None:
+        raise AnnotationError(f"{where}: kc.Range{_range_args(rng)} can never hold: {why}")
+    hint = annotation if not meta else (inner if not optional else inner | None)
+    return ScalarParam(name, hint, rng, optional, None, matches[0] if matches else None)
+
+
+def _range_args(r: Range) -> str:
+    bounds = ((k, getattr(r, k)) for k in ("gt", "ge", "lt", "le"))
+    return "(" + ", ".join(f"{k}={v!r}" for k, v in bounds if v is not None) + ")"
+
+
+def build_spec(
+    fn: Callable[..., Any],
+    *,
+    name: str | None = None,
+    config: Any = None,
+    config_arg: str | None = None,
+    where: Iterable[str | Where] = (),
+    bind_first: Sequence[str] = (),
+    hints: Sequence[Callable[[Violation, CallContext], str | None]] = (),
+    value_checks: Callable[[CallContext], list[Violation]] | None = None,
+) -> ContractSpec:
+    """Read ``fn``'s annotations into a :class:`ContractSpec` and plan the binding.
+
+    Raises :class:`AnnotationError` naming the problem when the contract is malformed.
+    """
+    qualname: str = name or str(getattr(fn, "__qualname__", getattr(fn, "__name__", repr(fn))))
+    try:
+        hints_map = typing.get_type_hints(fn, include_extras=True)
+    except Exception as exc:  # a forward reference that does not resolve, a bad dim string ...
+        raise AnnotationError(f"{qualname}: cannot read the annotations: {exc}") from exc
+    sig = inspect.signature(fn)
+    tensors: dict[str, TensorParam] = {}
+    scalars: dict[str, ScalarParam] = {}
+    for p in sig.parameters.values():
+        if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
+            continue  # passed through unchecked
+        read = _read_param(p.name, hints_map.get(p.name, inspect.Parameter.empty), f"{qualname}: argument {p.name!r}")
+        if isinstance(read, TensorParam):
+            tensors[p.name] = read
+        elif isinstance(read, ScalarParam):
+            scalars[p.name] = read
+    if config_arg is not None and config_arg not in sig.parameters:
+        raise AnnotationError(f"{qualname}: config_arg={config_arg!r} is not a parameter")
+    if config is not None and config_arg is not None:
+        raise AnnotationError(f"{qualname}: give either config= or config_arg=, not both")
+
+    # The return contract: a tensor, or a tuple of tensors.
+    returns: tuple[TensorParam, ...] | None = None
+    returns_tuple = False
+    ret = hints_map.get("return", None)
+    if ret is not None and ret is not NoneType:
+        ret_items: tuple[Any, ...] = (ret,)
+        if typing.get_origin(ret) is tuple:
+            ret_items, returns_tuple = typing.get_args(ret), True
+        read_ret = [_read_param(f"return[{i}]" if returns_tuple else "return", r, f"{qualname}: return")
+                    for i, r in enumerate(ret_items)]
+        if all(isinstance(r, TensorParam) for r in read_ret):
+            returns = tuple(r for r in read_ret if isinstance(r, TensorParam))
+        elif any(isinstance(r, TensorParam) for r in read_ret):
+            raise AnnotationError(f"{qualname}: a tuple return contract must be all tensors")
+
+    for tp in tensors.values():
+        for other in (tp.spec.same_dtype_as,):
+            if other is not None and other not in tensors:
+                raise AnnotationError(f"{qualname}: argument {tp.name!r}: same_dtype_as={other!r} is not a tensor "
+                                      f"argument")
+    for b in bind_first:
+        if b not in tensors:
+            raise AnnotationError(f"{qualname}: bind_first names {b!r}, which is not a tensor argument")
+    for sp in scalars.values():
+        if sp.match is not None and config is not None and not hasattr(config, sp.match.attr):
+            raise AnnotationError(f"{qualname}: argument {sp.name!r}: kc.MatchConfig({sp.match.attr!r}) names no "
+                                  f"attribute of the config ({type(config).__name__})")
+
+    # Which symbols appear, in first-appearance order.
+    symbols: list[str] = []
+
+    def note(syms: Iterable[str]) -> None:
+        for s in sorted(syms):
+            if s not in symbols:
+                symbols.append(s)
+
+    for tp in tensors.values():
+        for d in tp.dims:
+            if isinstance(d, Expr):
+                note(d.symbols())
+    constraints: list[tuple[Constraint, Where]] = []
+    for w in where:
+        wobj = w if isinstance(w, Where) else Where(w)
+        c = parse_constraint(wobj.expr, f"{qualname}: where {wobj.expr!r}")
+        constraints.append((c, wobj))
+
+    # Direct sources: plain-name dims of required tensors, in priority order.
+    order = list(bind_first) + [n for n in tensors if n not in bind_first]
+    sources: dict[str, list[AxisSource]] = {}
+    for n in order:
+        tp = tensors[n]
+        if tp.optional:
+            continue  # an argument that may be None cannot be what a dim hangs on
+        for axis, d in enumerate(tp.dims):
+            if isinstance(d, Sym):
+                sources.setdefault(d.name, []).append(AxisSource(n, axis))
+    scalar_sources: dict[str, str] = {}
+    for sp in list(scalars.values()):
+        if sp.hint is int and sp.name in symbols and not sp.optional:
+            scalar_sources[sp.name] = sp.name
+            scalars[sp.name] = ScalarParam(sp.name, sp.hint, sp.range, sp.optional, sp.name, sp.match)
+    static_cfg = set(config_dims(config)) if config is not None else set()
+
+    # Solve the rest: repeatedly find a dim that is linear in exactly one unknown.
+    known = set(sources) | set(scalar_sources) | static_cfg
+    solvers: list[Solver] = []
+    progress = True
+    while progress:
+        progress = False
+        for n in order:
+            tp = tensors[n]
+            if tp.optional:
+                continue
+            for axis, d in enumerate(tp.dims):
+                if not isinstance(d, Expr):
+                    continue
+                unknown = d.symbols() - known
+                if len(unknown) != 1:
+                    continue
+                (x,) = unknown
+                lin = linear_form(d, x)
+                if lin is None:
+                    continue
+                solvers.append(Solver(x, n, axis, d, lin[0], lin[1]))
+                known.add(x)
+                progress = True
+    unbound = [s for s in symbols if s not in known]
+    for c, _w in constraints:
+        unbound += [s for s in sorted(c.symbols()) if s not in known and s not in unbound]
+    if returns:
+        for r in returns:
+            for d in r.dims:
+                if isinstance(d, Expr):
+                    unbound += [s for s in sorted(d.symbols()) if s not in known and s not in unbound]
+    if unbound:
+        where_used = []
+        for s in unbound:
+            users = [f"{tp.name}: {tp.dim_str!r}" for tp in tensors.values()
+                     if any(isinstance(d, Expr) and s in d.symbols() for d in tp.dims)]
+            where_used.append(f"{s!r} (in {', '.join(users) or 'a constraint or the return'})")
+        raise AnnotationError(
+            f"{qualname}: cannot bind dim {', '.join(where_used)}: no required tensor has it as a plain dim, "
+            "no config or int argument provides it, and no dim is linear in it alone. Add an argument "
+            "that carries it, pass a config that fixes it, or rewrite the expression."
+        )
+    for s in static_cfg:
+        if s not in symbols and any(s in c.symbols() for c, _ in constraints):
+            symbols.append(s)
+    first_tensor = next((n for n in tensors if not tensors[n].optional), None)
+    return ContractSpec(
+        name=qualname,
+        signature=sig,
+        tensors=tensors,
+        scalars=scalars,
+        returns=returns,
+        returns_tuple=returns_tuple,
+        where=tuple(constraints),
+        symbols=tuple(symbols),
+        sources={k: tuple(v) for k, v in sources.items()},
+        scalar_sources=scalar_sources,
+        solvers=tuple(solvers),
+        config=config,
+        config_arg=config_arg,
+        hints=tuple(hints),
+        value_checks=value_checks,
+        first_tensor=first_tensor,
+    )
