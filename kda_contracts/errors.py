@@ -11,7 +11,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import ClassVar
+from typing import ClassVar, TypeVar
+
+_F = TypeVar("_F")
 
 __all__ = [
     "AnnotationError",
@@ -130,13 +132,17 @@ class Violation:
     got: str
     details: tuple[str, ...] = ()
     hint: str | None = None
-    # Machine-readable facts for hints and tests (e.g. {"axis": 1, "symbol": "HV"}).
-    facts: dict[str, object] = field(default_factory=dict, compare=False)
+    # Typed facts for hints and tests (kda_contracts.facts): what exactly broke, as data.
+    facts: tuple[object, ...] = field(default=(), compare=False)
 
     def with_hint(self, hint: str | None) -> Violation:
         if hint is None or self.hint is not None:
             return self
         return Violation(self.kind, self.argument, self.expected, self.got, self.details, hint, self.facts)
+
+    def fact(self, kind: type[_F]) -> _F | None:
+        """The first fact of type ``kind`` this violation carries, or None."""
+        return next((f for f in self.facts if isinstance(f, kind)), None)
 
 
 _COMBINED: dict[tuple[type[ContractError], ...], type[ContractError]] = {}

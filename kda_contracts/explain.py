@@ -18,6 +18,17 @@ import torch
 
 from .dims import ANY, Expr, Sym
 from .errors import DeviceError, DtypeError, LayoutError, ShapeError, ValueRangeError, Violation
+from .facts import (
+    AxisMismatch,
+    ConfigMismatch,
+    ConstraintFailed,
+    DeviceMismatch,
+    DtypeMismatch,
+    Fact,
+    LayoutBroken,
+    RankMismatch,
+    Unsolvable,
+)
 from .markers import config_dim_source, config_dims, config_dtypes
 from .spec import CallContext, ContractSpec, TensorParam, dtype_name
 
@@ -66,7 +77,7 @@ class Explainer:
         self.violations: list[Violation] = []
         self.usable: dict[str, tuple[int, ...]] = {}
         # Per tensor: mismatching axes and notes, merged into one violation per argument.
-        self.bad_axes: dict[str, dict[int, str]] = {}
+        self.bad_axes: dict[str, dict[int, tuple[str, Fact | None]]] = {}
 
     def run(self) -> tuple[dict[str, int], dict[str, str], list[Violation]]:
         spec = self.spec
@@ -102,7 +113,7 @@ class Explainer:
                     ShapeError, name,
                     f"{tp.symbolic()} (rank {tp.rank})",
                     f"{_fmt_shape(shape)} (rank {len(shape)})",
-                    facts={"rank": True, "shape": shape},
+                    facts=(RankMismatch(shape, tp.rank),),
                 ))
                 continue
             self.usable[name] = shape
@@ -155,7 +166,7 @@ class Explainer:
             frac = f"({size} - {const}) / {coef} = {rest / coef:g}" if coef else f"coefficient {s.coef} is 0"
             self.bad_axes.setdefault(s.param, {})[s.axis] = (
                 f"dim {s.axis} ({s.dim}) = {size} gives no positive integer {s.symbol} "
-                f"with {known}: {s.symbol} = {frac}")
+                f"with {known}: {s.symbol} = {frac}", Unsolvable(s.symbol, s.axis, str(s.dim), size, coef, const))
 
     def _check_dims(self) -> None:
         for name, shape in self.usable.items():
@@ -169,14 +180,16 @@ class Explainer:
                 try:
                     want = d.evaluate(self.dims)
                 except ZeroDivisionError:
-                    self.bad_axes.setdefault(name, {})[axis] = f"dim {axis} ({d}) divides by zero with the bound dims"
+                    why = f"dim {axis} ({d}) divides by zero with the bound dims"
+                    self.bad_axes.setdefault(name, {})[axis] = (why, None)
                     continue
                 if shape[axis] != want:
                     why = ""
                     if isinstance(d, Sym):
                         why = f" ({d.name} {self.prov.get(d.name, '')})"
                     self.bad_axes.setdefault(name, {})[axis] = (
-                        f"dim {axis} ({d}): expected {want}{why}, got {shape[axis]}")
+                        f"dim {axis} ({d}): expected {want}{why}, got {shape[axis]}",
+                        AxisMismatch(axis, str(d), want, shape[axis], shape))
 
     def _concrete(self, tp: TensorParam) -> str:
         parts = []
@@ -198,8 +211,8 @@ class Explainer:
                 ShapeError, name,
                 f"{tp.symbolic()} = {self._concrete(tp)}",
                 _fmt_shape(self.usable[name]),
-                tuple(axes[a] for a in sorted(axes)),
-                facts={"axes": sorted(axes), "shape": self.usable[name]},
+                tuple(axes[a][0] for a in sorted(axes)),
+                facts=tuple(f for a in sorted(axes) if (f := axes[a][1]) is not None),
             ))
 
     def _where(self) -> None:
@@ -215,7 +228,8 @@ class Explainer:
                 self.violations.append(Violation(
                     w.kind, "dims", c.text, got,
                     tuple(f"{s} {self.prov[s]}" for s in sorted(c.symbols()) if s in self.prov),
-                    hint=w.hint, facts={"constraint": c.text},
+                    hint=w.hint,
+                    facts=(ConstraintFailed(c.text, tuple((s, self.dims[s]) for s in sorted(c.symbols()))),),
                 ))
 
     def _dtypes(self) -> None:
@@ -232,7 +246,8 @@ class Explainer:
             if t.dtype not in allowed:
                 names = " or ".join(sorted(dtype_name(d) for d in allowed))
                 self.violations.append(Violation(DtypeError, name, names + why, dtype_name(t.dtype),
-                                                 facts={"allowed": allowed, "dtype": t.dtype}))
+                                                 facts=(DtypeMismatch(allowed, t.dtype,
+                                                                      tp.spec.config_dtype if why else None),)))
                 continue
             other = tp.spec.same_dtype_as
             if other is not None and self.values.get(other) is not None:
@@ -240,7 +255,7 @@ class Explainer:
                 if t.dtype != od:
                     self.violations.append(Violation(
                         DtypeError, name, f"{dtype_name(od)} (same as {other})", dtype_name(t.dtype),
-                        facts={"allowed": frozenset((od,)), "dtype": t.dtype}))
+                        facts=(DtypeMismatch(frozenset((od,)), t.dtype, same_as=other),)))
 
     def _devices(self) -> None:
         first = self.spec.first_tensor
@@ -253,7 +268,7 @@ class Explainer:
                 continue
             if t.device != dev:
                 self.violations.append(Violation(DeviceError, name, f"{dev} (device of {first})", str(t.device),
-                                                 facts={"device": dev}))
+                                                 facts=(DeviceMismatch(dev, t.device),)))
 
     def _layouts(self) -> None:
         for name, tp in self.spec.tensors.items():
@@ -264,7 +279,7 @@ class Explainer:
             if tp.spec.contiguous and not t.is_contiguous():
                 self.violations.append(Violation(
                     LayoutError, name, f"contiguous (strides {_fmt_shape(dense_strides(shape))})",
-                    f"strides {_fmt_shape(strides)}", facts={"rule": "contiguous"}))
+                    f"strides {_fmt_shape(strides)}", facts=(LayoutBroken("contiguous", len(shape), strides),)))
             elif tp.spec.inner_contiguous and not inner_block_ok(shape, strides, tp.spec.inner_contiguous):
                 n = tp.spec.inner_contiguous
                 dense = dense_strides(shape)
@@ -272,7 +287,7 @@ class Explainer:
                 what = "last dim stride 1" if n == 1 else f"last {n} dims dense"
                 self.violations.append(Violation(
                     LayoutError, name, f"{what} (strides [{', '.join(want)}])", f"strides {_fmt_shape(strides)}",
-                    facts={"rule": "inner", "n": n}))
+                    facts=(LayoutBroken("inner", n, strides),)))
             elif tp.spec.disjoint and not tp.spec.contiguous and not blocks_disjoint(
                     shape, strides, tp.spec.inner_contiguous):
                 n = tp.spec.inner_contiguous
@@ -280,7 +295,7 @@ class Explainer:
                 self.violations.append(Violation(
                     LayoutError, name, f"blocks of the last {n} dims that do not overlap (stride[0] >= {block})"
                     if len(shape) - n == 1 else f"blocks of the last {n} dims that do not overlap",
-                    f"strides {_fmt_shape(strides)}", facts={"rule": "disjoint", "n": n}))
+                    f"strides {_fmt_shape(strides)}", facts=(LayoutBroken("disjoint", n, strides),)))
 
     def _scalars(self) -> None:
         for name, sp in self.spec.scalars.items():
@@ -290,24 +305,26 @@ class Explainer:
             elif sp.match is not None and self.config is not None and not sp.match.agrees(v, self.config):
                 self.violations.append(Violation(
                     ValueRangeError, name, f"{getattr(self.config, sp.match.attr)!r} (config {sp.match.attr})",
-                    repr(v), facts={"match": sp.match.attr}))
+                    repr(v), facts=(ConfigMismatch(sp.match.attr, getattr(self.config, sp.match.attr)),)))
 
 
 def _generic_hint(v: Violation, ctx: CallContext) -> str | None:
     if v.kind is DtypeError:
-        allowed = v.facts.get("allowed")
-        if isinstance(allowed, frozenset) and len(allowed) == 1:
-            (dt,) = allowed
+        fact = v.fact(DtypeMismatch)
+        if fact is not None and len(fact.allowed) == 1:
+            (dt,) = fact.allowed
             return f"cast it: {v.argument}.to({dt})"
         return None
     if v.kind is LayoutError:
-        if v.facts.get("rule") == "contiguous":
+        layout = v.fact(LayoutBroken)
+        if layout is not None and layout.rule == "contiguous":
             return f"pass {v.argument}.contiguous()"
-        if v.facts.get("rule") == "disjoint":
+        if layout is not None and layout.rule == "disjoint":
             return (f"{v.argument} is written in place, so its blocks must not share memory (an .expand()ed or "
                     f"as_strided view makes them): allocate it densely")
         return (f"pass {v.argument}.contiguous(), or allocate it with a dense inner block; a transposed or "
                 "sliced view has the wrong strides")
     if v.kind is DeviceError:
-        return f"move it: {v.argument}.to({str(v.facts.get('device'))!r})"
+        dev = v.fact(DeviceMismatch)
+        return f"move it: {v.argument}.to({str(dev.want if dev else '')!r})"
     return None

@@ -58,6 +58,7 @@ from torch import Tensor, nn
 from ..decorator import contract
 from ..dims import ANY
 from ..errors import ShapeError, ValueRangeError, Violation
+from ..facts import AxisMismatch
 from ..markers import Spec, Where
 from ..ops.packed_decode.config import KDAConfig
 from ..ops.packed_decode.decode import packed_decode
@@ -159,9 +160,8 @@ def _hint_tp_mismatch(v: Violation, ctx: CallContext) -> str | None:
 def _hint_conv_width(v: Violation, ctx: CallContext) -> str | None:
     if v.kind is not ShapeError or v.argument not in ("conv_states", "conv1d"):
         return None
-    axes = v.facts.get("axes")
     axis = 2 if v.argument == "conv_states" else 1
-    if not isinstance(axes, list) or axis not in axes:
+    if not any(isinstance(f, AxisMismatch) and f.axis == axis for f in v.facts):
         return None
     k = ctx.config.config.conv_kernel_size
     if v.argument == "conv1d":

@@ -25,6 +25,7 @@ from ...errors import (
     Violation,
     raise_violations,
 )
+from ...facts import DtypeMismatch, LayoutBroken, RankMismatch, Unsolvable
 from ...markers import MatchConfig, Range, Spec, Where, config_dim_source, config_dims
 from ...spec import CallContext, Dims, build_spec
 from . import adapters
@@ -88,13 +89,14 @@ def _layout_of(ctx: CallContext) -> str:
 
 
 def _hint_unflattened(v: Violation, ctx: CallContext) -> str | None:
-    if v.kind is not ShapeError or v.argument not in ("a", "dt_bias") or not v.facts.get("rank"):
+    rank = v.fact(RankMismatch)
+    if v.kind is not ShapeError or v.argument not in ("a", "dt_bias") or rank is None:
         return None
-    shape = v.facts.get("shape")
-    if v.argument == "a" and isinstance(shape, tuple) and len(shape) == 3:
+    shape = rank.shape
+    if v.argument == "a" and len(shape) == 3:
         return (f"`a` looks unflattened ([B, HV, K] = {list(shape)}); the kernel indexes it as hv*K + k: pass "
                 "a.flatten(1) (or a.reshape(B, HV*K))")
-    if v.argument == "dt_bias" and isinstance(shape, tuple) and len(shape) == 2:
+    if v.argument == "dt_bias" and len(shape) == 2:
         return f"`dt_bias` looks unflattened ([HV, K] = {list(shape)}); pass dt_bias.flatten()"
     return None
 
@@ -172,8 +174,8 @@ def _hint_tp(v: Violation, ctx: CallContext) -> str | None:
 
 
 def _hint_width(v: Violation, ctx: CallContext) -> str | None:
-    if v.argument != "mixed_qkv" or v.kind is not ShapeError or "gives no positive integer H" not in " ".join(
-            v.details):
+    unsolved = v.fact(Unsolvable)
+    if v.argument != "mixed_qkv" or v.kind is not ShapeError or unsolved is None or unsolved.symbol != "H":
         return None
     return ("mixed_qkv must be exactly [q heads | k heads | v heads] = 2*H*K + HV*V columns; if it still "
             "carries other projections (gate, beta), slice them off; if q, k, v are separate, torch.cat them on "
@@ -182,16 +184,17 @@ def _hint_width(v: Violation, ctx: CallContext) -> str | None:
 
 def _hint_index_dtype(v: Violation, ctx: CallContext) -> str | None:
     if v.argument == "ssm_state_indices" and v.kind.kind_name == "DtypeError":
-        allowed = v.facts.get("allowed")
-        if isinstance(allowed, frozenset) and len(allowed) == 1:
-            (dt,) = allowed
+        fact = v.fact(DtypeMismatch)
+        if fact is not None and len(fact.allowed) == 1:
+            (dt,) = fact.allowed
             return (f"cast the indices once when you build the batch metadata: ssm_state_indices.to({dt}) "
                     "(the config pins the index dtype the kernels were built for)")
     return None
 
 
 def _hint_state_strides(v: Violation, ctx: CallContext) -> str | None:
-    if v.argument == "initial_state" and v.kind is LayoutError and v.facts.get("rule") == "disjoint":
+    layout = v.fact(LayoutBroken)
+    if v.argument == "initial_state" and layout is not None and layout.rule == "disjoint":
         return ("the pool's slots overlap (an .expand()ed pool, or a slot stride smaller than a slot): two "
                 "requests would update the same memory and race; allocate one dense slot per index, e.g. "
                 "torch.empty(N, HV, V, K)")
