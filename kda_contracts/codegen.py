@@ -15,17 +15,17 @@ from __future__ import annotations
 import functools
 import inspect
 import weakref
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import torch
 
 from .dims import ANY, Expr, Sym
-from .explain import blocks_disjoint
 from .markers import CONFIG_LACKS, config_dims
+from .rules import DtypeIn, MatchesConfig, Rule, SameDtype, Slots
 from .spec import ContractSpec, TensorParam, split_optional
 
-__all__ = ["ConfigViews", "generate_checker", "wrapper_source"]
+__all__ = ["ConfigViews", "Names", "generate_checker", "generate_return_checker", "wrapper_source"]
 
 
 def config_view_layout(spec: ContractSpec) -> tuple[list[str], list[str]]:
@@ -79,28 +79,69 @@ class ConfigViews:
         return view
 
 
-class _Gen:
-    """Accumulates the lines of the generated checker."""
+# -- naming and snippets -------------------------------------------------------------------------
+class Names:
+    """The one naming scheme of generated code. Every name it makes starts with a prefix that no
+    parameter name of the contracted function starts with, so user names (parameters, dims, the
+    function's own name) can never collide with generated ones. Arguments are referred to by
+    position (``<p>a0``), dims by index (``<p>d0``): user text never becomes a generated name."""
 
-    def __init__(self) -> None:
+    def __init__(self, taken: Iterable[str]) -> None:
+        taken = tuple(taken)
+        prefix = "_kc_"
+        while any(t.startswith(prefix) for t in taken):
+            prefix += "_"
+        self.prefix = prefix
+
+    def __call__(self, role: str, index: int | str = "") -> str:
+        return f"{self.prefix}{role}{index}"
+
+
+# The snippets generated code is assembled from ({...} fields filled by the generator).
+REJECT = "return None"
+READ_SHAPE = "{shape} = {arg}.shape"
+RANK_TEST = "len({shape}) != {rank}"
+BIND_AXIS = "{dim} = {shape}[{axis}]"
+SOLVE = ("{coef} = {coef_expr}", "{rest} = {shape}[{axis}] - ({const_expr})",
+         "if {coef} <= 0 or {rest} % {coef} or {rest} < {coef}:", "    return None", "{dim} = {rest} // {coef}")
+CONFIG_VIEW = ("{view} = {views}.get(id({cfg}))", "if {view} is None or {view}[0]() is not {cfg}:",
+               "    {view} = {views}.make({cfg})", "{cdims}, {cdtypes}, {cmatch} = {view}[1], {view}[2], {view}[3]")
+NO_CONFIG = "{cdtypes}, {cmatch} = {nones}, None"
+CONFIG_DIM_TEST = "{cdims}[{i}] is not None and {cdims}[{i}] != {dim}"
+READ_DTYPE = "{dtype} = {arg}.dtype"
+READ_STRIDES = "{strides} = {arg}.stride()"
+READ_DEVICE = "{device} = {arg}.device"
+TYPE_TEST = "not isinstance({arg}, {types})"
+OPTIONAL_TYPE_TEST = "({arg} is not None and not isinstance({arg}, {types}))"
+
+
+class _Gen:
+    """Accumulates the lines of a generated function and the constants it refers to."""
+
+    def __init__(self, names: Names) -> None:
+        self.names = names
         self.lines: list[str] = []
         self.consts: dict[str, Any] = {}
         self.indent = 1
 
-    def emit(self, line: str) -> None:
-        self.lines.append("    " * self.indent + line)
+    def emit(self, *lines: str, **fields: Any) -> None:
+        for line in lines:
+            self.lines.append("    " * self.indent + line.format(**fields))
 
-    def const(self, value: Any, prefix: str = "_k") -> str:
+    def reject_if(self, conds: Sequence[str]) -> None:
+        if conds:
+            self.emit("if " + " or ".join(conds) + ":", "    " + REJECT)
+
+    def const(self, value: Any) -> str:
         for k, v in self.consts.items():
             if v is value:
                 return k
-        name = f"{prefix}{len(self.consts)}"
+        name = self.names("k", len(self.consts))
         self.consts[name] = value
         return name
 
-
-def _var(sym: str) -> str:
-    return f"d_{sym}"
+    def slots(self, rule: Rule, **names: str) -> Slots:
+        return Slots(**names, constants={k: self.const(v) for k, v in rule.constants().items()})
 
 
 _SIMPLE_TYPES: dict[Any, tuple[type, ...]] = {
@@ -113,7 +154,7 @@ _SIMPLE_TYPES: dict[Any, tuple[type, ...]] = {
 }
 
 
-def _type_guards(spec: ContractSpec, g: _Gen) -> list[str] | None:
+def _type_guards(spec: ContractSpec, g: _Gen, arg: Mapping[str, str]) -> list[str] | None:
     """Conditions that are true when an argument has the wrong Python type, equivalent to
     beartype's verdict on the stripped annotations; None when some hint is not that simple (then
     the beartype shim runs on every call instead)."""
@@ -128,176 +169,188 @@ def _type_guards(spec: ContractSpec, g: _Gen) -> list[str] | None:
         types = _SIMPLE_TYPES.get(hint)
         if types is None:
             return None
-        k = g.const(types, "_ty")
-        guards.append(f"({name} is not None and not isinstance({name}, {k}))" if optional
-                      else f"not isinstance({name}, {k})")
+        snippet = OPTIONAL_TYPE_TEST if optional else TYPE_TEST
+        guards.append(snippet.format(arg=arg[name], types=g.const(types)))
     return guards
 
 
-def generate_checker(spec: ContractSpec) -> tuple[str, dict[str, Any], bool]:
-    """Python source of ``check(<params>, _cfg) -> tuple | None`` for ``spec``, its constants,
-    and whether it also checks the Python types (else the beartype shim must run first)."""
-    g = _Gen()
-    guards = _type_guards(spec, g)
-    if guards:
-        g.emit("if " + " or ".join(guards) + ":")
-        g.emit("    return None")
-    names = {s: _var(s) for s in spec.symbols}
-    dtype_roles, match_params = config_view_layout(spec)
-    bound: set[str] = set()
-    params = [p for p in spec.signature.parameters.values() if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
-    args = ", ".join(p.name for p in params)
-    required = [tp for tp in spec.tensors.values() if not tp.optional]
-    optional = [tp for tp in spec.tensors.values() if tp.optional]
+# -- the checker ---------------------------------------------------------------------------------
+class _Checker:
+    """Builds ``check(<args by position>, <config>) -> dims tuple | None`` for one spec."""
 
-    for tp in spec.tensors.values():
-        if tp.optional:
-            continue
-        g.emit(f"s_{tp.name} = {tp.name}.shape")
-    if required:
-        g.emit("if " + " or ".join(f"len(s_{tp.name}) != {tp.rank}" for tp in required) + ":")
-        g.emit("    return None")
-    # Bind: scalars, then tensor axes (same priority as the slow path), then solvers.
-    for sym, pname in spec.scalar_sources.items():
-        g.emit(f"{names[sym]} = {pname}")
-        bound.add(sym)
-    for sym, srcs in spec.sources.items():
-        if sym in bound:
-            continue
-        first = srcs[0]
-        g.emit(f"{names[sym]} = s_{first.param}[{first.axis}]")
-        bound.add(sym)
-    solved_axes: set[tuple[str, int]] = set()
-    for solver in spec.solvers:
-        g.emit(f"_c = {solver.coef.render(names)}")
-        g.emit(f"_r = s_{solver.param}[{solver.axis}] - ({solver.const.render(names)})")
-        g.emit("if _c <= 0 or _r % _c or _r < _c:")
-        g.emit("    return None")
-        g.emit(f"{names[solver.symbol]} = _r // _c")
-        bound.add(solver.symbol)
-        solved_axes.add((solver.param, solver.axis))
-    # Config agreement: every dim the config fixes must equal what the tensors bound. What a
-    # config fixes is read once per config object into a flat "view" (see ConfigViews).
-    has_cfg = spec.config is not None or spec.config_arg is not None
-    if has_cfg:
-        g.emit("if _cfg is not None:")
+    def __init__(self, spec: ContractSpec) -> None:
+        self.spec = spec
+        params = checked_parameters(spec)
+        self.names = Names(params)
+        self.g = _Gen(self.names)
+        n = self.names
+        self.arg = {p: n("a", i) for i, p in enumerate(params)}
+        self.shape = {p: n("s", i) for i, p in enumerate(params)}
+        self.dim = {s: n("d", i) for i, s in enumerate(spec.symbols)}
+        self.cfg = n("cfg")
+        self.roles, self.matches = config_view_layout(spec)
+        self.has_cfg = spec.config is not None or spec.config_arg is not None
+        self.solved_axes = {(s.param, s.axis) for s in spec.solvers}
+
+    def source(self) -> tuple[str, dict[str, Any], bool]:
+        spec, g, n = self.spec, self.g, self.names
+        guards = _type_guards(spec, g, self.arg)
+        g.reject_if(guards or ())
+        required = [tp for tp in spec.tensors.values() if not tp.optional]
+        for tp in required:
+            g.emit(READ_SHAPE, shape=self.shape[tp.name], arg=self.arg[tp.name])
+        g.reject_if([RANK_TEST.format(shape=self.shape[tp.name], rank=tp.rank) for tp in required])
+        self.bind()
+        if self.has_cfg:
+            self.config_agreement()
+        for tp in required:
+            self.shape_checks(tp)
+        for c, _w in spec.where:
+            g.reject_if([f"not ({c.render(self.dim)})"])
+        if spec.first_tensor is not None:
+            g.emit(READ_DEVICE, device=n("dev"), arg=self.arg[spec.first_tensor])
+        for tp in required:
+            self.tensor_checks(tp)
+        for tp in spec.tensors.values():
+            if tp.optional:
+                g.emit(f"if {self.arg[tp.name]} is not None:")
+                g.indent += 1
+                g.emit(READ_SHAPE, shape=self.shape[tp.name], arg=self.arg[tp.name])
+                g.reject_if([RANK_TEST.format(shape=self.shape[tp.name], rank=tp.rank)])
+                self.shape_checks(tp)
+                self.tensor_checks(tp)
+                g.indent -= 1
+        self.scalar_checks()
+        g.emit("return (" + "".join(f"{self.dim[s]}, " for s in spec.symbols) + ")")
+        args = "".join(f"{a}, " for a in self.arg.values())
+        src = (f"def check({args}{self.cfg}=None):\n    try:\n"
+               + "\n".join("    " + ln for ln in g.lines)
+               + "\n    except ZeroDivisionError:\n        return None\n")
+        return src, g.consts, guards is not None
+
+    def bind(self) -> None:
+        """Scalars, then tensor axes (the slow path's priority), then the solvers."""
+        spec, g, n = self.spec, self.g, self.names
+        for sym, pname in spec.scalar_sources.items():
+            g.emit(f"{self.dim[sym]} = {self.arg[pname]}")
+        for sym, srcs in spec.sources.items():
+            if sym not in spec.scalar_sources:
+                g.emit(BIND_AXIS, dim=self.dim[sym], shape=self.shape[srcs[0].param], axis=srcs[0].axis)
+        for s in spec.solvers:
+            g.emit(*SOLVE, coef=n("coef"), rest=n("rest"), coef_expr=s.coef.render(self.dim),
+                   const_expr=s.const.render(self.dim), shape=self.shape[s.param], axis=s.axis, dim=self.dim[s.symbol])
+
+    def config_agreement(self) -> None:
+        """Every dim the config fixes equals what the tensors bound; what a config fixes is read
+        once per config object into a flat view (see ConfigViews)."""
+        g, n = self.g, self.names
+        cfg = self.cfg
+        g.emit(f"if {cfg} is not None:")
         g.indent += 1
-        g.emit("_v = _views.get(id(_cfg))")
-        g.emit("if _v is None or _v[0]() is not _cfg:")
-        g.emit("    _v = _views.make(_cfg)")
-        g.emit("_cd, _cdt, _cm = _v[1], _v[2], _v[3]")
-        for i, s in enumerate(spec.symbols):
-            g.emit(f"if _cd[{i}] is not None and _cd[{i}] != {names[s]}:")
-            g.emit("    return None")
+        g.emit(*CONFIG_VIEW, view=n("view"), views=n("views"), cfg=cfg, cdims=n("cdims"), cdtypes=n("cdtypes"),
+               cmatch=n("cmatch"))
+        for i, s in enumerate(self.spec.symbols):
+            g.reject_if([CONFIG_DIM_TEST.format(cdims=n("cdims"), i=i, dim=self.dim[s])])
         g.indent -= 1
         g.emit("else:")
-        g.emit("    _cdt = _cm = None")
+        g.emit("    " + NO_CONFIG, cdtypes=n("cdtypes"), cmatch=n("cmatch"), nones=g.const((None,) * len(self.roles)))
 
-    def shape_checks(tp: TensorParam, shape_var: str) -> None:
+    def shape_checks(self, tp: TensorParam) -> None:
         conds = []
         for axis, d in enumerate(tp.dims):
-            if d is ANY or (tp.name, axis) in solved_axes:
+            if d is ANY or (tp.name, axis) in self.solved_axes:
                 continue
             assert isinstance(d, Expr)
-            if isinstance(d, Sym) and any(src.param == tp.name and src.axis == axis
-                                          for src in spec.sources.get(d.name, ())[:1]) \
-                    and d.name not in spec.scalar_sources:
-                continue  # this axis is the binder itself
-            conds.append(f"{shape_var}[{axis}] != {d.render(names)}")
-        if conds:
-            g.emit("if " + " or ".join(conds) + ":")
-            g.emit("    return None")
+            if isinstance(d, Sym) and d.name not in self.spec.scalar_sources:
+                first = self.spec.sources.get(d.name, ())[:1]
+                if first and first[0].param == tp.name and first[0].axis == axis:
+                    continue  # this axis is the binder itself
+            conds.append(f"{self.shape[tp.name]}[{axis}] != {d.render(self.dim)}")
+        self.g.reject_if(conds)
 
-    for tp in required:
-        shape_checks(tp, f"s_{tp.name}")
-    for c, _w in spec.where:
-        g.emit(f"if not ({c.render(names)}):")
-        g.emit("    return None")
+    def tensor_checks(self, tp: TensorParam) -> None:
+        g, n = self.g, self.names
+        i = list(self.arg).index(tp.name)
+        dtype, strides = n("dt", i), n("st", i)
+        g.emit(READ_DTYPE, dtype=dtype, arg=self.arg[tp.name])
+        if any("strides" in r.needs for r in tp.rules):
+            g.emit(READ_STRIDES, strides=strides, arg=self.arg[tp.name])
+        for rule in tp.rules:
+            config_value = "None"
+            if isinstance(rule, DtypeIn) and rule.role is not None and self.has_cfg:
+                config_value = f"{n('cdtypes')}[{self.roles.index(rule.role)}]"
+            other = "None"
+            if isinstance(rule, SameDtype):
+                oarg = self.arg[rule.other]
+                other = f"({oarg}.dtype if {oarg} is not None else None)" \
+                    if self.spec.tensors[rule.other].optional else f"{oarg}.dtype"
+            slots = g.slots(rule, value=self.arg[tp.name], shape=self.shape[tp.name], strides=strides, dtype=dtype,
+                            device=n("dev"), config_value=config_value, other_dtype=other)
+            g.reject_if([rule.test(slots)])
 
-    dtype_read: set[str] = set()  # tensors whose dtype is already in a local
+    def scalar_checks(self) -> None:
+        g, n = self.g, self.names
+        for sp in self.spec.scalars.values():
+            for rule in sp.rules:
+                if isinstance(rule, MatchesConfig):
+                    if not self.has_cfg:
+                        continue
+                    k = self.matches.index(sp.name)
+                    slots = g.slots(rule, value=self.arg[sp.name], config_value=f"{n('cmatch')}[{k}]")
+                    g.reject_if([f"({n('cmatch')} is not None and {rule.test(slots)})"])
+                else:
+                    g.reject_if([rule.test(g.slots(rule, value=self.arg[sp.name]))])
 
-    def dtype_of(t: str) -> str:
-        return f"dt_{t}" if t in dtype_read else f"{t}.dtype"
 
-    def tensor_checks(tp: TensorParam) -> None:
-        t = tp.name
-        dts = g.const(tp.dtypes, "_dt")
-        g.emit(f"dt_{t} = {t}.dtype")
-        dtype_read.add(t)
-        g.emit(f"if dt_{t} not in {dts}:")
-        g.emit("    return None")
-        if tp.spec.config_dtype is not None and has_cfg:
-            j = dtype_roles.index(tp.spec.config_dtype)
-            g.emit(f"if _cdt is not None and _cdt[{j}] is not None and dt_{t} != _cdt[{j}]:")
-            g.emit("    return None")
-        if tp.spec.same_dtype_as is not None:
-            other = tp.spec.same_dtype_as
-            if spec.tensors[other].optional:
-                g.emit(f"if {other} is not None and dt_{t} != {other}.dtype:")
-            else:
-                g.emit(f"if dt_{t} != {dtype_of(other)}:")
-            g.emit("    return None")
-        if tp.spec.same_device and spec.first_tensor is not None and t != spec.first_tensor:
-            g.emit(f"if {t}.device != _dev:")
-            g.emit("    return None")
-        n, r = tp.spec.inner_contiguous, tp.rank
-        if tp.spec.contiguous:
-            g.emit(f"if not {t}.is_contiguous():")
-            g.emit("    return None")
-        elif n:
-            # Dense row-major strides of the inner block; a size-0 dim counts as 1 (as in the
-            # interpreter's dense_strides), a size-1 dim may have any stride.
-            g.emit(f"_st = {t}.stride()")
-            conds = [f"(s_{t}[{r - 1}] != 1 and _st[{r - 1}] != 1)"]
-            for axis in range(r - 2, r - 1 - n, -1):
-                g.emit(f"_e{axis} = {'' if axis == r - 2 else f'_e{axis + 1}*'}(s_{t}[{axis + 1}] or 1)")
-                conds.append(f"(s_{t}[{axis}] != 1 and _st[{axis}] != _e{axis})")
-            g.emit("if " + " or ".join(conds) + ":")
-            g.emit("    return None")
-        if tp.spec.disjoint and not tp.spec.contiguous:
-            if not n:
-                g.emit(f"_st = {t}.stride()")
-            if r - n == 1:  # one outer axis (a pool of slots): its stride must step over a whole block
-                block = (f"_e1*(s_{t}[1] or 1)" if n >= 2 else
-                         "*".join(f"(s_{t}[{axis}] or 1)" for axis in range(1, r)) or "1")
-                g.emit(f"if s_{t}[0] > 1 and _st[0] < {block}:")
-                g.emit("    return None")
-            elif r - n > 1:
-                g.emit(f"if not {g.const(blocks_disjoint, '_disjoint')}(s_{t}, _st, {n}):")
-                g.emit("    return None")
+def generate_checker(spec: ContractSpec) -> tuple[str, dict[str, Any], bool]:
+    """Python source of ``check(<args by position>, <config>=None) -> tuple | None`` for ``spec``,
+    its constants (the config views under ``names("views")`` are added by the caller), and whether
+    it also checks the Python types (else the beartype shim must run first)."""
+    return _Checker(spec).source()
 
-    if spec.first_tensor is not None:
-        g.emit(f"_dev = {spec.first_tensor}.device")
-    for tp in required:
-        tensor_checks(tp)
-    for tp in optional:
-        g.emit(f"if {tp.name} is not None:")
-        g.indent += 1
-        g.emit(f"s_{tp.name} = {tp.name}.shape")
-        g.emit(f"if len(s_{tp.name}) != {tp.rank}:")
-        g.emit("    return None")
-        shape_checks(tp, f"s_{tp.name}")
-        tensor_checks(tp)
-        g.indent -= 1
-    for sp in spec.scalars.values():
-        if sp.range is not None:
-            cond = f"not ({sp.range.render(sp.name)})"
-            if sp.optional:
-                cond = f"{sp.name} is not None and {cond}"
-            g.emit(f"if {cond}:")
-            g.emit("    return None")
-        if sp.match is not None and has_cfg:
-            m = g.const(sp.match, "_match")
-            k = match_params.index(sp.name)
-            g.emit(f"if _cm is not None and not {m}.agrees_value({sp.name}, _cm[{k}]):")
-            g.emit("    return None")
-    g.emit("return (" + "".join(f"{names[s]}, " for s in spec.symbols) + ")")
-    body = "\n".join(g.lines)
-    src = (f"def check({args}{', ' if args else ''}_cfg=None):\n"
-           f"    try:\n" + "\n".join("    " + ln for ln in body.splitlines()) + "\n"
-           "    except ZeroDivisionError:\n"
-           "        return None\n")
-    return src, g.consts, guards is not None
+
+def checker_names(spec: ContractSpec) -> Names:
+    return Names(checked_parameters(spec))
+
+
+def checked_parameters(spec: ContractSpec) -> list[str]:
+    """The parameters the checker takes, in signature order (``*args``/``**kwargs`` pass through)."""
+    return [p.name for p in spec.signature.parameters.values() if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+
+
+def generate_return_checker(spec: ContractSpec) -> tuple[str, dict[str, Any]]:
+    """Python source of ``check_return(<result>, <dims tuple>) -> bool``: True when the result
+    meets the return annotation (the slow path words a failure)."""
+    assert spec.returns is not None
+    n = Names(())
+    g = _Gen(n)
+    res, dims = n("res"), n("dims")
+    dim = {s: n("d", i) for i, s in enumerate(spec.symbols)}
+    if spec.symbols:
+        g.emit(f"{', '.join(dim.values())}, = {dims}")
+    items = [res]
+    if spec.returns_tuple:
+        g.emit(f"if not isinstance({res}, tuple) or len({res}) != {len(spec.returns)}:", "    return False")
+        items = [f"{res}[{i}]" for i in range(len(spec.returns))]
+    tensor = g.const(torch.Tensor)
+    for i, (tp, item) in enumerate(zip(spec.returns, items, strict=True)):
+        t, s = n("r", i), n("s", i)
+        g.emit(f"{t} = {item}")
+        if tp.optional:
+            g.emit(f"if {t} is not None:")
+            g.indent += 1
+        g.emit(f"if not isinstance({t}, {tensor}):", "    return False")
+        g.emit(READ_SHAPE, shape=s, arg=t)
+        conds = [RANK_TEST.format(shape=s, rank=tp.rank)]
+        conds += [f"{s}[{axis}] != {d.render(dim)}" for axis, d in enumerate(tp.dims) if isinstance(d, Expr)]
+        conds.append(f"{t}.dtype not in {g.const(tp.dtypes)}")
+        g.emit("if " + " or ".join(conds) + ":", "    return False")
+        if tp.optional:
+            g.indent -= 1
+    g.emit("return True")
+    src = (f"def check_return({res}, {dims}):\n    try:\n" + "\n".join("    " + ln for ln in g.lines)
+           + "\n    except ZeroDivisionError:\n        return False\n")
+    return src, g.consts
 
 
 def _config_dtypes(cfg: Any) -> Mapping[str, torch.dtype] | None:
@@ -305,16 +358,17 @@ def _config_dtypes(cfg: Any) -> Mapping[str, torch.dtype] | None:
     return getter() if getter is not None else None
 
 
-def wrapper_source(spec: ContractSpec, fn_name: str, has_return: bool, value_checks: bool,
-                    beartype_first: bool) -> str:
-    """Source of a wrapper with ``fn``'s exact signature (so Python binds the arguments)."""
-    sig = spec.signature
+def wrapper_source(spec: ContractSpec, fn_name: str, names: Names, *, has_return: bool, value_checks: bool,
+                   beartype_first: bool) -> str:
+    """Source of a wrapper with ``fn``'s exact signature (so Python binds the arguments); every
+    other name it uses comes from ``names`` (see ``wrapper_namespace`` for what each is)."""
+    n = names
     parts: list[str] = []
     call: list[str] = []
     seen_kwonly = False
     seen_posonly = False
-    for i, p in enumerate(sig.parameters.values()):
-        default = f"=_dflt{i}" if p.default is not inspect.Parameter.empty else ""
+    for i, p in enumerate(spec.signature.parameters.values()):
+        default = f"={n('default', i)}" if p.default is not inspect.Parameter.empty else ""
         if p.kind is p.POSITIONAL_ONLY:
             seen_posonly = True
             parts.append(f"{p.name}{default}")
@@ -341,37 +395,38 @@ def wrapper_source(spec: ContractSpec, fn_name: str, has_return: bool, value_che
             call.append(f"**{p.name}")
     if seen_posonly:
         parts.append("/")
-    checked = [p.name for p in sig.parameters.values() if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
-    plain = ", ".join(checked)
-    cfg = spec.config_arg if spec.config_arg is not None else "_static_cfg"
+    plain = ", ".join(checked_parameters(spec))
+    cfg = spec.config_arg if spec.config_arg is not None else n("static_cfg")
+    mode, dims, res = n("mode"), n("dims"), n("res")
     lines = [
         f"def {fn_name}({', '.join(parts)}):",
-        "    _m = _current_mode() if _fixed_mode is None else _fixed_mode",
-        "    if _m:",
-        "        _self.calls += 1",
+        f"    {mode} = {n('current_mode')}() if {n('fixed_mode')} is None else {n('fixed_mode')}",
+        f"    if {mode}:",
+        f"        {n('self')}.calls += 1",
     ]
     if beartype_first:  # hints the generated checker cannot decide with isinstance
         lines += [
             "        try:",
-            f"            _types({plain})",
-            "        except _TypeViolation:",
-            f"            _fail_types({plain})",
+            f"            {n('types')}({plain})",
+            f"        except {n('TypeViolation')}:",
+            f"            {n('fail_types')}({plain})",
         ]
     lines += [
-        f"        _d = _check({plain}{', ' if plain else ''}_cfg={cfg})",
-        "        if _d is None:",
-        f"            _fail({plain})",
+        f"        {dims} = {n('check')}({plain}{', ' if plain else ''}{cfg})",
+        f"        if {dims} is None:",
+        f"            {n('fail')}({plain})",
     ]
     if value_checks:
         lines += [
-            "        if _m == 2:",
-            f"            _strict(_d, {plain})",
+            f"        if {mode} == 2:",
+            f"            {n('strict')}({dims}, {plain})",
         ]
     if has_return:
         lines += [
-            f"        _res = _fn({', '.join(call)})",
-            "        _check_return(_res, _d)",
-            "        return _res",
+            f"        {res} = {n('fn')}({', '.join(call)})",
+            f"        if not {n('check_return')}({res}, {dims}):",
+            f"            {n('fail_return')}({res}, {dims})",
+            f"        return {res}",
         ]
-    lines.append(f"    return _fn({', '.join(call)})")
+    lines.append(f"    return {n('fn')}({', '.join(call)})")
     return "\n".join(lines) + "\n"

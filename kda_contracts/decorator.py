@@ -16,6 +16,7 @@ from __future__ import annotations
 import functools
 import inspect
 import itertools
+import keyword
 import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, TypeVar, overload
@@ -26,19 +27,25 @@ from beartype.door import is_bearable
 from beartype.roar import BeartypeCallHintParamViolation
 
 from . import modes
-from .codegen import ConfigViews, generate_checker, wrapper_source
-from .dims import ANY
+from .codegen import (
+    ConfigViews,
+    Names,
+    checked_parameters,
+    checker_names,
+    generate_checker,
+    generate_return_checker,
+    wrapper_source,
+)
 from .errors import (
     ArgumentTypeError,
     ContractError,
-    DtypeError,
-    ShapeError,
     Violation,
     passthrough_for_compile,
     raise_violations,
 )
+from .explain import explain_return
 from .markers import Where
-from .spec import CallContext, ContractSpec, Dims, build_spec, dtype_name
+from .spec import CallContext, ContractOptions, ContractSpec, Dims, build_spec
 
 __all__ = ["Contract", "contract", "register_contract", "registered_contracts"]
 
@@ -85,15 +92,20 @@ class Contract:
         self.spec = spec
         self.fn = fn
         self.name = spec.name
-        params = [p for p in spec.signature.parameters.values() if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
-        self._param_names = [p.name for p in params]
+        self._param_names = checked_parameters(spec)
         src, consts, self.types_in_checker = generate_checker(spec)
         self.checker_source = src
-        namespace: dict[str, Any] = dict(consts)
-        namespace["_views"] = ConfigViews(spec)
-        code = compile(src, f"<kda_contracts checker for {spec.name}>", "exec")
-        exec(code, namespace)  # our own generated source, built from the parsed tree only
-        self.check: Callable[..., tuple[int, ...] | None] = namespace["check"]
+        self.views = ConfigViews(spec)
+        namespace: dict[str, Any] = {**consts, checker_names(spec)("views"): self.views}
+        exec(compile(src, f"<kda_contracts checker for {spec.name}>", "exec"), namespace)  # our own source
+        self._check: Callable[..., tuple[int, ...] | None] = namespace["check"]
+        self.return_source: str | None = None
+        self._check_return: Callable[[Any, tuple[int, ...]], bool] | None = None
+        if spec.returns is not None:
+            self.return_source, rconsts = generate_return_checker(spec)
+            rns: dict[str, Any] = dict(rconsts)
+            exec(compile(self.return_source, f"<kda_contracts return checker for {spec.name}>", "exec"), rns)
+            self._check_return = rns["check_return"]
         shim_src = f"def types({', '.join(self._param_names)}):\n    return None\n"
         shim_ns: dict[str, Any] = {}
         exec(compile(shim_src, f"<kda_contracts type shim for {spec.name}>", "exec"), shim_ns)
@@ -163,7 +175,7 @@ class Contract:
         try:
             if not self.types_in_checker:
                 self.check_types(*vals)
-            dims = self.check(*vals, _cfg=config)
+            dims = self._check(*vals, config)
         except BeartypeCallHintParamViolation:
             dims = None
         if dims is None:
@@ -212,34 +224,24 @@ class Contract:
             return values.get(self.spec.config_arg)
         return self.spec.config
 
+    def check(self, *vals: Any, _cfg: Any = None) -> tuple[int, ...] | None:
+        """The generated fast checker on arguments given positionally: the bound dims in
+        ``spec.symbols`` order, or None when the call breaks the contract (no report)."""
+        return self._check(*vals, _cfg)
+
     def check_return(self, result: Any, dims: tuple[int, ...]) -> None:
-        spec = self.spec
-        assert spec.returns is not None
-        items = result if spec.returns_tuple else (result,)
-        env = dict(zip(spec.symbols, dims, strict=True))
-        violations: list[Violation] = []
-        if spec.returns_tuple and (not isinstance(items, tuple) or len(items) != len(spec.returns)):
-            violations.append(Violation(ShapeError, "return", f"a tuple of {len(spec.returns)} tensors",
-                                        type(result).__name__))
-        else:
-            for tp, t in zip(spec.returns, items, strict=True):
-                if not isinstance(t, torch.Tensor):
-                    if tp.optional and t is None:
-                        continue
-                    violations.append(Violation(ArgumentTypeError, tp.name, "a torch.Tensor", type(t).__name__))
-                    continue
-                want = tuple(None if d is ANY else d.evaluate(env) for d in tp.dims)  # type: ignore[union-attr]
-                got = tuple(t.shape)
-                if len(got) != len(want) or any(w is not None and w != s for w, s in zip(want, got, strict=False)):
-                    conc = "[" + ", ".join("_" if w is None else str(w) for w in want) + "]"
-                    violations.append(Violation(ShapeError, tp.name, f"{tp.symbolic()} = {conc}",
-                                                "[" + ", ".join(map(str, got)) + "]",
-                                                ("the function returned a tensor of the wrong shape",)))
-                elif t.dtype not in tp.dtypes:
-                    allowed = " or ".join(sorted(dtype_name(d) for d in tp.dtypes))
-                    violations.append(Violation(DtypeError, tp.name, allowed, dtype_name(t.dtype)))
+        """Check a result against the return annotation (generated code); raise the report."""
+        if self._check_return is not None and not self._check_return(result, dims):
+            self.fail_return(result, dims)
+
+    def fail_return(self, result: Any, dims: tuple[int, ...]) -> None:
+        """Raise the full report for a result the generated return checker rejected."""
+        env = dict(zip(self.spec.symbols, dims, strict=True))
+        violations = explain_return(self.spec, result, env)
         if violations:
             raise_violations(self.name, violations, env, self.provenance(None))
+        warnings.warn(f"kda_contracts: the fast return checker of {self.name} rejected a result the full check "
+                      "accepts; please report this with the result's shapes", RuntimeWarning, stacklevel=3)
 
 
 def _outside_compile(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -281,28 +283,30 @@ def _build_wrapper(c: Contract, fixed_mode: int | None) -> Callable[..., Any]:
         config = c._config_for(values)
         c.run_value_checks(values, config, dict(zip(spec.symbols, dims, strict=True)), c.provenance(config))
 
+    fn_name = getattr(c.fn, "__name__", "wrapper")
+    if not fn_name.isidentifier() or keyword.iskeyword(fn_name):
+        fn_name = "wrapper"
+    n = Names([*(p for p in spec.signature.parameters), fn_name])
     ns: dict[str, Any] = {
-        "_current_mode": modes.current_mode,
-        "_fixed_mode": fixed_mode,
-        "_types": modes.mark_constant_result(c.check_types),
-        "_TypeViolation": BeartypeCallHintParamViolation,
-        "_fail_types": _outside_compile(fail_types),
-        "_check": c.check,
-        "_fail": _outside_compile(fail),
-        "_strict": _outside_compile(strict),
-        "_fn": c.fn,
-        "_check_return": c.check_return,
-        "_static_cfg": spec.config,
-        "_self": c,
+        n("current_mode"): modes.current_mode,
+        n("fixed_mode"): fixed_mode,
+        n("types"): modes.mark_constant_result(c.check_types),
+        n("TypeViolation"): BeartypeCallHintParamViolation,
+        n("fail_types"): _outside_compile(fail_types),
+        n("check"): c._check,
+        n("fail"): _outside_compile(fail),
+        n("strict"): _outside_compile(strict),
+        n("fn"): c.fn,
+        n("check_return"): c._check_return,
+        n("fail_return"): c.fail_return,
+        n("static_cfg"): spec.config,
+        n("self"): c,
     }
     for i, p in enumerate(spec.signature.parameters.values()):
         if p.default is not inspect.Parameter.empty:
-            ns[f"_dflt{i}"] = p.default
-    fn_name = getattr(c.fn, "__name__", "wrapper")
-    if not fn_name.isidentifier():
-        fn_name = "wrapper"
-    src = wrapper_source(spec, fn_name, spec.returns is not None, spec.value_checks is not None,
-                          not c.types_in_checker)
+            ns[n("default", i)] = p.default
+    src = wrapper_source(spec, fn_name, n, has_return=spec.returns is not None,
+                         value_checks=spec.value_checks is not None, beartype_first=not c.types_in_checker)
     exec(compile(src, f"<kda_contracts wrapper for {spec.name} #{next(_ids)}>", "exec"), ns)
     wrapper = ns[fn_name]
     functools.update_wrapper(wrapper, c.fn)
@@ -358,17 +362,21 @@ def contract(
         def forward(x: Float[Tensor, "B D"], state: Float[Tensor, "N HV V K"]) -> Float[Tensor, "B HV*V"]:
             ...
     """
+    options = ContractOptions(config=config, config_arg=config_arg, where=tuple(where),
+                              bind_first=tuple(bind_first), hints=tuple(hints), value_checks=value_checks,
+                              mode=mode, name=name, register=register)
     if fn is None:
-        return functools.partial(
-            contract, config=config, config_arg=config_arg, where=tuple(where), bind_first=tuple(bind_first),
-            hints=tuple(hints), value_checks=value_checks, mode=mode, name=name, register=register,
-        )
+        return functools.partial(_decorate, options=options)
+    return _decorate(fn, options)
+
+
+def _decorate(fn: Callable[..., Any], options: ContractOptions) -> Any:
+    mode = options.mode
     fixed = modes.parse_mode(mode, f"contract(mode={mode!r})") if mode is not None else None
-    spec = build_spec(fn, name=name, config=config, config_arg=config_arg, where=where, bind_first=bind_first,
-                      hints=hints, value_checks=value_checks)
+    spec = build_spec(fn, options)
     if (fixed if fixed is not None else modes.current_mode()) == modes.OFF:
         return fn
     c = Contract(spec, fn)
-    if register:
+    if options.register:
         _REGISTRY[c.name] = c
     return c.wrap(fixed)

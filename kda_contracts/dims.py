@@ -19,8 +19,10 @@ Example::
 from __future__ import annotations
 
 import re
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cached_property, lru_cache
+from typing import Any
 
 from .errors import AnnotationError
 
@@ -263,15 +265,17 @@ class Constraint:
     def symbols(self) -> frozenset[str]:
         return self.left.symbols() | (self.right.symbols() if self.right is not None else frozenset())
 
-    def holds(self, env: dict[str, int]) -> bool:
-        lv = self.left.evaluate(env)
-        if self.op == "pow2":
-            return lv > 0 and lv & (lv - 1) == 0
-        assert self.right is not None
-        rv = self.right.evaluate(env)
-        return {
-            "==": lv == rv, "!=": lv != rv, "<": lv < rv, "<=": lv <= rv, ">": lv > rv, ">=": lv >= rv,
-        }[self.op]
+    def holds(self, env: Mapping[str, int]) -> bool:
+        """Whether the constraint holds for ``env``: the generated checker's own test (``render``),
+        compiled once, so the two cannot disagree."""
+        return self._test(env)
+
+    @cached_property
+    def _test(self) -> Callable[[Mapping[str, int]], bool]:
+        src = self.render({s: f"env[{s!r}]" for s in self.symbols()})
+        ns: dict[str, Any] = {}
+        exec(compile(f"def holds(env):\n    return bool({src})\n", "<kda_contracts constraint>", "exec"), ns)
+        return ns["holds"]
 
     def render(self, name: dict[str, str] | None = None) -> str:
         """Python source of a boolean expression that is True when the constraint holds."""

@@ -10,17 +10,15 @@ Example::
 
 from __future__ import annotations
 
-import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 import torch
 
 from .dims import ANY, Expr, Sym
-from .errors import DeviceError, DtypeError, LayoutError, ShapeError, ValueRangeError, Violation
+from .errors import ArgumentTypeError, DeviceError, DtypeError, LayoutError, ShapeError, Violation
 from .facts import (
     AxisMismatch,
-    ConfigMismatch,
     ConstraintFailed,
     DeviceMismatch,
     DtypeMismatch,
@@ -29,42 +27,22 @@ from .facts import (
     RankMismatch,
     Unsolvable,
 )
-from .markers import config_dim_source, config_dims, config_dtypes
-from .spec import CallContext, ContractSpec, TensorParam, dtype_name
+from .markers import CONFIG_LACKS, config_dim_source, config_dims, config_dtypes
+from .rules import (
+    Contiguous,
+    Disjoint,
+    DtypeIn,
+    InnerDense,
+    MatchesConfig,
+    Rule,
+    SameDevice,
+    SameDtype,
+    dtype_name,
+    fmt_ints,
+)
+from .spec import CallContext, ContractSpec, TensorParam
 
-__all__ = ["Explainer", "blocks_disjoint", "dense_strides", "inner_block_ok"]
-
-
-def _fmt_shape(shape: Sequence[int]) -> str:
-    return "[" + ", ".join(str(s) for s in shape) + "]"
-
-
-def dense_strides(shape: Sequence[int]) -> list[int]:
-    out, acc = [], 1
-    for s in reversed(shape):
-        out.append(acc)
-        acc *= max(s, 1)
-    return out[::-1]
-
-
-def inner_block_ok(shape: Sequence[int], strides: Sequence[int], n: int) -> bool:
-    """True when the last ``n`` dims form one dense row-major block (size-1 dims are free)."""
-    expected = dense_strides(shape)
-    return all(shape[a] == 1 or strides[a] == expected[a] for a in range(len(shape) - n, len(shape)))
-
-
-def blocks_disjoint(shape: Sequence[int], strides: Sequence[int], n: int) -> bool:
-    """True when no two blocks of the last ``n`` dims share memory: taken by increasing stride,
-    each outer axis of size > 1 steps over everything the axes below it span (so an expanded
-    axis, stride 0, fails). Sufficient for no overlap; exact for a single outer axis."""
-    span = 1
-    for a in range(len(shape) - n, len(shape)):
-        span *= max(shape[a], 1)
-    for a in sorted((a for a in range(len(shape) - n) if shape[a] > 1), key=lambda a: strides[a]):
-        if strides[a] < span:
-            return False
-        span += strides[a] * (shape[a] - 1)
-    return True
+__all__ = ["Explainer", "explain_return"]
 
 
 class Explainer:
@@ -86,9 +64,9 @@ class Explainer:
         self._check_dims()
         self._shape_violations()
         self._where()
-        self._dtypes()
-        self._devices()
-        self._layouts()
+        self._tensor_rules((DtypeIn, SameDtype))
+        self._tensor_rules((SameDevice,))
+        self._tensor_rules((Contiguous, InnerDense, Disjoint))
         self._scalars()
         dims = {s: self.dims[s] for s in spec.symbols if s in self.dims}
         ctx = CallContext(spec, self.values, self.config, dims, self.prov, self.violations)
@@ -112,7 +90,7 @@ class Explainer:
                 self.violations.append(Violation(
                     ShapeError, name,
                     f"{tp.symbolic()} (rank {tp.rank})",
-                    f"{_fmt_shape(shape)} (rank {len(shape)})",
+                    f"{fmt_ints(shape)} (rank {len(shape)})",
                     facts=(RankMismatch(shape, tp.rank),),
                 ))
                 continue
@@ -210,7 +188,7 @@ class Explainer:
             self.violations.append(Violation(
                 ShapeError, name,
                 f"{tp.symbolic()} = {self._concrete(tp)}",
-                _fmt_shape(self.usable[name]),
+                fmt_ints(self.usable[name]),
                 tuple(axes[a][0] for a in sorted(axes)),
                 facts=tuple(f for a in sorted(axes) if (f := axes[a][1]) is not None),
             ))
@@ -232,80 +210,72 @@ class Explainer:
                     facts=(ConstraintFailed(c.text, tuple((s, self.dims[s]) for s in sorted(c.symbols()))),),
                 ))
 
-    def _dtypes(self) -> None:
+    def _tensor_rules(self, families: tuple[type[Rule], ...]) -> None:
+        """Decide each tensor's rules of these families with the rules' own tests; at most one
+        violation per tensor and family group (the first broken rule, in declaration order)."""
+        first = self.spec.first_tensor
+        device = self.values[first].device if first is not None and self.values.get(first) is not None else None
         cfg_dt = config_dtypes(self.config)
         for name, tp in self.spec.tensors.items():
             t = self.values.get(name)
             if t is None:
                 continue
-            allowed: frozenset[torch.dtype] = tp.dtypes
-            why = ""
-            if tp.spec.config_dtype is not None and tp.spec.config_dtype in cfg_dt:
-                allowed = frozenset((cfg_dt[tp.spec.config_dtype],))
-                why = f" (config {tp.spec.config_dtype} dtype)"
-            if t.dtype not in allowed:
-                names = " or ".join(sorted(dtype_name(d) for d in allowed))
-                self.violations.append(Violation(DtypeError, name, names + why, dtype_name(t.dtype),
-                                                 facts=(DtypeMismatch(allowed, t.dtype,
-                                                                      tp.spec.config_dtype if why else None),)))
-                continue
-            other = tp.spec.same_dtype_as
-            if other is not None and self.values.get(other) is not None:
-                od = self.values[other].dtype
-                if t.dtype != od:
-                    self.violations.append(Violation(
-                        DtypeError, name, f"{dtype_name(od)} (same as {other})", dtype_name(t.dtype),
-                        facts=(DtypeMismatch(frozenset((od,)), t.dtype, same_as=other),)))
-
-    def _devices(self) -> None:
-        first = self.spec.first_tensor
-        if first is None or self.values.get(first) is None:
-            return
-        dev = self.values[first].device
-        for name, tp in self.spec.tensors.items():
-            t = self.values.get(name)
-            if t is None or name == first or not tp.spec.same_device:
-                continue
-            if t.device != dev:
-                self.violations.append(Violation(DeviceError, name, f"{dev} (device of {first})", str(t.device),
-                                                 facts=(DeviceMismatch(dev, t.device),)))
-
-    def _layouts(self) -> None:
-        for name, tp in self.spec.tensors.items():
-            t = self.values.get(name)
-            if t is None or name not in self.usable:
-                continue
-            shape, strides = self.usable[name], tuple(t.stride())
-            if tp.spec.contiguous and not t.is_contiguous():
-                self.violations.append(Violation(
-                    LayoutError, name, f"contiguous (strides {_fmt_shape(dense_strides(shape))})",
-                    f"strides {_fmt_shape(strides)}", facts=(LayoutBroken("contiguous", len(shape), strides),)))
-            elif tp.spec.inner_contiguous and not inner_block_ok(shape, strides, tp.spec.inner_contiguous):
-                n = tp.spec.inner_contiguous
-                dense = dense_strides(shape)
-                want = ["*"] * (len(shape) - n) + [str(s) for s in dense[len(shape) - n:]]
-                what = "last dim stride 1" if n == 1 else f"last {n} dims dense"
-                self.violations.append(Violation(
-                    LayoutError, name, f"{what} (strides [{', '.join(want)}])", f"strides {_fmt_shape(strides)}",
-                    facts=(LayoutBroken("inner", n, strides),)))
-            elif tp.spec.disjoint and not tp.spec.contiguous and not blocks_disjoint(
-                    shape, strides, tp.spec.inner_contiguous):
-                n = tp.spec.inner_contiguous
-                block = math.prod(max(s, 1) for s in shape[len(shape) - n:])
-                self.violations.append(Violation(
-                    LayoutError, name, f"blocks of the last {n} dims that do not overlap (stride[0] >= {block})"
-                    if len(shape) - n == 1 else f"blocks of the last {n} dims that do not overlap",
-                    f"strides {_fmt_shape(strides)}", facts=(LayoutBroken("disjoint", n, strides),)))
+            for rule in tp.rules:
+                if not isinstance(rule, families):
+                    continue
+                if isinstance(rule, SameDevice) and device is None:
+                    continue
+                if isinstance(rule, (Contiguous, InnerDense, Disjoint)) and name not in self.usable:
+                    continue
+                other = self.values.get(rule.other) if isinstance(rule, SameDtype) else None
+                values = {"value": t, "dtype": t.dtype, "device": device,
+                          "config_value": cfg_dt.get(rule.role) if isinstance(rule, DtypeIn) and rule.role else None,
+                          "other_dtype": other.dtype if other is not None else None}
+                if "shape" in rule.needs:
+                    values["shape"], values["strides"] = self.usable[name], tuple(t.stride())
+                if rule.broken(**values):
+                    self.violations.append(rule.violation(**values))
+                    break
 
     def _scalars(self) -> None:
         for name, sp in self.spec.scalars.items():
             v = self.values.get(name)
-            if sp.range is not None and v is not None and not sp.range.holds(v):
-                self.violations.append(Violation(ValueRangeError, name, sp.range.describe(), repr(v)))
-            elif sp.match is not None and self.config is not None and not sp.match.agrees(v, self.config):
-                self.violations.append(Violation(
-                    ValueRangeError, name, f"{getattr(self.config, sp.match.attr)!r} (config {sp.match.attr})",
-                    repr(v), facts=(ConfigMismatch(sp.match.attr, getattr(self.config, sp.match.attr)),)))
+            for rule in sp.rules:
+                if v is None and not isinstance(rule, MatchesConfig):
+                    continue  # None skips a range (the type check decided whether None is allowed)
+                if isinstance(rule, MatchesConfig):
+                    if self.config is None:
+                        continue
+                    values = {"value": v, "config_value": getattr(self.config, rule.match.attr, CONFIG_LACKS)}
+                else:
+                    values = {"value": v}
+                if rule.broken(**values):
+                    self.violations.append(rule.violation(**values))
+                    break
+
+
+def explain_return(spec: ContractSpec, result: Any, env: Mapping[str, int]) -> list[Violation]:
+    """Every violation of a result against the return annotation (slow path)."""
+    assert spec.returns is not None
+    items = result if spec.returns_tuple else (result,)
+    if spec.returns_tuple and (not isinstance(items, tuple) or len(items) != len(spec.returns)):
+        return [Violation(ShapeError, "return", f"a tuple of {len(spec.returns)} tensors", type(result).__name__)]
+    violations: list[Violation] = []
+    for tp, t in zip(spec.returns, items, strict=True):
+        if not isinstance(t, torch.Tensor):
+            if not (tp.optional and t is None):
+                violations.append(Violation(ArgumentTypeError, tp.name, "a torch.Tensor", type(t).__name__))
+            continue
+        want = tuple(None if d is ANY else d.evaluate(dict(env)) for d in tp.dims)  # type: ignore[union-attr]
+        got = tuple(t.shape)
+        if len(got) != len(want) or any(w is not None and w != s for w, s in zip(want, got, strict=False)):
+            conc = "[" + ", ".join("_" if w is None else str(w) for w in want) + "]"
+            violations.append(Violation(ShapeError, tp.name, f"{tp.symbolic()} = {conc}", fmt_ints(got),
+                                        ("the function returned a tensor of the wrong shape",)))
+        elif t.dtype not in tp.dtypes:
+            allowed = " or ".join(sorted(dtype_name(d) for d in tp.dtypes))
+            violations.append(Violation(DtypeError, tp.name, allowed, dtype_name(t.dtype)))
+    return violations
 
 
 def _generic_hint(v: Violation, ctx: CallContext) -> str | None:

@@ -13,8 +13,9 @@ Example::
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 import torch
@@ -71,13 +72,14 @@ class Range:
     le: float | None = None
 
     def holds(self, x: float) -> bool:
-        return (
-            x == x  # NaN fails every bound
-            and (self.gt is None or x > self.gt)
-            and (self.ge is None or x >= self.ge)
-            and (self.lt is None or x < self.lt)
-            and (self.le is None or x <= self.le)
-        )
+        """Whether ``x`` is in range: the generated checker's own test (``render``), compiled once."""
+        return self._test(x)
+
+    @cached_property
+    def _test(self) -> Callable[[float], bool]:
+        ns: dict[str, Any] = {}
+        exec(compile(f"def holds(x):\n    return bool({self.render('x')})\n", "<kda_contracts range>", "exec"), ns)
+        return ns["holds"]
 
     def describe(self) -> str:
         parts = [f"{op} {v}" for op, v in (("> ", self.gt), (">=", self.ge), ("< ", self.lt), ("<=", self.le))

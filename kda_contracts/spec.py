@@ -23,8 +23,8 @@ from __future__ import annotations
 
 import inspect
 import typing
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field, replace
 from types import NoneType, UnionType
 from typing import Any
 
@@ -33,8 +33,20 @@ import torch
 from .dims import Constraint, DimSpec, Expr, Sym, linear_form, parse_constraint, parse_shape
 from .errors import AnnotationError, Violation
 from .markers import MatchConfig, Range, Spec, Where, config_dim_source, config_dims
+from .rules import (
+    Contiguous,
+    Disjoint,
+    DtypeIn,
+    InnerDense,
+    MatchesConfig,
+    Rule,
+    SameDevice,
+    SameDtype,
+    ScalarInRange,
+    dtype_name,
+)
 
-__all__ = ["CallContext", "ContractSpec", "Dims", "build_spec"]
+__all__ = ["CallContext", "ContractOptions", "ContractSpec", "Dims", "build_spec", "dtype_name"]
 
 _TORCH_DTYPE_BY_NAME: dict[str, torch.dtype] = {
     name: dt for name in dir(torch) if isinstance(dt := getattr(torch, name, None), torch.dtype)
@@ -50,6 +62,7 @@ class TensorParam:
     dtypes: frozenset[torch.dtype]
     spec: Spec
     optional: bool
+    rules: tuple[Rule, ...] = ()  # dtype, device and stride rules, in checking order
 
     @property
     def rank(self) -> int:
@@ -67,6 +80,7 @@ class ScalarParam:
     optional: bool
     binds: str | None  # the dim symbol an int parameter binds, if named like one
     match: MatchConfig | None = None
+    rules: tuple[Rule, ...] = ()  # range, then config agreement
 
 
 @dataclass(frozen=True)
@@ -87,6 +101,21 @@ class Solver:
     const: Expr
 
 
+@dataclass(frozen=True)
+class ContractOptions:
+    """Every option of a contract, as ``kc.contract(...)`` received it (see its docstring)."""
+
+    config: Any = None  # a config fixed at decoration
+    config_arg: str | None = None  # or the parameter that carries one per call
+    where: tuple[str | Where, ...] = ()  # cross-argument constraints
+    bind_first: tuple[str, ...] = ()  # tensors to bind dims from first (provenance only)
+    hints: tuple[Callable[[Violation, CallContext], str | None], ...] = ()
+    value_checks: Callable[[CallContext], list[Violation]] | None = None  # strict mode only
+    mode: str | None = None  # pins the contract's mode
+    name: str | None = None  # the name errors and docs use (default: the qualname)
+    register: bool = True  # list it in kc.registered_contracts()
+
+
 @dataclass
 class ContractSpec:
     """Everything the engine knows about one contract, built once at decoration time."""
@@ -102,11 +131,24 @@ class ContractSpec:
     sources: dict[str, tuple[AxisSource, ...]]
     scalar_sources: dict[str, str]
     solvers: tuple[Solver, ...]
-    config: Any = None
-    config_arg: str | None = None
-    hints: tuple[Callable[[Violation, CallContext], str | None], ...] = ()
-    value_checks: Callable[[CallContext], list[Violation]] | None = None
+    options: ContractOptions
     first_tensor: str | None = None
+
+    @property
+    def config(self) -> Any:
+        return self.options.config
+
+    @property
+    def config_arg(self) -> str | None:
+        return self.options.config_arg
+
+    @property
+    def hints(self) -> tuple[Callable[[Violation, CallContext], str | None], ...]:
+        return self.options.hints
+
+    @property
+    def value_checks(self) -> Callable[[CallContext], list[Violation]] | None:
+        return self.options.value_checks
 
     # -- provenance of a successful binding (static: every required tensor was usable) --------
     def provenance(self, config: Any) -> dict[str, str]:
@@ -190,6 +232,33 @@ class Dims(Mapping[str, int]):
         return "Dims(" + ", ".join(f"{k}={v}" for k, v in self._values.items()) + ")"
 
 
+def tensor_rules(tp: TensorParam, first_tensor: str | None) -> tuple[Rule, ...]:
+    """The rules a tensor argument's annotation and ``kc.Spec`` declare, in checking order."""
+    sp = tp.spec
+    rules: list[Rule] = [DtypeIn(tp.name, tp.dtypes, sp.config_dtype)]
+    if sp.same_dtype_as is not None:
+        rules.append(SameDtype(tp.name, sp.same_dtype_as))
+    if sp.same_device and first_tensor is not None and tp.name != first_tensor:
+        rules.append(SameDevice(tp.name, first_tensor))
+    if sp.contiguous:
+        rules.append(Contiguous(tp.name))
+    elif sp.inner_contiguous:
+        rules.append(InnerDense(tp.name, tp.rank, sp.inner_contiguous))
+    if sp.disjoint and not sp.contiguous:
+        rules.append(Disjoint(tp.name, tp.rank, sp.inner_contiguous))
+    return tuple(rules)
+
+
+def scalar_rules(sp: ScalarParam) -> tuple[Rule, ...]:
+    """A scalar's rules: its ``kc.Range``, then its ``kc.MatchConfig``."""
+    rules: list[Rule] = []
+    if sp.range is not None:
+        rules.append(ScalarInRange(sp.name, sp.range, sp.optional))
+    if sp.match is not None:
+        rules.append(MatchesConfig(sp.name, sp.match))
+    return tuple(rules)
+
+
 # -- reading annotations -------------------------------------------------------------------------
 def _is_jaxtyping_array(tp: Any) -> bool:
     return isinstance(tp, type) and hasattr(tp, "dim_str") and hasattr(tp, "dtypes") and hasattr(tp, "array_type")
@@ -219,10 +288,6 @@ def _dtypes_of(array_type: Any, spec: Spec, where: str) -> frozenset[torch.dtype
     if not allowed:
         raise AnnotationError(f"{where}: no torch dtype is allowed by the annotation")
     return allowed
-
-
-def dtype_name(dt: torch.dtype) -> str:
-    return str(dt).removeprefix("torch.")
 
 
 def _read_param(name: str, annotation: Any, where: str) -> TensorParam | ScalarParam | None:
@@ -272,21 +337,18 @@ def _range_args(r: Range) -> str:
     return "(" + ", ".join(f"{k}={v!r}" for k, v in bounds if v is not None) + ")"
 
 
-def build_spec(
-    fn: Callable[..., Any],
-    *,
-    name: str | None = None,
-    config: Any = None,
-    config_arg: str | None = None,
-    where: Iterable[str | Where] = (),
-    bind_first: Sequence[str] = (),
-    hints: Sequence[Callable[[Violation, CallContext], str | None]] = (),
-    value_checks: Callable[[CallContext], list[Violation]] | None = None,
-) -> ContractSpec:
+def build_spec(fn: Callable[..., Any], options: ContractOptions | None = None, **kwargs: Any) -> ContractSpec:
     """Read ``fn``'s annotations into a :class:`ContractSpec` and plan the binding.
 
-    Raises :class:`AnnotationError` naming the problem when the contract is malformed.
+    ``options`` (or the same fields as keywords) are the contract's options. Raises
+    :class:`AnnotationError` naming the problem when the contract is malformed.
     """
+    if options is None:
+        fields: dict[str, Any] = {k: tuple(v) if k in ("where", "bind_first", "hints") else v
+                                  for k, v in kwargs.items()}
+        options = ContractOptions(**fields)
+    name, config, config_arg = options.name, options.config, options.config_arg
+    where, bind_first = options.where, options.bind_first
     qualname: str = name or str(getattr(fn, "__qualname__", getattr(fn, "__name__", repr(fn))))
     try:
         hints_map = typing.get_type_hints(fn, include_extras=True)
@@ -417,6 +479,8 @@ def build_spec(
         if s not in symbols and any(s in c.symbols() for c, _ in constraints):
             symbols.append(s)
     first_tensor = next((n for n in tensors if not tensors[n].optional), None)
+    tensors = {n: replace(tp, rules=tensor_rules(tp, first_tensor)) for n, tp in tensors.items()}
+    scalars = {n: replace(sp, rules=scalar_rules(sp)) for n, sp in scalars.items()}
     return ContractSpec(
         name=qualname,
         signature=sig,
@@ -429,9 +493,6 @@ def build_spec(
         sources={k: tuple(v) for k, v in sources.items()},
         scalar_sources=scalar_sources,
         solvers=tuple(solvers),
-        config=config,
-        config_arg=config_arg,
-        hints=tuple(hints),
-        value_checks=value_checks,
+        options=options,
         first_tensor=first_tensor,
     )

@@ -167,7 +167,7 @@ def _configs(n: int) -> list[kc.KDAConfig]:
 
 
 def _views() -> ConfigViews:
-    return kc.packed_decode_contract("VK").check.__globals__["_views"]
+    return kc.packed_decode_contract("VK").views
 
 
 def _assert_view_matches_its_config(key: int, view: tuple[Any, ...], views: ConfigViews) -> None:
