@@ -200,6 +200,8 @@ class _Checker:
         for tp in required:
             g.emit(READ_SHAPE, shape=self.shape[tp.name], arg=self.arg[tp.name])
         g.reject_if([RANK_TEST.format(shape=self.shape[tp.name], rank=tp.rank) for tp in required])
+        if self.has_cfg:
+            self.read_config()
         self.bind()
         if self.has_cfg:
             self.config_agreement()
@@ -240,20 +242,33 @@ class _Checker:
             g.emit(*SOLVE, coef=n("coef"), rest=n("rest"), coef_expr=s.coef.render(self.dim),
                    const_expr=s.const.render(self.dim), shape=self.shape[s.param], axis=s.axis, dim=self.dim[s.symbol])
 
-    def config_agreement(self) -> None:
-        """Every dim the config fixes equals what the tensors bound; what a config fixes is read
-        once per config object into a flat view (see ConfigViews)."""
+    def read_config(self) -> None:
+        """What a config fixes is read once per config object into a flat view (see ConfigViews);
+        dims only the fixed config provides are bound from it."""
         g, n = self.g, self.names
-        cfg = self.cfg
-        g.emit(f"if {cfg} is not None:")
+        g.emit(f"if {self.cfg} is not None:")
         g.indent += 1
-        g.emit(*CONFIG_VIEW, view=n("view"), views=n("views"), cfg=cfg, cdims=n("cdims"), cdtypes=n("cdtypes"),
-               cmatch=n("cmatch"))
-        for i, s in enumerate(self.spec.symbols):
-            g.reject_if([CONFIG_DIM_TEST.format(cdims=n("cdims"), i=i, dim=self.dim[s])])
+        g.emit(*CONFIG_VIEW, view=n("view"), views=n("views"), cfg=self.cfg, cdims=n("cdims"),
+               cdtypes=n("cdtypes"), cmatch=n("cmatch"))
+        for s in self.spec.config_only:
+            g.emit(f"{self.dim[s]} = {n('cdims')}[{self.spec.symbols.index(s)}]")
         g.indent -= 1
         g.emit("else:")
         g.emit("    " + NO_CONFIG, cdtypes=n("cdtypes"), cmatch=n("cmatch"), nones=g.const((None,) * len(self.roles)))
+        if self.spec.config_only:  # no config, so nothing binds them: the slow path says so
+            g.emit("    " + REJECT)
+
+    def config_agreement(self) -> None:
+        """Every dim the config fixes equals what the arguments bound."""
+        g, n = self.g, self.names
+        conds = [CONFIG_DIM_TEST.format(cdims=n("cdims"), i=i, dim=self.dim[s])
+                 for i, s in enumerate(self.spec.symbols) if s not in self.spec.config_only]
+        if conds:
+            g.emit(f"if {self.cfg} is not None:")
+            g.indent += 1
+            for cond in conds:
+                g.reject_if([cond])
+            g.indent -= 1
 
     def shape_checks(self, tp: TensorParam) -> None:
         conds = []

@@ -27,7 +27,6 @@ from .errors import ContractError, DeviceError, DtypeError, LayoutError, ValueRa
 from .facts import ConfigMismatch, DeviceMismatch, DtypeMismatch, LayoutBroken
 
 __all__ = [
-    "ConfigDtype",
     "Contiguous",
     "Disjoint",
     "DtypeIn",
@@ -168,8 +167,6 @@ class DtypeIn(Rule):
     def describe(self, env: Mapping[str, int]) -> dict[str, Any]:
         return {"dtypes": sorted(dtype_name(d) for d in self.allowed), "config_dtype": self.role}
 
-
-ConfigDtype = DtypeIn  # the config's dtype pin is part of the dtype rule
 
 
 @dataclass(frozen=True)

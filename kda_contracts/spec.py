@@ -23,16 +23,17 @@ from __future__ import annotations
 
 import inspect
 import typing
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from types import NoneType, UnionType
 from typing import Any
 
 import torch
 
-from .dims import Constraint, DimSpec, Expr, Sym, linear_form, parse_constraint, parse_shape
+from .dims import Constraint, DimSpec, parse_constraint, parse_shape
 from .errors import AnnotationError, Violation
 from .markers import MatchConfig, Range, Spec, Where, config_dim_source, config_dims
+from .plan import AxisSource, Solver, plan_binding
 from .rules import (
     Contiguous,
     Disjoint,
@@ -84,24 +85,6 @@ class ScalarParam:
 
 
 @dataclass(frozen=True)
-class AxisSource:
-    param: str
-    axis: int
-
-
-@dataclass(frozen=True)
-class Solver:
-    """``symbol = (param.shape[axis] - const) / coef``, from a dim linear in ``symbol``."""
-
-    symbol: str
-    param: str
-    axis: int
-    dim: Expr
-    coef: Expr
-    const: Expr
-
-
-@dataclass(frozen=True)
 class ContractOptions:
     """Every option of a contract, as ``kc.contract(...)`` received it (see its docstring)."""
 
@@ -131,6 +114,7 @@ class ContractSpec:
     sources: dict[str, tuple[AxisSource, ...]]
     scalar_sources: dict[str, str]
     solvers: tuple[Solver, ...]
+    config_only: tuple[str, ...]  # dims bound by the fixed config alone (no argument carries them)
     options: ContractOptions
     first_tensor: str | None = None
 
@@ -342,19 +326,45 @@ def build_spec(fn: Callable[..., Any], options: ContractOptions | None = None, *
 
     ``options`` (or the same fields as keywords) are the contract's options. Raises
     :class:`AnnotationError` naming the problem when the contract is malformed.
+
+    Example::
+
+        spec = build_spec(my_kernel, where=["HV % H == 0"])
+        spec.symbols        # ('B', 'H', 'HV', ...)
     """
     if options is None:
         fields: dict[str, Any] = {k: tuple(v) if k in ("where", "bind_first", "hints") else v
                                   for k, v in kwargs.items()}
         options = ContractOptions(**fields)
-    name, config, config_arg = options.name, options.config, options.config_arg
-    where, bind_first = options.where, options.bind_first
-    qualname: str = name or str(getattr(fn, "__qualname__", getattr(fn, "__name__", repr(fn))))
+    qualname: str = options.name or str(getattr(fn, "__qualname__", getattr(fn, "__name__", repr(fn))))
     try:
         hints_map = typing.get_type_hints(fn, include_extras=True)
     except Exception as exc:  # a forward reference that does not resolve, a bad dim string ...
         raise AnnotationError(f"{qualname}: cannot read the annotations: {exc}") from exc
     sig = inspect.signature(fn)
+    tensors, scalars = _read_params(qualname, sig, hints_map)
+    returns, returns_tuple = _read_returns(qualname, hints_map.get("return", None))
+    _check_options(qualname, options, sig, tensors, scalars)
+    constraints = []
+    for w in options.where:
+        wobj = w if isinstance(w, Where) else Where(w)
+        constraints.append((parse_constraint(wobj.expr, f"{qualname}: where {wobj.expr!r}"), wobj))
+    plan = plan_binding(qualname, tensors, scalars, tuple(constraints), returns, options)
+    for sym in plan.scalar_sources:
+        scalars[sym] = replace(scalars[sym], binds=sym)
+    first_tensor = next((n for n in tensors if not tensors[n].optional), None)
+    tensors = {n: replace(tp, rules=tensor_rules(tp, first_tensor)) for n, tp in tensors.items()}
+    scalars = {n: replace(sp, rules=scalar_rules(sp)) for n, sp in scalars.items()}
+    return ContractSpec(
+        name=qualname, signature=sig, tensors=tensors, scalars=scalars, returns=returns,
+        returns_tuple=returns_tuple, where=tuple(constraints), symbols=plan.symbols, sources=plan.sources,
+        scalar_sources=plan.scalar_sources, solvers=plan.solvers, config_only=plan.config_only, options=options,
+        first_tensor=first_tensor,
+    )
+
+
+def _read_params(qualname: str, sig: inspect.Signature, hints_map: Mapping[str, Any],
+                 ) -> tuple[dict[str, TensorParam], dict[str, ScalarParam]]:
     tensors: dict[str, TensorParam] = {}
     scalars: dict[str, ScalarParam] = {}
     for p in sig.parameters.values():
@@ -365,134 +375,42 @@ def build_spec(fn: Callable[..., Any], options: ContractOptions | None = None, *
             tensors[p.name] = read
         elif isinstance(read, ScalarParam):
             scalars[p.name] = read
+    return tensors, scalars
+
+
+def _read_returns(qualname: str, ret: Any) -> tuple[tuple[TensorParam, ...] | None, bool]:
+    """The return contract: a tensor, or a tuple of tensors (None: no tensor return contract)."""
+    if ret is None or ret is NoneType:
+        return None, False
+    items: tuple[Any, ...] = (ret,)
+    as_tuple = typing.get_origin(ret) is tuple
+    if as_tuple:
+        items = typing.get_args(ret)
+    read = [_read_param(f"return[{i}]" if as_tuple else "return", r, f"{qualname}: return")
+            for i, r in enumerate(items)]
+    if all(isinstance(r, TensorParam) for r in read):
+        return tuple(r for r in read if isinstance(r, TensorParam)), as_tuple
+    if any(isinstance(r, TensorParam) for r in read):
+        raise AnnotationError(f"{qualname}: a tuple return contract must be all tensors")
+    return None, False
+
+
+def _check_options(qualname: str, options: ContractOptions, sig: inspect.Signature,
+                   tensors: Mapping[str, TensorParam], scalars: Mapping[str, ScalarParam]) -> None:
+    config, config_arg = options.config, options.config_arg
     if config_arg is not None and config_arg not in sig.parameters:
         raise AnnotationError(f"{qualname}: config_arg={config_arg!r} is not a parameter")
     if config is not None and config_arg is not None:
         raise AnnotationError(f"{qualname}: give either config= or config_arg=, not both")
-
-    # The return contract: a tensor, or a tuple of tensors.
-    returns: tuple[TensorParam, ...] | None = None
-    returns_tuple = False
-    ret = hints_map.get("return", None)
-    if ret is not None and ret is not NoneType:
-        ret_items: tuple[Any, ...] = (ret,)
-        if typing.get_origin(ret) is tuple:
-            ret_items, returns_tuple = typing.get_args(ret), True
-        read_ret = [_read_param(f"return[{i}]" if returns_tuple else "return", r, f"{qualname}: return")
-                    for i, r in enumerate(ret_items)]
-        if all(isinstance(r, TensorParam) for r in read_ret):
-            returns = tuple(r for r in read_ret if isinstance(r, TensorParam))
-        elif any(isinstance(r, TensorParam) for r in read_ret):
-            raise AnnotationError(f"{qualname}: a tuple return contract must be all tensors")
-
     for tp in tensors.values():
-        for other in (tp.spec.same_dtype_as,):
-            if other is not None and other not in tensors:
-                raise AnnotationError(f"{qualname}: argument {tp.name!r}: same_dtype_as={other!r} is not a tensor "
-                                      f"argument")
-    for b in bind_first:
+        other = tp.spec.same_dtype_as
+        if other is not None and other not in tensors:
+            raise AnnotationError(f"{qualname}: argument {tp.name!r}: same_dtype_as={other!r} is not a tensor "
+                                  f"argument")
+    for b in options.bind_first:
         if b not in tensors:
             raise AnnotationError(f"{qualname}: bind_first names {b!r}, which is not a tensor argument")
     for sp in scalars.values():
         if sp.match is not None and config is not None and not hasattr(config, sp.match.attr):
             raise AnnotationError(f"{qualname}: argument {sp.name!r}: kc.MatchConfig({sp.match.attr!r}) names no "
                                   f"attribute of the config ({type(config).__name__})")
-
-    # Which symbols appear, in first-appearance order.
-    symbols: list[str] = []
-
-    def note(syms: Iterable[str]) -> None:
-        for s in sorted(syms):
-            if s not in symbols:
-                symbols.append(s)
-
-    for tp in tensors.values():
-        for d in tp.dims:
-            if isinstance(d, Expr):
-                note(d.symbols())
-    constraints: list[tuple[Constraint, Where]] = []
-    for w in where:
-        wobj = w if isinstance(w, Where) else Where(w)
-        c = parse_constraint(wobj.expr, f"{qualname}: where {wobj.expr!r}")
-        constraints.append((c, wobj))
-
-    # Direct sources: plain-name dims of required tensors, in priority order.
-    order = list(bind_first) + [n for n in tensors if n not in bind_first]
-    sources: dict[str, list[AxisSource]] = {}
-    for n in order:
-        tp = tensors[n]
-        if tp.optional:
-            continue  # an argument that may be None cannot be what a dim hangs on
-        for axis, d in enumerate(tp.dims):
-            if isinstance(d, Sym):
-                sources.setdefault(d.name, []).append(AxisSource(n, axis))
-    scalar_sources: dict[str, str] = {}
-    for sp in list(scalars.values()):
-        if sp.hint is int and sp.name in symbols and not sp.optional:
-            scalar_sources[sp.name] = sp.name
-            scalars[sp.name] = ScalarParam(sp.name, sp.hint, sp.range, sp.optional, sp.name, sp.match)
-    static_cfg = set(config_dims(config)) if config is not None else set()
-
-    # Solve the rest: repeatedly find a dim that is linear in exactly one unknown.
-    known = set(sources) | set(scalar_sources) | static_cfg
-    solvers: list[Solver] = []
-    progress = True
-    while progress:
-        progress = False
-        for n in order:
-            tp = tensors[n]
-            if tp.optional:
-                continue
-            for axis, d in enumerate(tp.dims):
-                if not isinstance(d, Expr):
-                    continue
-                unknown = d.symbols() - known
-                if len(unknown) != 1:
-                    continue
-                (x,) = unknown
-                lin = linear_form(d, x)
-                if lin is None:
-                    continue
-                solvers.append(Solver(x, n, axis, d, lin[0], lin[1]))
-                known.add(x)
-                progress = True
-    unbound = [s for s in symbols if s not in known]
-    for c, _w in constraints:
-        unbound += [s for s in sorted(c.symbols()) if s not in known and s not in unbound]
-    if returns:
-        for r in returns:
-            for d in r.dims:
-                if isinstance(d, Expr):
-                    unbound += [s for s in sorted(d.symbols()) if s not in known and s not in unbound]
-    if unbound:
-        where_used = []
-        for s in unbound:
-            users = [f"{tp.name}: {tp.dim_str!r}" for tp in tensors.values()
-                     if any(isinstance(d, Expr) and s in d.symbols() for d in tp.dims)]
-            where_used.append(f"{s!r} (in {', '.join(users) or 'a constraint or the return'})")
-        raise AnnotationError(
-            f"{qualname}: cannot bind dim {', '.join(where_used)}: no required tensor has it as a plain dim, "
-            "no config or int argument provides it, and no dim is linear in it alone. Add an argument "
-            "that carries it, pass a config that fixes it, or rewrite the expression."
-        )
-    for s in static_cfg:
-        if s not in symbols and any(s in c.symbols() for c, _ in constraints):
-            symbols.append(s)
-    first_tensor = next((n for n in tensors if not tensors[n].optional), None)
-    tensors = {n: replace(tp, rules=tensor_rules(tp, first_tensor)) for n, tp in tensors.items()}
-    scalars = {n: replace(sp, rules=scalar_rules(sp)) for n, sp in scalars.items()}
-    return ContractSpec(
-        name=qualname,
-        signature=sig,
-        tensors=tensors,
-        scalars=scalars,
-        returns=returns,
-        returns_tuple=returns_tuple,
-        where=tuple(constraints),
-        symbols=tuple(symbols),
-        sources={k: tuple(v) for k, v in sources.items()},
-        scalar_sources=scalar_sources,
-        solvers=tuple(solvers),
-        options=options,
-        first_tensor=first_tensor,
-    )

@@ -1,0 +1,139 @@
+"""The binding plan: which argument binds each dim, in what order, and which dims are solved.
+
+Binding is order-independent (principle 2 of DESIGN.md): a fixed config binds first, then int
+scalars named like a dim, then tensor axes whose dim is a plain name (``bind_first`` tensors
+first, then argument order); a dim that is a linear expression with one unknown
+(``2*H*K+HV*V``) solves that unknown with a divisibility check. Everything else is a check
+against what is bound. A dim nothing can bind is an AnnotationError naming it.
+
+Example::
+
+    plan = plan_binding("f", tensors, scalars, constraints, returns, options)
+    plan.solvers[0]      # Solver(symbol='H', param='mixed_qkv', axis=1, ...)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from .dims import Constraint, Expr, Sym, linear_form
+from .errors import AnnotationError
+from .markers import Where, config_dims
+
+if TYPE_CHECKING:
+    from .spec import ContractOptions, ScalarParam, TensorParam
+
+__all__ = ["AxisSource", "BindingPlan", "Solver", "plan_binding"]
+
+
+@dataclass(frozen=True)
+class AxisSource:
+    """Dim ``param.shape[axis]`` binds a symbol directly."""
+
+    param: str
+    axis: int
+
+
+@dataclass(frozen=True)
+class Solver:
+    """``symbol = (param.shape[axis] - const) / coef``, from a dim linear in ``symbol``."""
+
+    symbol: str
+    param: str
+    axis: int
+    dim: Expr
+    coef: Expr
+    const: Expr
+
+
+@dataclass(frozen=True)
+class BindingPlan:
+    symbols: tuple[str, ...]  # every bound dim, in the order reports list them
+    sources: dict[str, tuple[AxisSource, ...]]  # plain-name axes, in priority order
+    scalar_sources: dict[str, str]  # dim -> the int argument that carries it
+    solvers: tuple[Solver, ...]  # in solving order
+    config_only: tuple[str, ...]  # dims only the fixed config provides
+
+
+def _symbols(tensors: Mapping[str, TensorParam], constraints: Iterable[tuple[Constraint, Where]],
+             returns: Iterable[TensorParam], static_cfg: set[str]) -> list[str]:
+    """Every symbol, in first-appearance order (tensors, then config dims that constraints or the
+    return use)."""
+    symbols: list[str] = []
+    for tp in tensors.values():
+        for d in tp.dims:
+            if isinstance(d, Expr):
+                symbols += [s for s in sorted(d.symbols()) if s not in symbols]
+    used = {s for c, _ in constraints for s in c.symbols()}
+    used |= {s for tp in returns for d in tp.dims if isinstance(d, Expr) for s in d.symbols()}
+    symbols += [s for s in sorted(static_cfg) if s not in symbols and s in used]
+    return symbols
+
+
+def _solvers(tensors: Mapping[str, TensorParam], order: list[str], known: set[str]) -> list[Solver]:
+    """Repeatedly find a dim of a required tensor that is linear in exactly one unknown."""
+    solvers: list[Solver] = []
+    progress = True
+    while progress:
+        progress = False
+        for n in order:
+            tp = tensors[n]
+            if tp.optional:
+                continue
+            for axis, d in enumerate(tp.dims):
+                if not isinstance(d, Expr):
+                    continue
+                unknown = d.symbols() - known
+                if len(unknown) != 1:
+                    continue
+                (x,) = unknown
+                lin = linear_form(d, x)
+                if lin is None:
+                    continue
+                solvers.append(Solver(x, n, axis, d, lin[0], lin[1]))
+                known.add(x)
+                progress = True
+    return solvers
+
+
+def plan_binding(qualname: str, tensors: Mapping[str, TensorParam], scalars: Mapping[str, ScalarParam],
+                 constraints: tuple[tuple[Constraint, Where], ...], returns: tuple[TensorParam, ...] | None,
+                 options: ContractOptions) -> BindingPlan:
+    """Plan how every dim of a contract is bound; raise AnnotationError for a dim nothing binds."""
+    static_cfg = set(config_dims(options.config)) if options.config is not None else set()
+    symbols = _symbols(tensors, constraints, returns or (), static_cfg)
+    order = list(options.bind_first) + [n for n in tensors if n not in options.bind_first]
+    sources: dict[str, list[AxisSource]] = {}
+    for n in order:
+        if tensors[n].optional:
+            continue  # an argument that may be None cannot be what a dim hangs on
+        for axis, d in enumerate(tensors[n].dims):
+            if isinstance(d, Sym):
+                sources.setdefault(d.name, []).append(AxisSource(n, axis))
+    scalar_sources = {sp.name: sp.name for sp in scalars.values()
+                      if sp.hint is int and sp.name in symbols and not sp.optional}
+    config_only = [s for s in symbols if s in static_cfg and s not in sources and s not in scalar_sources]
+    solvers = _solvers(tensors, order, set(sources) | set(scalar_sources) | static_cfg)
+    known = set(sources) | set(scalar_sources) | static_cfg | {s.symbol for s in solvers}
+    unbound = [s for s in symbols if s not in known]
+    for c, _w in constraints:
+        unbound += [s for s in sorted(c.symbols()) if s not in known and s not in unbound]
+    for r in returns or ():
+        for d in r.dims:
+            if isinstance(d, Expr):
+                unbound += [s for s in sorted(d.symbols()) if s not in known and s not in unbound]
+    if unbound:
+        where_used = []
+        for s in unbound:
+            users = [f"{tp.name}: {tp.dim_str!r}" for tp in tensors.values()
+                     if any(isinstance(d, Expr) and s in d.symbols() for d in tp.dims)]
+            where_used.append(f"{s!r} (in {', '.join(users) or 'a constraint or the return'})")
+        raise AnnotationError(
+            f"{qualname}: cannot bind dim {', '.join(where_used)}: no required tensor has it as a plain dim, "
+            "no config or int argument provides it, and no dim is linear in it alone. Add an argument "
+            "that carries it, pass a config that fixes it, or rewrite the expression."
+        )
+    return BindingPlan(tuple(symbols), {k: tuple(v) for k, v in sources.items()}, scalar_sources,
+                       tuple(solvers), tuple(config_only))
