@@ -6,11 +6,13 @@ on its own; the backends' agreement with the oracle is tested in their own files
 
 from __future__ import annotations
 
+import inspect
 import subprocess
 import sys
 
 import pytest
 import torch
+from kda_kernels import fla_decode, helion_decode, reference, triton_decode
 from kda_kernels.interface import (
     DecodeArgs,
     DecodeBackend,
@@ -214,6 +216,16 @@ def test_a_backend_rejects_an_unknown_layout_before_running() -> None:
     args, kwargs = _args()
     with pytest.raises(ValueError, match="got 'kv'"):
         run(*args, **{**kwargs, "state_layout": "kv"})
+
+
+@pytest.mark.parametrize("backend", [reference.packed_decode, triton_decode.packed_decode,
+                                     helion_decode.packed_decode, helion_decode.launch, fla_decode.packed_decode])
+def test_every_backend_has_the_interface_signature_and_its_own_name_and_docs(backend: DecodeBackend) -> None:
+    assert isinstance(backend, DecodeBackend)
+    params = list(inspect.signature(backend).parameters)
+    assert params[:9] == ["mixed_qkv", "a", "b", "A_log", "dt_bias", "scale", "state", "out", "indices"]
+    assert params[9:13] == ["num_heads", "use_qk_l2norm", "lower_bound", "state_layout"]
+    assert backend.__name__ == backend.run.__name__ and backend.__doc__ == backend.run.__doc__
 
 
 def test_the_interface_and_the_reference_import_no_kernel_language() -> None:
