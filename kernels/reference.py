@@ -2,7 +2,8 @@
 
 Plain torch ops, vectorised over requests and heads, all math in fp32. It runs on any
 device torch supports and is the backend the faster kernels are checked against. The
-semantics are those of ``shared/SPEC-kda-decode.md`` ("Math") and ``kernels/INTERFACE.md``.
+semantics are those of ``kernels/INTERFACE.md`` (the oracle ``tests/kda_oracle.py`` spells the
+math out one request and one head at a time).
 
 The update never synchronises with the host (no ``.item()``, no boolean-mask or 0-dim tensor
 indexing), so it is meant to be usable inside CUDA-graph capture; see :func:`packed_decode` for
