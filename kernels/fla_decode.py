@@ -23,6 +23,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from .interface import DecodeArgs, DecodeBackend, decode_dims, split_qkv, valid_rows
+
 __all__ = ["is_available", "packed_decode", "raw_call"]
 
 
@@ -53,15 +55,9 @@ def raw_call(
 
     Returns the output ``[B, 1, HV, V]`` (``out`` if given, which must then be dense).
     """
-    B = mixed_qkv.shape[0]
-    HV = state.shape[1]
-    K = dt_bias.shape[0] // HV
-    V = state.shape[2] if state_layout == "VK" else state.shape[3]
-    H = num_heads
+    B, H, HV, K, V, _ = decode_dims(state, indices, num_heads, state_layout)
     # fla indexes q/k/v as dense [B, T, H, K]: the packed row stride needs a copy.
-    q = mixed_qkv[:, : H * K].reshape(B, 1, H, K).contiguous()
-    k = mixed_qkv[:, H * K : 2 * H * K].reshape(B, 1, H, K).contiguous()
-    v = mixed_qkv[:, 2 * H * K :].reshape(B, 1, HV, V).contiguous()
+    q, k, v = (x.unsqueeze(1).contiguous() for x in split_qkv(mixed_qkv, H, HV, K, V))
     g = a.reshape(B, 1, HV, K).contiguous()
     beta = b.reshape(B, 1, HV).contiguous()
     o, _ = _fwd()(
@@ -73,21 +69,15 @@ def raw_call(
     return o
 
 
-def packed_decode(
-    mixed_qkv: Tensor, a: Tensor, b: Tensor, A_log: Tensor, dt_bias: Tensor, scale: float,
-    state: Tensor, out: Tensor, indices: Tensor, *, num_heads: int, use_qk_l2norm: bool,
-    lower_bound: float | None, state_layout: str = "VK",
-) -> None:
+@DecodeBackend
+def packed_decode(call: DecodeArgs) -> None:
     """The packed-decode interface (``kernels/INTERFACE.md``) on fla's kernel, memory-safe."""
-    B, N = mixed_qkv.shape[0], state.shape[0]
-    if B == 0:
-        return
-    valid = (indices >= 0) & (indices < N)
+    valid = valid_rows(call.indices, call.dims.num_slots)
     rows = valid.nonzero().flatten()  # host sync: fla has no in-kernel padding or bounds guard
-    out.zero_()
+    call.out.zero_()
     if rows.numel() == 0:
         return
-    o = raw_call(mixed_qkv[rows], a[rows], b[rows], A_log, dt_bias, scale, state, indices[rows],
-                 num_heads=num_heads, use_qk_l2norm=use_qk_l2norm, lower_bound=lower_bound,
-                 state_layout=state_layout)
-    out[rows] = o.to(out.dtype)
+    o = raw_call(call.mixed_qkv[rows], call.a[rows], call.b[rows], call.A_log, call.dt_bias, call.scale, call.state,
+                 call.indices[rows], num_heads=call.num_heads, use_qk_l2norm=call.use_qk_l2norm,
+                 lower_bound=call.lower_bound, state_layout=call.state_layout)
+    call.out[rows] = o.to(call.out.dtype)

@@ -73,6 +73,8 @@ from typing import TYPE_CHECKING, Any, Literal
 import torch
 from torch import Tensor
 
+from .interface import DecodeArgs, DecodeBackend, split_qkv, state_as_vk
+
 try:  # is_available() reports why this failed; the kernel entry points re-raise it.
     import helion
     import helion.language as hl
@@ -309,82 +311,43 @@ def _pinned_kernel(state_dtype: torch.dtype, regime: HeadRegime) -> helion.Kerne
     return decode_kernel(_config(_pinned_kwargs(state_dtype, regime)))
 
 
-def launch(
-    kernel: Callable[..., None],
-    mixed_qkv: Tensor,
-    a: Tensor,
-    b: Tensor,
-    A_log: Tensor,
-    dt_bias: Tensor,
-    scale: float,
-    state: Tensor,
-    out: Tensor,
-    indices: Tensor,
-    *,
-    num_heads: int,
-    use_qk_l2norm: bool,
-    lower_bound: float | None,
-    state_layout: str = "VK",
-) -> None:
+@DecodeBackend
+def launch(call: DecodeArgs, *, kernel: Callable[..., None]) -> None:
     """Run ``kernel`` (from :func:`decode_kernel`) on the interface's inputs, in place.
 
-    Same arguments and effects as :func:`packed_decode`; only the kernel object is chosen by
-    the caller (tests use it for eager ref mode and explicit configs). ``kernel`` receives the
-    kernel's own arguments: per-head views of the inputs and the pool as ``[N, HV, V, K]``.
+    Same arguments and effects as :func:`packed_decode`, plus the keyword ``kernel``: the kernel
+    object is chosen by the caller (tests use it for eager ref mode and explicit configs).
+    ``kernel`` receives the kernel's own arguments: per-head views of the inputs and the pool as
+    ``[N, HV, V, K]``.
 
     Example:
         >>> kernel = decode_kernel(eager=True)
-        >>> # launch(kernel, mixed_qkv, a, b, A_log, dt_bias, scale, state, out, indices,
-        >>> #        num_heads=H, use_qk_l2norm=True, lower_bound=None)
+        >>> # launch(mixed_qkv, a, b, A_log, dt_bias, scale, state, out, indices,
+        >>> #        num_heads=H, use_qk_l2norm=True, lower_bound=None, kernel=kernel)
     """
-    if state_layout not in ("VK", "KV"):
-        raise ValueError(f"state_layout must be 'VK' or 'KV', got {state_layout!r}")
-    batch = indices.shape[0]
-    if batch == 0:
-        return
-    num_v_heads = state.shape[1]
-    # The kernel sees every pool as [N, HV, V, K]; a KV pool as its transposed view.
-    state_vk = state if state_layout == "VK" else state.transpose(2, 3)
-    head_v_dim, head_k_dim = state_vk.shape[2], state_vk.shape[3]
-    qk_width = num_heads * head_k_dim
-    q = mixed_qkv[:, :qk_width].unflatten(1, (num_heads, head_k_dim))
-    k = mixed_qkv[:, qk_width : 2 * qk_width].unflatten(1, (num_heads, head_k_dim))
-    v = mixed_qkv[:, 2 * qk_width : 2 * qk_width + num_v_heads * head_v_dim].unflatten(1, (num_v_heads, head_v_dim))
+    batch, num_heads, num_v_heads, head_k_dim, head_v_dim, _ = call.dims
+    q, k, v = split_qkv(call.mixed_qkv, num_heads, num_v_heads, head_k_dim, head_v_dim)
     kernel(
         q,
         k,
         v,
-        a.unflatten(1, (num_v_heads, head_k_dim)),
-        b,
-        A_log,
-        dt_bias.view(num_v_heads, head_k_dim),
-        state_vk,
-        out.view(batch, num_v_heads, head_v_dim),
-        indices,
-        float(scale),
-        0.0 if lower_bound is None else float(lower_bound),
+        call.a.unflatten(1, (num_v_heads, head_k_dim)),
+        call.b,
+        call.A_log,
+        call.dt_bias.view(num_v_heads, head_k_dim),
+        state_as_vk(call.state, call.state_layout),  # a KV pool as its transposed view
+        call.out.view(batch, num_v_heads, head_v_dim),
+        call.indices,
+        float(call.scale),
+        0.0 if call.lower_bound is None else float(call.lower_bound),
         num_v_heads // num_heads,
-        bool(use_qk_l2norm),
-        lower_bound is not None,
+        bool(call.use_qk_l2norm),
+        call.lower_bound is not None,
     )
 
 
-def packed_decode(
-    mixed_qkv: Tensor,
-    a: Tensor,
-    b: Tensor,
-    A_log: Tensor,
-    dt_bias: Tensor,
-    scale: float,
-    state: Tensor,
-    out: Tensor,
-    indices: Tensor,
-    *,
-    num_heads: int,
-    use_qk_l2norm: bool,
-    lower_bound: float | None,
-    state_layout: str = "VK",
-) -> None:
+@DecodeBackend
+def packed_decode(call: DecodeArgs) -> None:
     """One KDA decode step with the Helion kernel; writes ``out`` and the used slots in place.
 
     Arguments, shapes and semantics are those of ``kernels/INTERFACE.md``. The config is the
@@ -395,22 +358,7 @@ def packed_decode(
         >>> # packed_decode(mixed_qkv, a, b, A_log, dt_bias, K**-0.5, state, out, indices,
         >>> #               num_heads=32, use_qk_l2norm=True, lower_bound=None)
     """
-    launch(
-        _pinned_kernel(state.dtype, head_regime(state.shape[1])),
-        mixed_qkv,
-        a,
-        b,
-        A_log,
-        dt_bias,
-        scale,
-        state,
-        out,
-        indices,
-        num_heads=num_heads,
-        use_qk_l2norm=use_qk_l2norm,
-        lower_bound=lower_bound,
-        state_layout=state_layout,
-    )
+    launch.run(call, kernel=_pinned_kernel(call.state.dtype, head_regime(call.dims.num_v_heads)))
 
 
 def _retune(argv: Sequence[str] | None = None) -> None:
@@ -447,21 +395,8 @@ def _retune(argv: Sequence[str] | None = None) -> None:
     def autotune(*kernel_args: object) -> None:
         found.append(tuner.autotune(kernel_args, force=True))
 
-    launch(
-        autotune,
-        mixed_qkv,
-        a,
-        b,
-        A_log,
-        dt_bias,
-        D**-0.5,
-        state,
-        out,
-        indices,
-        num_heads=H,
-        use_qk_l2norm=True,
-        lower_bound=None,
-    )
+    launch(mixed_qkv, a, b, A_log, dt_bias, D**-0.5, state, out, indices,
+           num_heads=H, use_qk_l2norm=True, lower_bound=None, kernel=autotune)
     best = dict(found[0])
     # Per-load/per-op lists (indexing, eviction policies) have one entry per memory op of the
     # traced variant, which differs with the gate/l2norm flags: pin only the portable keys.

@@ -35,6 +35,8 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
+from .interface import DecodeArgs, DecodeBackend
+
 try:
     import triton
     import triton.language as tl
@@ -197,27 +199,12 @@ if triton is not None:
                     tl.atomic_add(oob_counter, 1)
 
 
-def packed_decode(
-    mixed_qkv: Tensor,
-    a: Tensor,
-    b: Tensor,
-    A_log: Tensor,
-    dt_bias: Tensor,
-    scale: float,
-    state: Tensor,
-    out: Tensor,
-    indices: Tensor,
-    *,
-    num_heads: int,
-    use_qk_l2norm: bool,
-    lower_bound: float | None,
-    state_layout: str = "VK",
-    oob_counter: Tensor | None = None,
-    config: DecodeConfig | None = None,
-) -> None:
+@DecodeBackend
+def packed_decode(call: DecodeArgs, *, oob_counter: Tensor | None = None, config: DecodeConfig | None = None) -> None:
     """KDA packed decode with Triton; writes ``out`` and the used slots of ``state`` in place.
 
-    Signature and semantics: ``kernels/INTERFACE.md``. Inputs are assumed validated by
+    Signature and semantics: ``kernels/INTERFACE.md`` (:class:`~kda_kernels.interface.DecodeBackend`
+    checks the layout and returns at once when B == 0). Inputs are assumed validated by
     ``kda_contracts`` (shapes agree, dtypes supported); memory safety is not: any index value is
     safe. ``oob_counter`` (int32 ``[1]`` on the device), when given, gets +1 for every index >= N,
     without a host sync, so a strict mode can read it later. ``config`` overrides the launch
@@ -228,18 +215,11 @@ def packed_decode(
         packed_decode(mixed_qkv, a, b, A_log, dt_bias, 128 ** -0.5, state, out, indices,
                       num_heads=32, use_qk_l2norm=True, lower_bound=None)
     """
-    batch = indices.shape[0]
-    if batch == 0:
-        return
     if triton is None:
         raise RuntimeError(f"the triton backend is not available: {_TRITON_IMPORT_ERROR}")
-    num_slots, num_v_heads = state.shape[0], state.shape[1]
-    if state_layout == "VK":
-        head_v_dim, head_k_dim = state.shape[2], state.shape[3]
-    elif state_layout == "KV":
-        head_k_dim, head_v_dim = state.shape[2], state.shape[3]
-    else:
-        raise ValueError(f"state_layout must be 'VK' or 'KV', got {state_layout!r}")
+    mixed_qkv, a, b, A_log, dt_bias, scale, state, out, indices = call[:9]
+    num_heads, use_qk_l2norm, lower_bound, state_layout, dims = call[9:]
+    batch, _, num_v_heads, head_k_dim, head_v_dim, num_slots = dims
 
     cfg = config if config is not None else pick_config(batch, num_v_heads, head_v_dim, state.dtype)
     grid0 = batch * num_v_heads * triton.cdiv(head_v_dim, cfg.block_v * cfg.tiles)

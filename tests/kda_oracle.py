@@ -1,8 +1,8 @@
 """Test-side helpers shared by every backend's packed-decode tests.
 
 - :func:`oracle_packed_decode`: an independent, deliberately naive oracle: a Python loop
-  over requests and value heads that transcribes the "Math" section of
-  ``shared/SPEC-kda-decode.md`` line by line. It shares no code with ``kda_kernels``.
+  over requests and value heads that transcribes the KDA decode step (the spec's numbered
+  steps) line by line. It shares no code with ``kda_kernels``.
 - :func:`oracle_kda_gate`: the gate alone (steps 1-2), for backends that take ``g`` directly.
 - :func:`make_decode_case`: a seeded random-input factory returning a :class:`DecodeCase`
   (inputs for one call, optionally with padded row/slot strides).

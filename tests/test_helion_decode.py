@@ -45,7 +45,7 @@ def _case(**overrides: object) -> DecodeCase:
 
 
 def _eager() -> Callable[..., None]:
-    return functools.partial(helion_decode.launch, helion_decode.decode_kernel(eager=True))
+    return functools.partial(helion_decode.launch, kernel=helion_decode.decode_kernel(eager=True))
 
 
 def _compiled() -> Callable[..., None]:
@@ -53,7 +53,7 @@ def _compiled() -> Callable[..., None]:
 
     # BLOCK_V = 4 splits V = 8 into two tiles, so the V-tile indexing is exercised.
     config = helion.Config(block_sizes=[4], num_warps=1)
-    return functools.partial(helion_decode.launch, helion_decode.decode_kernel(config))
+    return functools.partial(helion_decode.launch, kernel=helion_decode.decode_kernel(config))
 
 
 RUNNERS = {"eager": _eager, "compiled": _compiled}

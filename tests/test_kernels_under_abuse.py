@@ -98,12 +98,12 @@ def _helion_compiled() -> Callable[..., None]:
     import helion
 
     # An explicit config: the compiled path never autotunes (see tests/test_helion_decode.py).
-    return functools.partial(helion_decode.launch, helion_decode.decode_kernel(helion.Config(block_sizes=[4],
-                                                                                             num_warps=1)))
+    kernel = helion_decode.decode_kernel(helion.Config(block_sizes=[4], num_warps=1))
+    return functools.partial(helion_decode.launch, kernel=kernel)
 
 
 def _helion_eager() -> Callable[..., None]:
-    return functools.partial(helion_decode.launch, helion_decode.decode_kernel(eager=True))
+    return functools.partial(helion_decode.launch, kernel=helion_decode.decode_kernel(eager=True))
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,8 @@ import math
 
 import pytest
 import torch
-from kda_kernels.reference import kda_gate, packed_decode, split_mixed_qkv
+from kda_kernels.interface import split_qkv
+from kda_kernels.reference import kda_gate, packed_decode
 from kda_oracle import (
     DecodeCase,
     assert_close_to_oracle,
@@ -257,17 +258,6 @@ def test_unknown_state_layout_is_rejected() -> None:
 # --- the helpers --------------------------------------------------------------------------------
 
 
-def test_split_mixed_qkv_returns_q_k_v_views_in_that_order() -> None:
-    H, HV, K, V = 2, 4, 3, 5
-    x = torch.arange(2 * (2 * H * K + HV * V), dtype=torch.float32).view(2, -1)
-    q, k, v = split_mixed_qkv(x, H, HV, K, V)
-    assert (q.shape, k.shape, v.shape) == ((2, H, K), (2, H, K), (2, HV, V))
-    assert torch.equal(q[1, 1], x[1, K : 2 * K])
-    assert torch.equal(k[1, 0], x[1, H * K : H * K + K])
-    assert torch.equal(v[1, 3], x[1, 2 * H * K + 3 * V : 2 * H * K + 4 * V])
-    assert all(t.untyped_storage().data_ptr() == x.untyped_storage().data_ptr() for t in (q, k, v))
-
-
 @pytest.mark.parametrize("lower_bound", GATES, ids=["softplus", "bounded"])
 def test_kda_gate_matches_the_oracle_gate(lower_bound: float | None) -> None:
     case = _case(act_dtype=torch.bfloat16)
@@ -318,7 +308,7 @@ def test_matches_fla_naive_recurrent_kda(
 
     # fla takes [B, T, heads, dim] with T = 1, the activated gate and beta, a [B, HV, K, V]
     # state, and does not normalise q/k itself.
-    q, k, v = split_mixed_qkv(case.mixed_qkv, num_heads, num_v_heads, K, V)
+    q, k, v = split_qkv(case.mixed_qkv, num_heads, num_v_heads, K, V)
     if use_qk_l2norm:
         q, k = (x / torch.sqrt(x.square().sum(-1, keepdim=True) + 1e-6) for x in (q, k))
     g = oracle_kda_gate(case.a, case.dt_bias, case.A_log, lower_bound)
