@@ -95,17 +95,17 @@ class BinOp(Expr):
     left: Expr
     right: Expr
 
-    def evaluate(self, env: dict[str, int]) -> int:
-        lv, rv = self.left.evaluate(env), self.right.evaluate(env)
-        if self.op == "+":
-            return lv + rv
-        if self.op == "-":
-            return lv - rv
-        if self.op == "*":
-            return lv * rv
-        if rv == 0:  # a dim of size zero in a divisor: the expression has no value
-            raise ZeroDivisionError(f"{self} divides by zero")
-        return lv // rv if self.op == "//" else lv % rv
+    def evaluate(self, env: Mapping[str, int]) -> int:
+        """The value for ``env``: the generated checker's own arithmetic (``render``), compiled
+        once; a divisor of zero raises ZeroDivisionError, as in the checker."""
+        return self._value(env)
+
+    @cached_property
+    def _value(self) -> Callable[[Mapping[str, int]], int]:
+        src = self.render({s: f"env[{s!r}]" for s in self.symbols()})
+        ns: dict[str, Any] = {}
+        exec(compile(f"def value(env):\n    return {src}\n", "<kda_contracts dim>", "exec"), ns)
+        return ns["value"]
 
     def symbols(self) -> frozenset[str]:
         return self.left.symbols() | self.right.symbols()
