@@ -20,9 +20,9 @@ from typing import Any
 
 import torch
 
-from .dims import ANY, Expr, Sym
+from .dims import ANY, Broadcast, Expr, Sym
 from .markers import CONFIG_LACKS, config_dims
-from .rules import DtypeIn, MatchesConfig, Rule, SameDtype, Slots
+from .rules import DtypeIn, MatchesConfig, Rule, SameDtype, Slots, broadcast_sizes, fits_variadic
 from .spec import ContractSpec, TensorParam, split_optional
 
 __all__ = ["ConfigViews", "Names", "generate_checker", "generate_return_checker", "wrapper_source"]
@@ -101,9 +101,11 @@ class Names:
 REJECT = "return None"
 READ_SHAPE = "{shape} = {arg}.shape"
 RANK_TEST = "len({shape}) != {rank}"
+MIN_RANK_TEST = "len({shape}) < {rank}"
+VARIADIC_AXES = "{shape}[{start}:len({shape}) - {after}]"
 BIND_AXIS = "{dim} = {shape}[{axis}]"
 SOLVE = ("{coef} = {coef_expr}", "{rest} = {shape}[{axis}] - ({const_expr})",
-         "if {coef} <= 0 or {rest} % {coef} or {rest} < {coef}:", "    return None", "{dim} = {rest} // {coef}")
+         "if {coef} == 0 or {rest} % {coef} or {rest} // {coef} < 1:", "    return None", "{dim} = {rest} // {coef}")
 CONFIG_VIEW = ("{view} = {views}.get(id({cfg}))", "if {view} is None or {view}[0]() is not {cfg}:",
                "    {view} = {views}.make({cfg})", "{cdims}, {cdtypes}, {cmatch} = {view}[1], {view}[2], {view}[3]")
 NO_CONFIG = "{cdtypes}, {cmatch} = {nones}, None"
@@ -199,7 +201,7 @@ class _Checker:
         required = [tp for tp in spec.tensors.values() if not tp.optional]
         for tp in required:
             g.emit(READ_SHAPE, shape=self.shape[tp.name], arg=self.arg[tp.name])
-        g.reject_if([RANK_TEST.format(shape=self.shape[tp.name], rank=tp.rank) for tp in required])
+        g.reject_if([rank_test(tp, self.shape[tp.name]) for tp in required])
         if self.has_cfg:
             self.read_config()
         self.bind()
@@ -218,7 +220,7 @@ class _Checker:
                 g.emit(f"if {self.arg[tp.name]} is not None:")
                 g.indent += 1
                 g.emit(READ_SHAPE, shape=self.shape[tp.name], arg=self.arg[tp.name])
-                g.reject_if([RANK_TEST.format(shape=self.shape[tp.name], rank=tp.rank)])
+                g.reject_if([rank_test(tp, self.shape[tp.name])])
                 self.shape_checks(tp)
                 self.tensor_checks(tp)
                 g.indent -= 1
@@ -231,13 +233,25 @@ class _Checker:
         return src, g.consts, guards is not None
 
     def bind(self) -> None:
-        """Scalars, then tensor axes (the slow path's priority), then the solvers."""
+        """Scalars, then tensor axes (the slow path's priority), broadcastable-only dims (the
+        largest size), variadic dims, then the solvers."""
         spec, g, n = self.spec, self.g, self.names
         for sym, pname in spec.scalar_sources.items():
             g.emit(f"{self.dim[sym]} = {self.arg[pname]}")
         for sym, srcs in spec.sources.items():
             if sym not in spec.scalar_sources:
                 g.emit(BIND_AXIS, dim=self.dim[sym], shape=self.shape[srcs[0].param], axis=srcs[0].axis)
+        for sym, srcs in spec.broadcast_sources.items():
+            sizes = [f"{self.shape[src.param]}[{src.axis}]" for src in srcs]
+            g.emit(f"{self.dim[sym]} = " + (f"max({', '.join(sizes)})" if len(sizes) > 1 else sizes[0]))
+        for key, vsrcs in spec.variadic_sources.items():
+            axes = [VARIADIC_AXES.format(shape=self.shape[v.param], start=v.start, after=v.after) for v in vsrcs]
+            if not any(v.broadcast for v in vsrcs):
+                g.emit(f"{self.dim[key]} = {axes[0]}")
+                continue
+            pairs = ", ".join(f"({a}, {v.broadcast})" for a, v in zip(axes, vsrcs, strict=True))
+            g.emit(f"{self.dim[key]} = {g.const(broadcast_sizes)}({pairs})")
+            g.reject_if([f"{self.dim[key]} is None"])
         for s in spec.solvers:
             g.emit(*SOLVE, coef=n("coef"), rest=n("rest"), coef_expr=s.coef.render(self.dim),
                    const_expr=s.const.render(self.dim), shape=self.shape[s.param], axis=s.axis, dim=self.dim[s.symbol])
@@ -272,15 +286,27 @@ class _Checker:
 
     def shape_checks(self, tp: TensorParam) -> None:
         conds = []
-        for axis, d in enumerate(tp.dims):
+        shape = self.shape[tp.name]
+        for axis, d in tp.fixed_axes():
             if d is ANY or (tp.name, axis) in self.solved_axes:
                 continue
-            assert isinstance(d, Expr)
             if isinstance(d, Sym) and d.name not in self.spec.scalar_sources:
                 first = self.spec.sources.get(d.name, ())[:1]
                 if first and first[0].param == tp.name and first[0].axis == axis:
                     continue  # this axis is the binder itself
-            conds.append(f"{self.shape[tp.name]}[{axis}] != {d.render(self.dim)}")
+            if isinstance(d, Broadcast):
+                conds.append(f"({shape}[{axis}] != 1 and {shape}[{axis}] != {d.dim.render(self.dim)})")
+            elif isinstance(d, Expr):
+                conds.append(f"{shape}[{axis}] != {d.render(self.dim)}")
+        v, vi = tp.variadic, tp.variadic_index
+        if v is not None and v.name is not None and vi is not None:
+            srcs = self.spec.variadic_sources[v.key]
+            axes = VARIADIC_AXES.format(shape=shape, start=vi, after=len(tp.dims) - 1 - vi)
+            if not any(src.broadcast for src in srcs):
+                if srcs[0].param != tp.name:  # the first one is the binder itself
+                    conds.append(f"{axes} != {self.dim[v.key]}")
+            elif tp.optional:  # required ones were all decided when the dim was bound
+                conds.append(f"not {self.g.const(fits_variadic)}({axes}, {v.broadcast}, {self.dim[v.key]})")
         self.g.reject_if(conds)
 
     def tensor_checks(self, tp: TensorParam) -> None:
@@ -324,6 +350,11 @@ def generate_checker(spec: ContractSpec) -> tuple[str, dict[str, Any], bool]:
     return _Checker(spec).source()
 
 
+def rank_test(tp: TensorParam, shape: str) -> str:
+    """True when a tensor has the wrong number of axes (with a variadic dim: too few)."""
+    return (MIN_RANK_TEST if tp.variadic is not None else RANK_TEST).format(shape=shape, rank=tp.rank)
+
+
 def checker_names(spec: ContractSpec) -> Names:
     return Names(checked_parameters(spec))
 
@@ -356,8 +387,16 @@ def generate_return_checker(spec: ContractSpec) -> tuple[str, dict[str, Any]]:
             g.indent += 1
         g.emit(f"if not isinstance({t}, {tensor}):", "    return False")
         g.emit(READ_SHAPE, shape=s, arg=t)
-        conds = [RANK_TEST.format(shape=s, rank=tp.rank)]
-        conds += [f"{s}[{axis}] != {d.render(dim)}" for axis, d in enumerate(tp.dims) if isinstance(d, Expr)]
+        conds = [rank_test(tp, s)]
+        for axis, d in tp.fixed_axes():
+            if isinstance(d, Broadcast):
+                conds.append(f"({s}[{axis}] != 1 and {s}[{axis}] != {d.dim.render(dim)})")
+            elif isinstance(d, Expr):
+                conds.append(f"{s}[{axis}] != {d.render(dim)}")
+        v, vi = tp.variadic, tp.variadic_index
+        if v is not None and v.name is not None and vi is not None:
+            axes = VARIADIC_AXES.format(shape=s, start=vi, after=len(tp.dims) - 1 - vi)
+            conds.append(f"not {g.const(fits_variadic)}({axes}, {v.broadcast}, {dim[v.key]})")
         conds.append(f"{t}.dtype not in {g.const(tp.dtypes)}")
         g.emit("if " + " or ".join(conds) + ":", "    return False")
         if tp.optional:

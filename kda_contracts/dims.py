@@ -44,7 +44,7 @@ class Expr:
 
     __slots__ = ()
 
-    def evaluate(self, env: dict[str, int]) -> int:
+    def evaluate(self, env: Mapping[str, int]) -> int:
         raise NotImplementedError
 
     def symbols(self) -> frozenset[str]:
@@ -62,7 +62,7 @@ class Expr:
 class Const(Expr):
     value: int
 
-    def evaluate(self, env: dict[str, int]) -> int:
+    def evaluate(self, env: Mapping[str, int]) -> int:
         return self.value
 
     def symbols(self) -> frozenset[str]:
@@ -76,7 +76,7 @@ class Const(Expr):
 class Sym(Expr):
     name: str
 
-    def evaluate(self, env: dict[str, int]) -> int:
+    def evaluate(self, env: Mapping[str, int]) -> int:
         return env[self.name]
 
     def symbols(self) -> frozenset[str]:
@@ -131,7 +131,40 @@ class _Any:
 
 
 ANY = _Any()
-DimSpec = Expr | _Any
+
+
+@dataclass(frozen=True)
+class Broadcast:
+    """``#d``: an axis of size 1 (broadcast) or of the size of ``d``."""
+
+    dim: Expr
+
+    def __str__(self) -> str:
+        return f"#{self.dim}"
+
+
+@dataclass(frozen=True)
+class Variadic:
+    """``*name`` (any number of axes, the same tuple of sizes wherever ``name`` appears),
+    ``#*name`` (each of those axes may also be 1: broadcast-compatible), or ``...`` / ``*_``
+    (any number of axes, bound to nothing)."""
+
+    name: str | None
+    broadcast: bool = False
+
+    @property
+    def key(self) -> str:
+        """The name the bound sizes go by among a call's dims (``*name``)."""
+        assert self.name is not None
+        return f"*{self.name}"
+
+    def __str__(self) -> str:
+        if self.name is None:
+            return "..."
+        return ("#*" if self.broadcast else "*") + self.name
+
+
+DimSpec = Expr | _Any | Broadcast | Variadic
 
 _TOKEN = re.compile(r"\s*(?:(\d+)|([A-Za-z_][A-Za-z_0-9]*)|(//|==|!=|<=|>=|[-+*%()<>,]))")
 _CMP = ("==", "!=", "<=", ">=", "<", ">")
@@ -234,23 +267,64 @@ def parse_dim(text: str, where: str = "dim") -> Expr:
 
 @lru_cache(maxsize=1024)
 def parse_shape(dim_str: str, where: str = "shape") -> tuple[DimSpec, ...]:
-    """Parse a jaxtyping dim string into one :data:`DimSpec` per axis.
+    """Parse a jaxtyping dim string into one :data:`DimSpec` per axis (a variadic one stands for
+    any number of axes): jaxtyping's whole grammar for torch — names, integers, expressions,
+    ``_`` and ``_name`` (anonymous), ``#`` (broadcastable), ``*name`` and ``#*name`` (variadic),
+    ``...`` and ``*_`` (anonymous variadic), ``name=dim`` (a label), and ``""`` (a scalar).
+    Expressions use ``+ - * // %`` and parentheses, never ``eval``. At most one variadic per
+    string; ``?`` (PyTree paths) is an AnnotationError: contracts check arguments, not PyTrees.
 
-    Variadic (``*batch``, ``...``), broadcastable (``#B``) and named-expression (``B=...``) dims
-    of jaxtyping are rejected with an :class:`AnnotationError`: a decode contract has fixed ranks.
+    Example::
+
+        >>> parse_shape("*batch #H 2*D")
+        (Variadic(name='batch', broadcast=False), Broadcast(dim=Sym(name='H')), BinOp(...))
     """
     dims: list[DimSpec] = []
     for tok in dim_str.split():
-        if tok == "_":
-            dims.append(ANY)
-            continue
-        if tok.startswith(("*", "#")) or tok == "..." or "=" in tok or tok.startswith("?"):
-            raise AnnotationError(
-                f"{where}: dim {tok!r} in {dim_str!r} is not supported; contracts use fixed ranks "
-                "(plain names, integers, expressions with + - * // %, or '_')"
-            )
-        dims.append(parse_dim(tok, f"{where}: dim {tok!r}"))
+        dims.append(_parse_axis(tok, dim_str, where))
+    if sum(isinstance(d, Variadic) for d in dims) > 1:
+        raise AnnotationError(f"{where}: {dim_str!r} has more than one variadic dim (*name or ...); "
+                              "a shape can have at most one")
     return tuple(dims)
+
+
+def _parse_axis(tok: str, dim_str: str, where: str) -> DimSpec:
+    def refuse(why: str) -> AnnotationError:
+        return AnnotationError(f"{where}: dim {tok!r} in {dim_str!r}: {why}")
+
+    if tok == "...":
+        return Variadic(None)
+    if "," in tok and "(" not in tok:
+        raise refuse("separate dims with spaces, not commas")
+    if tok.endswith("#"):
+        raise refuse("a broadcastable dim is written with # first (#B), not last")
+    text, broadcast, variadic = tok, False, False
+    if text.startswith("#"):
+        text, broadcast = text[1:], True
+    if text.startswith("*"):
+        text, variadic = text[1:], True
+    if text.startswith(("#", "*")):
+        raise refuse("use # and * at most once each, # first (#*batch)")
+    if text.startswith("?"):
+        raise refuse("'?' (a dim that depends on a PyTree path) is not supported: contracts check arguments")
+    if text.count("=") == 1 and text.split("=")[0].isidentifier():
+        text = text.split("=")[1]  # jaxtyping's label syntax: "rows=3" is the dim 3
+    if variadic:
+        if text == "_" or (text.startswith("_") and text.isidentifier()):
+            if broadcast:
+                raise refuse("an anonymous variadic dim cannot be broadcastable")
+            return Variadic(None)
+        if not text.isidentifier():
+            raise refuse("a variadic dim is a name (*batch), not an expression or a number")
+        return Variadic(text, broadcast)
+    if text == "_" or (text.startswith("_") and text.isidentifier()):
+        if broadcast:
+            raise refuse("an anonymous dim cannot be broadcastable (#_)")
+        return ANY  # _ and _name: any size, bound to nothing (the name is documentation)
+    if not text:
+        raise refuse("empty dim")
+    expr = parse_dim(text, f"{where}: dim {tok!r}")
+    return Broadcast(expr) if broadcast else expr
 
 
 @dataclass(frozen=True)

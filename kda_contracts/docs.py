@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from .decorator import Contract, registered_contracts
-from .dims import ANY, BinOp, Const, Expr, parse_constraint
+from .dims import BinOp, Const, Expr, parse_constraint
 from .markers import config_dims
 from .ops.packed_decode import adapters
 from .ops.packed_decode.config import KDAConfig
@@ -45,9 +45,8 @@ FILES = ("contracts.md", "contracts.json", "errors.md", "mixed_qkv.svg", "state_
 # -- describing contracts and backends as data ---------------------------------------------------
 def _partial(d: Any, env: Mapping[str, int]) -> str:
     """A dim's value when ``env`` binds all its symbols, else its symbolic text."""
-    if d is ANY:
-        return "_"
-    assert isinstance(d, Expr)
+    if not isinstance(d, Expr):  # _, #B, *batch, ...: shown as written
+        return str(d)
     if d.symbols() <= env.keys():
         try:
             return str(d.evaluate(dict(env)))
@@ -60,7 +59,7 @@ def _product(dims: Sequence[Any]) -> Expr | None:
     """The product of ``dims`` as an expression (None when a dim is ``_``); 1-factors dropped."""
     out: Expr | None = None
     for d in dims:
-        if d is ANY:
+        if not isinstance(d, Expr):
             return None
         if isinstance(d, Const) and d.value == 1:
             continue

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from .dims import ANY, Expr, Sym
+from .dims import Broadcast, Expr, Sym, Variadic
 from .errors import ArgumentTypeError, DeviceError, DtypeError, LayoutError, ShapeError, Violation
 from .facts import (
     AxisMismatch,
@@ -37,7 +37,9 @@ from .rules import (
     Rule,
     SameDevice,
     SameDtype,
+    broadcast_sizes,
     dtype_name,
+    fits_variadic,
     fmt_ints,
 )
 from .spec import CallContext, ContractSpec, TensorParam
@@ -86,10 +88,10 @@ class Explainer:
             if t is None:
                 continue
             shape = tuple(int(s) for s in t.shape)
-            if len(shape) != tp.rank:
+            if len(shape) < tp.rank if tp.variadic is not None else len(shape) != tp.rank:
                 self.violations.append(Violation(
                     ShapeError, name,
-                    f"{tp.symbolic()} (rank {tp.rank})",
+                    f"{tp.symbolic()} (rank {'≥ ' if tp.variadic is not None else ''}{tp.rank})",
                     f"{fmt_ints(shape)} (rank {len(shape)})",
                     facts=(RankMismatch(shape, tp.rank),),
                 ))
@@ -125,6 +127,7 @@ class Explainer:
             src = usable[sizes.index(best)]
             self.dims[sym] = best
             self.prov[sym] = f"from {src.param}.shape[{src.axis}]"
+        self._bind_broadcast_and_variadic()
         for s in spec.solvers:
             if s.symbol in self.dims or s.param not in self.usable:
                 continue
@@ -136,50 +139,93 @@ class Explainer:
             except ZeroDivisionError:
                 continue
             rest = size - const
-            if coef > 0 and rest % coef == 0 and rest // coef >= 1:
+            if coef != 0 and rest % coef == 0 and rest // coef >= 1:
                 self.dims[s.symbol] = rest // coef
                 self.prov[s.symbol] = f"solved from {s.param}.shape[{s.axis}] = {s.dim}"
                 continue
             known = ", ".join(f"{k}={self.dims[k]}" for k in sorted(s.dim.symbols() - {s.symbol}))
             frac = f"({size} - {const}) / {coef} = {rest / coef:g}" if coef else f"coefficient {s.coef} is 0"
-            self.bad_axes.setdefault(s.param, {})[s.axis] = (
-                f"dim {s.axis} ({s.dim}) = {size} gives no positive integer {s.symbol} "
-                f"with {known}: {s.symbol} = {frac}", Unsolvable(s.symbol, s.axis, str(s.dim), size, coef, const))
+            axis = self._real_axis(s.param, s.axis)
+            self.bad_axes.setdefault(s.param, {})[axis] = (
+                f"dim {axis} ({s.dim}) = {size} gives no positive integer {s.symbol} "
+                f"with {known}: {s.symbol} = {frac}", Unsolvable(s.symbol, axis, str(s.dim), size, coef, const))
+
+    def _bind_broadcast_and_variadic(self) -> None:
+        """Dims only broadcastable axes carry take the largest size; a variadic dim takes the
+        sizes most of its occurrences carry (with ``#*``: their broadcast, when there is one)."""
+        for sym, srcs in self.spec.broadcast_sources.items():
+            usable = [src for src in srcs if src.param in self.usable]
+            if sym in self.dims or not usable:
+                continue
+            sizes = [self.usable[src.param][src.axis] for src in usable]
+            src = usable[sizes.index(max(sizes))]
+            self.dims[sym] = max(sizes)
+            self.prov[sym] = f"from {src.param}.shape[{src.axis}] (broadcastable)"
+        for key, vsrcs in self.spec.variadic_sources.items():
+            found = [(v, self._variadic_axes(v.param, v.start, v.after)) for v in vsrcs if v.param in self.usable]
+            if not found:
+                continue
+            merged = broadcast_sizes(*((sizes, v.broadcast) for v, sizes in found)) \
+                if any(v.broadcast for v, _ in found) else None
+            sizes_list = [sizes for _, sizes in found]
+            best = merged if merged is not None else max(sizes_list, key=sizes_list.count)
+            v = found[sizes_list.index(best)][0] if best in sizes_list else found[0][0]
+            shape = self.usable[v.param]
+            self.dims[key] = best  # type: ignore[assignment]  # a variadic dim is a tuple of sizes
+            self.prov[key] = f"from {v.param}.shape[{v.start}:{len(shape) - v.after}]"
+
+    def _variadic_axes(self, name: str, start: int, after: int) -> tuple[int, ...]:
+        shape = self.usable[name]
+        return shape[start:len(shape) - after]
+
+    def _real_axis(self, name: str, axis: int) -> int:
+        return axis if axis >= 0 else len(self.usable[name]) + axis
 
     def _check_dims(self) -> None:
         for name, shape in self.usable.items():
             tp = self.spec.tensors[name]
-            for axis, d in enumerate(tp.dims):
-                if d is ANY or axis in self.bad_axes.get(name, {}):
-                    continue
-                assert isinstance(d, Expr)
-                if not d.symbols() <= self.dims.keys():
+            bad = self.bad_axes.setdefault(name, {})
+            for axis, d in tp.fixed_axes():
+                real = self._real_axis(name, axis)
+                expr = d.dim if isinstance(d, Broadcast) else d
+                if not isinstance(expr, Expr) or real in bad or not expr.symbols() <= self.dims.keys():
                     continue
                 try:
-                    want = d.evaluate(self.dims)
+                    want = expr.evaluate(self.dims)
                 except ZeroDivisionError:
-                    why = f"dim {axis} ({d}) divides by zero with the bound dims"
-                    self.bad_axes.setdefault(name, {})[axis] = (why, None)
+                    bad[real] = (f"dim {real} ({d}) divides by zero with the bound dims", None)
                     continue
-                if shape[axis] != want:
-                    why = ""
-                    if isinstance(d, Sym):
-                        why = f" ({d.name} {self.prov.get(d.name, '')})"
-                    self.bad_axes.setdefault(name, {})[axis] = (
-                        f"dim {axis} ({d}): expected {want}{why}, got {shape[axis]}",
-                        AxisMismatch(axis, str(d), want, shape[axis], shape))
+                if shape[axis] != want and not (isinstance(d, Broadcast) and shape[axis] == 1):
+                    why = f" ({expr.name} {self.prov.get(expr.name, '')})" if isinstance(expr, Sym) else ""
+                    bad[real] = (f"dim {real} ({d}): expected {want}{'' if expr is d else ' or 1'}{why}, "
+                                 f"got {shape[axis]}", AxisMismatch(real, str(d), want, shape[axis], shape))
+            v, vi = tp.variadic, tp.variadic_index
+            if v is not None and v.name is not None and vi is not None and v.key in self.dims:
+                after = len(tp.dims) - 1 - vi
+                got, want_sizes = self._variadic_axes(name, vi, after), self.dims[v.key]
+                if not fits_variadic(got, v.broadcast, want_sizes):  # type: ignore[arg-type]
+                    bad[vi] = (f"dims {vi}:{len(shape) - after} ({v}): expected {fmt_ints(want_sizes)}"  # type: ignore[arg-type]
+                               f"{' or sizes that broadcast to it' if v.broadcast else ''} "
+                               f"({v.key} {self.prov.get(v.key, '')}), got {fmt_ints(got)}", None)
+            if not bad:
+                del self.bad_axes[name]
 
     def _concrete(self, tp: TensorParam) -> str:
         parts = []
         for d in tp.dims:
-            if d is ANY:
+            expr = d.dim if isinstance(d, Broadcast) else d
+            if isinstance(d, Variadic):
+                sizes = self.dims.get(d.key) if d.name is not None else None
+                parts.append("..." if sizes is None else ", ".join(map(str, sizes)) or "()")  # type: ignore[call-overload]
+                continue
+            if not isinstance(expr, Expr):
                 parts.append("_")
                 continue
-            assert isinstance(d, Expr)
             try:
-                parts.append(str(d.evaluate(self.dims)) if d.symbols() <= self.dims.keys() else "?")
+                value = str(expr.evaluate(self.dims)) if expr.symbols() <= self.dims.keys() else "?"
             except ZeroDivisionError:
-                parts.append("?")
+                value = "?"
+            parts.append(f"#{value}" if isinstance(d, Broadcast) else value)
         return "[" + ", ".join(parts) + "]"
 
     def _shape_violations(self) -> None:
@@ -266,10 +312,9 @@ def explain_return(spec: ContractSpec, result: Any, env: Mapping[str, int]) -> l
             if not (tp.optional and t is None):
                 violations.append(Violation(ArgumentTypeError, tp.name, "a torch.Tensor", type(t).__name__))
             continue
-        want = tuple(None if d is ANY else d.evaluate(dict(env)) for d in tp.dims)  # type: ignore[union-attr]
         got = tuple(t.shape)
-        if len(got) != len(want) or any(w is not None and w != s for w, s in zip(want, got, strict=False)):
-            conc = "[" + ", ".join("_" if w is None else str(w) for w in want) + "]"
+        if not _result_shape_ok(tp, got, env):
+            conc = "[" + ", ".join(_concrete_dim(d, env) for d in tp.dims) + "]"
             violations.append(Violation(ShapeError, tp.name, f"{tp.symbolic()} = {conc}", fmt_ints(got),
                                         ("the function returned a tensor of the wrong shape",)))
         elif t.dtype not in tp.dtypes:
@@ -298,3 +343,25 @@ def _generic_hint(v: Violation, ctx: CallContext) -> str | None:
         dev = v.fact(DeviceMismatch)
         return f"move it: {v.argument}.to({str(dev.want if dev else '')!r})"
     return None
+
+
+def _concrete_dim(d: Any, env: Mapping[str, Any]) -> str:
+    if isinstance(d, Variadic):
+        return ", ".join(map(str, env[d.key])) if d.name is not None else "..."
+    if isinstance(d, Broadcast):
+        return f"#{d.dim.evaluate(env)}"
+    return str(d.evaluate(env)) if isinstance(d, Expr) else "_"
+
+
+def _result_shape_ok(tp: TensorParam, got: tuple[int, ...], env: Mapping[str, Any]) -> bool:
+    v, vi = tp.variadic, tp.variadic_index
+    if len(got) < tp.rank if v is not None else len(got) != tp.rank:
+        return False
+    for axis, d in tp.fixed_axes():
+        if isinstance(d, Broadcast) and got[axis] != 1 and got[axis] != d.dim.evaluate(env):
+            return False
+        if isinstance(d, Expr) and got[axis] != d.evaluate(env):
+            return False
+    if v is not None and v.name is not None and vi is not None:
+        return fits_variadic(got[vi:len(got) - (len(tp.dims) - 1 - vi)], v.broadcast, env[v.key])
+    return True

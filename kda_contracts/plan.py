@@ -18,14 +18,14 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from .dims import Constraint, Expr, Sym, linear_form
+from .dims import Broadcast, Constraint, DimSpec, Expr, Sym, Variadic, linear_form
 from .errors import AnnotationError
 from .markers import Where, config_dims
 
 if TYPE_CHECKING:
     from .spec import ContractOptions, ScalarParam, TensorParam
 
-__all__ = ["AxisSource", "BindingPlan", "Solver", "plan_binding"]
+__all__ = ["AxisSource", "BindingPlan", "Solver", "VariadicSource", "dim_symbols", "plan_binding"]
 
 
 @dataclass(frozen=True)
@@ -34,6 +34,27 @@ class AxisSource:
 
     param: str
     axis: int
+
+
+@dataclass(frozen=True)
+class VariadicSource:
+    """Axes ``param.shape[start:len - after]`` carry a variadic dim (``broadcast``: ``#*name``)."""
+
+    param: str
+    start: int
+    after: int
+    broadcast: bool
+
+
+def dim_symbols(d: DimSpec) -> frozenset[str]:
+    """The symbols a dim mentions (a variadic dim's is its key, ``*name``)."""
+    if isinstance(d, Expr):
+        return d.symbols()
+    if isinstance(d, Broadcast):
+        return d.dim.symbols()
+    if isinstance(d, Variadic) and d.name is not None:
+        return frozenset((d.key,))
+    return frozenset()
 
 
 @dataclass(frozen=True)
@@ -55,6 +76,8 @@ class BindingPlan:
     scalar_sources: dict[str, str]  # dim -> the int argument that carries it
     solvers: tuple[Solver, ...]  # in solving order
     config_only: tuple[str, ...]  # dims only the fixed config provides
+    broadcast_sources: dict[str, tuple[AxisSource, ...]]  # dims only broadcastable axes (#B) carry
+    variadic_sources: dict[str, tuple[VariadicSource, ...]]  # *name -> the axes that carry it
 
 
 def _symbols(tensors: Mapping[str, TensorParam], constraints: Iterable[tuple[Constraint, Where]],
@@ -64,10 +87,9 @@ def _symbols(tensors: Mapping[str, TensorParam], constraints: Iterable[tuple[Con
     symbols: list[str] = []
     for tp in tensors.values():
         for d in tp.dims:
-            if isinstance(d, Expr):
-                symbols += [s for s in sorted(d.symbols()) if s not in symbols]
+            symbols += [s for s in sorted(dim_symbols(d)) if s not in symbols]
     used = {s for c, _ in constraints for s in c.symbols()}
-    used |= {s for tp in returns for d in tp.dims if isinstance(d, Expr) for s in d.symbols()}
+    used |= {s for tp in returns for d in tp.dims for s in dim_symbols(d)}
     symbols += [s for s in sorted(static_cfg) if s not in symbols and s in used]
     return symbols
 
@@ -82,7 +104,7 @@ def _solvers(tensors: Mapping[str, TensorParam], order: list[str], known: set[st
             tp = tensors[n]
             if tp.optional:
                 continue
-            for axis, d in enumerate(tp.dims):
+            for axis, d in tp.fixed_axes():
                 if not isinstance(d, Expr):
                     continue
                 unknown = d.symbols() - known
@@ -106,29 +128,38 @@ def plan_binding(qualname: str, tensors: Mapping[str, TensorParam], scalars: Map
     symbols = _symbols(tensors, constraints, returns or (), static_cfg)
     order = list(options.bind_first) + [n for n in tensors if n not in options.bind_first]
     sources: dict[str, list[AxisSource]] = {}
+    bsources: dict[str, list[AxisSource]] = {}
+    vsources: dict[str, list[VariadicSource]] = {}
     for n in order:
-        if tensors[n].optional:
+        tp = tensors[n]
+        if tp.optional:
             continue  # an argument that may be None cannot be what a dim hangs on
-        for axis, d in enumerate(tensors[n].dims):
+        for axis, d in tp.fixed_axes():
             if isinstance(d, Sym):
                 sources.setdefault(d.name, []).append(AxisSource(n, axis))
+            elif isinstance(d, Broadcast) and isinstance(d.dim, Sym):
+                bsources.setdefault(d.dim.name, []).append(AxisSource(n, axis))
+        v, vi = tp.variadic, tp.variadic_index
+        if v is not None and v.name is not None and vi is not None:
+            vsources.setdefault(v.key, []).append(VariadicSource(n, vi, len(tp.dims) - 1 - vi, v.broadcast))
     scalar_sources = {sp.name: sp.name for sp in scalars.values()
                       if sp.hint is int and sp.name in symbols and not sp.optional}
+    direct = set(sources) | set(scalar_sources) | static_cfg
+    bsources = {k: v for k, v in bsources.items() if k not in direct}
     config_only = [s for s in symbols if s in static_cfg and s not in sources and s not in scalar_sources]
-    solvers = _solvers(tensors, order, set(sources) | set(scalar_sources) | static_cfg)
-    known = set(sources) | set(scalar_sources) | static_cfg | {s.symbol for s in solvers}
+    solvers = _solvers(tensors, order, direct | set(bsources))
+    known = direct | set(bsources) | set(vsources) | {s.symbol for s in solvers}
     unbound = [s for s in symbols if s not in known]
     for c, _w in constraints:
         unbound += [s for s in sorted(c.symbols()) if s not in known and s not in unbound]
     for r in returns or ():
         for d in r.dims:
-            if isinstance(d, Expr):
-                unbound += [s for s in sorted(d.symbols()) if s not in known and s not in unbound]
+            unbound += [s for s in sorted(dim_symbols(d)) if s not in known and s not in unbound]
     if unbound:
         where_used = []
         for s in unbound:
             users = [f"{tp.name}: {tp.dim_str!r}" for tp in tensors.values()
-                     if any(isinstance(d, Expr) and s in d.symbols() for d in tp.dims)]
+                     if any(s in dim_symbols(d) for d in tp.dims)]
             where_used.append(f"{s!r} (in {', '.join(users) or 'a constraint or the return'})")
         raise AnnotationError(
             f"{qualname}: cannot bind dim {', '.join(where_used)}: no required tensor has it as a plain dim, "
@@ -136,4 +167,5 @@ def plan_binding(qualname: str, tensors: Mapping[str, TensorParam], scalars: Map
             "that carries it, pass a config that fixes it, or rewrite the expression."
         )
     return BindingPlan(tuple(symbols), {k: tuple(v) for k, v in sources.items()}, scalar_sources,
-                       tuple(solvers), tuple(config_only))
+                       tuple(solvers), tuple(config_only), {k: tuple(v) for k, v in bsources.items()},
+                       {k: tuple(v) for k, v in vsources.items()})

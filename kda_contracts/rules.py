@@ -9,8 +9,8 @@ disagree on a verdict: only the wording of the message lives on the slow path.
 
 Example::
 
-    rule = InnerDense("initial_state", rank=4, n=3)
-    rule.test(Slots(shape="s", strides="st"))        # -> "(s[3] != 1 and st[3] != 1) or ..."
+    rule = InnerDense("initial_state", n=3)
+    rule.test(Slots(shape="s", strides="st"))        # -> "(s[-1] != 1 and st[-1] != 1) or ..."
     rule.broken(shape=(8, 4, 16, 16), strides=(1024, 256, 16, 1))  # -> False
 """
 
@@ -236,19 +236,18 @@ class Contiguous(Rule):
 @dataclass(frozen=True)
 class InnerDense(Rule):
     """The last ``n`` dims form one dense row-major block (size-1 dims may have any stride; a
-    size-0 dim counts as 1)."""
+    size-0 dim counts as 1). Axes are counted from the back, so any rank works."""
 
     argument: str
-    rank: int
     n: int
     kind: ClassVar[type[ContractError]] = LayoutError
     needs: ClassVar[frozenset[str]] = frozenset({"shape", "strides"})
 
     def test(self, n: Slots) -> str:
-        s, st, r = n.shape, n.strides, self.rank
-        terms = [f"({s}[{r - 1}] != 1 and {st}[{r - 1}] != 1)"]
+        s, st = n.shape, n.strides
+        terms = [f"({s}[-1] != 1 and {st}[-1] != 1)"]
         expected = ""
-        for axis in range(r - 2, r - 1 - self.n, -1):
+        for axis in range(-2, -1 - self.n, -1):
             expected = f"{expected}*" if expected else ""
             expected += f"({s}[{axis + 1}] or 1)"
             terms.append(f"({s}[{axis}] != 1 and {st}[{axis}] != {expected})")
@@ -268,16 +267,19 @@ class InnerDense(Rule):
 
 @dataclass(frozen=True)
 class Disjoint(Rule):
-    """A tensor written in place: no two blocks of its last ``n`` dims share memory."""
+    """A tensor written in place: no two blocks of its last ``n`` dims share memory. ``rank`` is
+    None when the rank varies (a variadic dim): then the general test runs."""
 
     argument: str
-    rank: int
+    rank: int | None
     n: int
     kind: ClassVar[type[ContractError]] = LayoutError
     needs: ClassVar[frozenset[str]] = frozenset({"shape", "strides"})
 
     def test(self, n: Slots) -> str:
         s, st, r = n.shape, n.strides, self.rank
+        if r is None:
+            return f"not {n.constants['disjoint']}({s}, {st}, {self.n})"
         if r - self.n == 1:  # one outer axis (a pool of slots): its stride steps over a whole block
             block = "*".join(f"({s}[{axis}] or 1)" for axis in range(1, r)) or "1"
             return f"{s}[0] > 1 and {st}[0] < {block}"
@@ -286,7 +288,7 @@ class Disjoint(Rule):
         return "False"
 
     def constants(self) -> dict[str, Any]:
-        return {"disjoint": blocks_disjoint} if self.rank - self.n > 1 else {}
+        return {"disjoint": blocks_disjoint} if self.rank is None or self.rank - self.n > 1 else {}
 
     def violation(self, **values: Any) -> Violation:
         shape, strides = values["shape"], values["strides"]
@@ -344,3 +346,31 @@ class MatchesConfig(Rule):
 
     def describe(self, env: Mapping[str, int]) -> dict[str, Any]:
         return {"match_config": self.match.attr}
+
+
+# -- variadic dims -------------------------------------------------------------------------------
+def broadcast_sizes(*occurrences: tuple[Sequence[int], bool]) -> tuple[int, ...] | None:
+    """The sizes a variadic dim stands for, from every ``(sizes, broadcastable)`` occurrence: the
+    broadcast of all of them (numpy's rule: aligned on the right, each axis equal or 1), which
+    each non-broadcastable occurrence must equal. None when they do not agree. Order-independent."""
+    out: list[int] = []
+    for sizes, _ in occurrences:
+        sizes = tuple(sizes)
+        if len(sizes) > len(out):
+            out = [1] * (len(sizes) - len(out)) + out
+        for i in range(1, len(sizes) + 1):
+            a, b = out[-i], sizes[-i]
+            if a == 1:
+                out[-i] = b
+            elif b != 1 and b != a:
+                return None
+    result = tuple(out)
+    if any(not bc and tuple(sizes) != result for sizes, bc in occurrences):
+        return None
+    return result
+
+
+def fits_variadic(sizes: Sequence[int], broadcastable: bool, bound: Sequence[int]) -> bool:
+    """Whether one occurrence of a variadic dim agrees with the sizes it is bound to."""
+    return broadcast_sizes((bound, True), (sizes, broadcastable)) == tuple(bound) if broadcastable \
+        else tuple(sizes) == tuple(bound)

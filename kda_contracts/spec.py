@@ -30,10 +30,10 @@ from typing import Any
 
 import torch
 
-from .dims import Constraint, DimSpec, parse_constraint, parse_shape
+from .dims import Constraint, DimSpec, Variadic, parse_constraint, parse_shape
 from .errors import AnnotationError, Violation
 from .markers import MatchConfig, Range, Spec, Where, config_dim_source, config_dims
-from .plan import AxisSource, Solver, plan_binding
+from .plan import AxisSource, Solver, VariadicSource, plan_binding
 from .rules import (
     Contiguous,
     Disjoint,
@@ -67,7 +67,27 @@ class TensorParam:
 
     @property
     def rank(self) -> int:
-        return len(self.dims)
+        """The number of axes (with a variadic dim: the fewest it can have)."""
+        return len(self.dims) - (self.variadic_index is not None)
+
+    @property
+    def variadic_index(self) -> int | None:
+        """Where the variadic dim (``*name``, ``...``) stands among ``dims``, if there is one."""
+        return next((i for i, d in enumerate(self.dims) if isinstance(d, Variadic)), None)
+
+    @property
+    def variadic(self) -> Variadic | None:
+        i = self.variadic_index
+        return None if i is None else self.dims[i]  # type: ignore[return-value]
+
+    def fixed_axes(self) -> list[tuple[int, DimSpec]]:
+        """Every dim but the variadic one with the index of its axis: counted from the front before
+        the variadic dim, from the back (negative) after it."""
+        v = self.variadic_index
+        if v is None:
+            return list(enumerate(self.dims))
+        return [(i, d) for i, d in enumerate(self.dims[:v])] + \
+               [(i - len(self.dims), d) for i, d in enumerate(self.dims) if i > v]
 
     def symbolic(self) -> str:
         return "[" + ", ".join(str(d) for d in self.dims) + "]"
@@ -114,6 +134,8 @@ class ContractSpec:
     sources: dict[str, tuple[AxisSource, ...]]
     scalar_sources: dict[str, str]
     solvers: tuple[Solver, ...]
+    broadcast_sources: dict[str, tuple[AxisSource, ...]]  # dims only broadcastable axes carry
+    variadic_sources: dict[str, tuple[VariadicSource, ...]]  # *name -> the axes that carry it
     config_only: tuple[str, ...]  # dims bound by the fixed config alone (no argument carries them)
     options: ContractOptions
     first_tensor: str | None = None
@@ -227,9 +249,9 @@ def tensor_rules(tp: TensorParam, first_tensor: str | None) -> tuple[Rule, ...]:
     if sp.contiguous:
         rules.append(Contiguous(tp.name))
     elif sp.inner_contiguous:
-        rules.append(InnerDense(tp.name, tp.rank, sp.inner_contiguous))
+        rules.append(InnerDense(tp.name, sp.inner_contiguous))
     if sp.disjoint and not sp.contiguous:
-        rules.append(Disjoint(tp.name, tp.rank, sp.inner_contiguous))
+        rules.append(Disjoint(tp.name, None if tp.variadic is not None else tp.rank, sp.inner_contiguous))
     return tuple(rules)
 
 
@@ -298,9 +320,11 @@ def _read_param(name: str, annotation: Any, where: str) -> TensorParam | ScalarP
             raise AnnotationError(f"{where}: only torch.Tensor arrays are supported, got {inner.array_type!r}")
         spec = specs[0] if specs else Spec()
         dims = parse_shape(inner.dim_str, where)
-        if spec.inner_contiguous > len(dims) or spec.inner_contiguous < 0:
-            raise AnnotationError(f"{where}: inner_contiguous={spec.inner_contiguous} but the tensor has rank "
-                                  f"{len(dims)}")
+        v = next((i for i, d in enumerate(dims) if isinstance(d, Variadic)), None)
+        most = len(dims) if v is None else len(dims) - 1 - v  # a dense block may not reach into *batch
+        if spec.inner_contiguous < 0 or spec.inner_contiguous > most:
+            raise AnnotationError(f"{where}: inner_contiguous={spec.inner_contiguous} but the tensor has "
+                                  + (f"rank {len(dims)}" if v is None else f"{most} dims after its variadic dim"))
         return TensorParam(name, inner.dim_str, dims, _dtypes_of(inner, spec, where), spec, optional)
     if specs:
         raise AnnotationError(f"{where}: kc.Spec applies to tensor annotations like Float[Tensor, '...']")
@@ -358,7 +382,8 @@ def build_spec(fn: Callable[..., Any], options: ContractOptions | None = None, *
     return ContractSpec(
         name=qualname, signature=sig, tensors=tensors, scalars=scalars, returns=returns,
         returns_tuple=returns_tuple, where=tuple(constraints), symbols=plan.symbols, sources=plan.sources,
-        scalar_sources=plan.scalar_sources, solvers=plan.solvers, config_only=plan.config_only, options=options,
+        scalar_sources=plan.scalar_sources, solvers=plan.solvers, broadcast_sources=plan.broadcast_sources,
+        variadic_sources=plan.variadic_sources, config_only=plan.config_only, options=options,
         first_tensor=first_tensor,
     )
 

@@ -96,23 +96,18 @@ def _chained_comparison() -> Any:
     return kc.contract(where=["1 < D < 4"])(f)
 
 
-def _variadic_star() -> Any:
-    def f(x: Float[Tensor, "*batch D"]) -> None: ...
+def _tree_path_dim() -> Any:
+    def f(x: Float[Tensor, "?B D"]) -> None: ...
     return kc.contract(f)
 
 
-def _variadic_ellipsis() -> Any:
-    def f(x: Float[Tensor, "... D"]) -> None: ...
+def _dense_block_into_variadic() -> Any:
+    def f(x: Annotated[Float[Tensor, "*batch D"], kc.Spec(inner_contiguous=2)]) -> None: ...
     return kc.contract(f)
 
 
-def _broadcastable() -> Any:
-    def f(x: Float[Tensor, "#B D"]) -> None: ...
-    return kc.contract(f)
-
-
-def _named_expression() -> Any:
-    def f(x: Float[Tensor, "B=4 D"]) -> None: ...
+def _variadic_only_in_the_return() -> Any:
+    def f(x: Float[Tensor, "B D"]) -> Float[Tensor, "*batch D"]: ...
     return kc.contract(f)
 
 
@@ -246,12 +241,12 @@ CASES: dict[str, tuple[Callable[[], Any], str]] = {
                                         r"\(== != < <= > >=\) or pow2\(\.\.\.\)"),
     "a constraint with '='": (_constraint_with_assignment, r"f: where 'D = 2': cannot parse 'D = 2' at position 1"),
     "a chained comparison": (_chained_comparison, r"f: where '1 < D < 4': cannot parse '1 < D < 4': unexpected '<'"),
-    # variadic and other jaxtyping dims a decode contract does not take
-    "variadic *batch": (_variadic_star, r"f: argument 'x': dim '\*batch' in '\*batch D' is not supported; contracts "
-                                        r"use fixed ranks"),
-    "variadic ...": (_variadic_ellipsis, r"dim '\.\.\.' in '\.\.\. D' is not supported"),
-    "broadcastable #B": (_broadcastable, r"dim '#B' in '#B D' is not supported"),
-    "named expression B=4": (_named_expression, r"dim 'B=4' in 'B=4 D' is not supported"),
+    # jaxtyping's modifiers, used wrongly (jaxtyping itself refuses two variadics and #_)
+    "a PyTree path dim": (_tree_path_dim, r"f: argument 'x': dim '\?B' in '\?B D': '\?' \(a dim that depends on a "
+                                          r"PyTree path\) is not supported"),
+    "a dense block reaching into *batch": (_dense_block_into_variadic, r"inner_contiguous=2 but the tensor has 1 "
+                                                                       r"dims after its variadic dim"),
+    "a variadic dim only the return has": (_variadic_only_in_the_return, r"cannot bind dim '\*batch'"),
     # Spec / Range / MatchConfig on the wrong kinds, conflicting or empty constraints
     "Range on a tensor": (_range_on_a_tensor, r"f: argument 'x': kc.Range and kc.MatchConfig apply to scalars"),
     "MatchConfig on a tensor": (_match_config_on_a_tensor, r"kc.Range and kc.MatchConfig apply to scalars"),

@@ -2,7 +2,18 @@
 
 import pytest
 
-from kda_contracts.dims import ANY, BinOp, Const, Sym, linear_form, parse_constraint, parse_dim, parse_shape
+from kda_contracts.dims import (
+    ANY,
+    BinOp,
+    Broadcast,
+    Const,
+    Sym,
+    Variadic,
+    linear_form,
+    parse_constraint,
+    parse_dim,
+    parse_shape,
+)
 from kda_contracts.errors import AnnotationError
 
 
@@ -34,10 +45,28 @@ def test_shape_splits_on_whitespace_and_accepts_underscore():
     assert dims[0] == Sym("B") and dims[1] is ANY and dims[2] == BinOp("*", Sym("HV"), Sym("K"))
 
 
-@pytest.mark.parametrize("text", ["*batch", "...", "#B", "B=3", "?B"])
-def test_variadic_and_broadcast_dims_are_rejected_at_parse_time(text):
-    with pytest.raises(AnnotationError, match="not supported"):
-        parse_shape(f"N {text}")
+@pytest.mark.parametrize("text,want", [
+    ("*batch", Variadic("batch")), ("...", Variadic(None)), ("*_", Variadic(None)), ("*_rest", Variadic(None)),
+    ("#*batch", Variadic("batch", broadcast=True)), ("#B", Broadcast(Sym("B"))),
+    ("#2*H", Broadcast(BinOp("*", Const(2), Sym("H")))),
+    ("rows=3", Const(3)), ("b=B", Sym("B")), ("_", ANY), ("_heads", ANY),
+])
+def test_jaxtypings_whole_grammar_parses(text, want):
+    assert parse_shape(f"N {text}") == (Sym("N"), want)
+
+
+def test_a_scalar_has_no_dims():
+    assert parse_shape("") == ()
+
+
+@pytest.mark.parametrize("text,why", [
+    ("?B", "PyTree path"), ("*a *b", "more than one variadic"), ("... *b", "more than one variadic"),
+    ("#_", "anonymous dim cannot be broadcastable"), ("##B", "at most once"), ("**B", "at most once"),
+    ("B#", "# first"), ("B,H", "not commas"), ("*2", "a variadic dim is a name"), ("#*_", "anonymous variadic"),
+])
+def test_malformed_modifiers_are_annotation_errors(text, why):
+    with pytest.raises(AnnotationError, match=why):
+        parse_shape(text)
 
 
 @pytest.mark.parametrize("text", ["H**2", "H+", "(H", "H)", "H$K", "__import__('os')", "H.K"])

@@ -79,7 +79,8 @@ def _verdicts(rule, **values):  # the fast path's source, evaluated as the gener
     ((4, 1, 3), (3, 99, 1)), ((1, 2, 3), (0, 3, 1)), ((4, 2, 3), (5, 3, 1)), ((4, 0, 3), (3, 3, 1)),
 ])
 def test_stride_rules_give_one_verdict_on_both_paths(shape, strides) -> None:
-    for rule in (InnerDense("x", 3, 2), InnerDense("x", 3, 1), Disjoint("x", 3, 2), Disjoint("x", 3, 1)):
+    rules = (InnerDense("x", 2), InnerDense("x", 1), Disjoint("x", 3, 2), Disjoint("x", 3, 1), Disjoint("x", None, 2))
+    for rule in rules:
         fast, slow = _verdicts(rule, shape=shape, strides=strides)
         assert fast == slow, (rule, shape, strides)
 
