@@ -128,7 +128,7 @@ class _Gen:
 
     def emit(self, *lines: str, **fields: Any) -> None:
         for line in lines:
-            self.lines.append("    " * self.indent + line.format(**fields))
+            self.lines.append("    " * self.indent + (line.format(**fields) if fields else line))
 
     def reject_if(self, conds: Sequence[str]) -> None:
         if conds:
@@ -205,6 +205,7 @@ class _Checker:
         if self.has_cfg:
             self.read_config()
         self.bind()
+        self.nested_checks()
         if self.has_cfg:
             self.config_agreement()
         for tp in required:
@@ -255,6 +256,23 @@ class _Checker:
         for s in spec.solvers:
             g.emit(*SOLVE, coef=n("coef"), rest=n("rest"), coef_expr=s.coef.render(self.dim),
                    const_expr=s.const.render(self.dim), shape=self.shape[s.param], axis=s.axis, dim=self.dim[s.symbol])
+
+    def nested_checks(self) -> None:
+        """Tensors inside containers: one walk per argument with the dims bound so far (it binds
+        the dims only such tensors carry)."""
+        spec, g, n = self.spec, self.g, self.names
+        if not spec.nested:
+            return
+        env = n("env")
+        bound = [s for s in spec.symbols if s not in spec.nested_only]
+        g.emit(f"{env} = {{" + ", ".join(f"{s!r}: {self.dim[s]}" for s in bound) + "}")
+        for name, param in spec.nested.items():
+            walk = g.const(param.node.match)
+            g.reject_if([f"{walk}({self.arg[name]}, {env}, {name!r}) is not None"])
+            for rule in param.rules:
+                g.reject_if([rule.test(g.slots(rule, value=self.arg[name]))])
+        for s in spec.nested_only:
+            g.emit(f"{self.dim[s]} = {env}.get({s!r})")
 
     def read_config(self) -> None:
         """What a config fixes is read once per config object into a flat view (see ConfigViews);

@@ -63,6 +63,7 @@ class Explainer:
         spec = self.spec
         self._ranks()
         self._bind()
+        self._nested()
         self._check_dims()
         self._shape_violations()
         self._where()
@@ -149,6 +150,26 @@ class Explainer:
             self.bad_axes.setdefault(s.param, {})[axis] = (
                 f"dim {axis} ({s.dim}) = {size} gives no positive integer {s.symbol} "
                 f"with {known}: {s.symbol} = {frac}", Unsolvable(s.symbol, axis, str(s.dim), size, coef, const))
+
+    def _nested(self) -> None:
+        """Walk the tensors inside containers with the dims bound so far; the walk binds the dims
+        only they carry, and its verdict is the fast path's."""
+        env: dict[str, Any] = dict(self.dims)
+        for name, param in self.spec.nested.items():
+            value = self.values.get(name)
+            problem = param.node.match(value, env, name)
+            if problem is not None:
+                kind, text = problem
+                self.violations.append(Violation(kind, name, str(param.node), text))
+                continue
+            for rule in param.rules:
+                if rule.broken(value=value):
+                    self.violations.append(rule.violation(value=value))
+        for sym in self.spec.nested_only:
+            if sym in env and sym not in self.dims:
+                self.dims[sym] = env[sym]
+                self.prov[sym] = "from the first tensor inside " + next(
+                    (n for n, p in self.spec.nested.items() if sym in p.node.plain_symbols()), "a container")
 
     def _bind_broadcast_and_variadic(self) -> None:
         """Dims only broadcastable axes carry take the largest size; a variadic dim takes the

@@ -179,3 +179,79 @@ def config_dim_source(config: Any, sym: str) -> str:
 def config_dtypes(config: Any) -> Mapping[str, torch.dtype]:
     getter = getattr(config, "contract_dtypes", None) if config is not None else None
     return getter() if getter is not None else {}
+
+
+# -- annotated_types and pydantic Field metadata -------------------------------------------------
+@dataclass(frozen=True)
+class Metadata:
+    """What the non-kc metadata of one argument asks for: number bounds (merged with a kc.Range),
+    a multiple, length bounds and predicates (``annotated_types`` or pydantic ``Field``)."""
+
+    range: Range | None = None
+    multiple_of: float | None = None
+    length: tuple[int, int | None] | None = None
+    predicates: tuple[Callable[[Any], bool], ...] = ()
+
+    def any(self) -> bool:
+        return self != Metadata()
+
+    def rules(self, name: str, optional: bool) -> tuple[Any, ...]:
+        """The rules beyond the range (see kda_contracts.rules)."""
+        from .rules import LengthIn, MultipleOf, Satisfies  # rules import this module
+
+        out: list[Any] = []
+        if self.multiple_of is not None:
+            out.append(MultipleOf(name, self.multiple_of, optional))
+        if self.length is not None:
+            out.append(LengthIn(name, self.length[0], self.length[1], optional))
+        out += [Satisfies(name, p, optional) for p in self.predicates]
+        return tuple(out)
+
+
+_BOUNDS = ("gt", "ge", "lt", "le")
+
+
+def read_metadata(meta: list[Any], where: str) -> Metadata:
+    """Read ``kc.Range``, ``annotated_types`` constraints and pydantic ``FieldInfo`` metadata; a
+    string is documentation; anything else is an AnnotationError naming it (never ignored)."""
+    import annotated_types as at
+
+    bounds: dict[str, float] = {}
+    multiple: float | None = None
+    least, most = 0, None
+    has_length = False
+    predicates: list[Callable[[Any], bool]] = []
+    items = list(meta)
+    while items:
+        m = items.pop(0)
+        if isinstance(m, str):
+            continue
+        if type(m).__name__ == "FieldInfo" and hasattr(m, "metadata"):  # pydantic.Field(...)
+            items = list(m.metadata) + items
+            continue
+        if isinstance(m, (Range, at.Interval, at.Gt, at.Ge, at.Lt, at.Le)):
+            for k in _BOUNDS:
+                v = getattr(m, k, None)
+                if v is None:
+                    continue
+                if k in bounds:
+                    raise AnnotationError(f"{where}: two '{k}' bounds ({bounds[k]!r} and {v!r})")
+                bounds[k] = v
+        elif isinstance(m, at.MultipleOf):
+            multiple = m.multiple_of  # type: ignore[assignment]
+        elif isinstance(m, (at.MinLen, at.MaxLen, at.Len)):
+            has_length = True
+            least = max(least, getattr(m, "min_length", 0) or 0)
+            m_most = getattr(m, "max_length", None)
+            most = m_most if most is None else (most if m_most is None else min(most, m_most))
+        elif isinstance(m, at.Predicate):
+            predicates.append(m.func)
+        elif isinstance(m, (Spec, MatchConfig)):
+            raise AnnotationError(f"{where}: at most one kc.Spec, one kc.Range and one kc.MatchConfig per argument")
+        else:
+            raise AnnotationError(
+                f"{where}: cannot check the metadata {m!r}; kda-contracts enforces kc.Spec, kc.Range, "
+                "kc.MatchConfig, annotated_types (Gt, Ge, Lt, Le, Interval, MultipleOf, MinLen, MaxLen, Len, "
+                "Predicate) and pydantic Field constraints, and refuses the rest rather than ignore it")
+    rng = Range(**bounds) if bounds else None  # type: ignore[arg-type]
+    return Metadata(rng, multiple, (least, most) if has_length else None, tuple(predicates))

@@ -23,6 +23,7 @@ from .errors import AnnotationError
 from .markers import Where, config_dims
 
 if TYPE_CHECKING:
+    from .nested import Node
     from .spec import ContractOptions, ScalarParam, TensorParam
 
 __all__ = ["AxisSource", "BindingPlan", "Solver", "VariadicSource", "dim_symbols", "plan_binding"]
@@ -77,6 +78,7 @@ class BindingPlan:
     solvers: tuple[Solver, ...]  # in solving order
     config_only: tuple[str, ...]  # dims only the fixed config provides
     broadcast_sources: dict[str, tuple[AxisSource, ...]]  # dims only broadcastable axes (#B) carry
+    nested_only: tuple[str, ...]  # dims only tensors inside containers carry (bound by the walk)
     variadic_sources: dict[str, tuple[VariadicSource, ...]]  # *name -> the axes that carry it
 
 
@@ -122,7 +124,7 @@ def _solvers(tensors: Mapping[str, TensorParam], order: list[str], known: set[st
 
 def plan_binding(qualname: str, tensors: Mapping[str, TensorParam], scalars: Mapping[str, ScalarParam],
                  constraints: tuple[tuple[Constraint, Where], ...], returns: tuple[TensorParam, ...] | None,
-                 options: ContractOptions) -> BindingPlan:
+                 options: ContractOptions, nested: Mapping[str, Node] | None = None) -> BindingPlan:
     """Plan how every dim of a contract is bound; raise AnnotationError for a dim nothing binds."""
     static_cfg = set(config_dims(options.config)) if options.config is not None else set()
     symbols = _symbols(tensors, constraints, returns or (), static_cfg)
@@ -149,6 +151,11 @@ def plan_binding(qualname: str, tensors: Mapping[str, TensorParam], scalars: Map
     config_only = [s for s in symbols if s in static_cfg and s not in sources and s not in scalar_sources]
     solvers = _solvers(tensors, order, direct | set(bsources))
     known = direct | set(bsources) | set(vsources) | {s.symbol for s in solvers}
+    nested = nested or {}
+    nested_only = sorted({s for node in nested.values() for s in node.plain_symbols()} - known)
+    symbols += [s for s in nested_only if s not in symbols]
+    symbols += [s for node in nested.values() for s in sorted(node.symbols()) if s not in symbols]
+    known |= set(nested_only)
     unbound = [s for s in symbols if s not in known]
     for c, _w in constraints:
         unbound += [s for s in sorted(c.symbols()) if s not in known and s not in unbound]
@@ -168,4 +175,5 @@ def plan_binding(qualname: str, tensors: Mapping[str, TensorParam], scalars: Map
         )
     return BindingPlan(tuple(symbols), {k: tuple(v) for k, v in sources.items()}, scalar_sources,
                        tuple(solvers), tuple(config_only), {k: tuple(v) for k, v in bsources.items()},
+                       tuple(nested_only),
                        {k: tuple(v) for k, v in vsources.items()})

@@ -374,3 +374,75 @@ def fits_variadic(sizes: Sequence[int], broadcastable: bool, bound: Sequence[int
     """Whether one occurrence of a variadic dim agrees with the sizes it is bound to."""
     return broadcast_sizes((bound, True), (sizes, broadcastable)) == tuple(bound) if broadcastable \
         else tuple(sizes) == tuple(bound)
+
+
+# -- annotated_types / pydantic Field constraints on scalars and containers ---------------------
+@dataclass(frozen=True)
+class MultipleOf(Rule):
+    """``annotated_types.MultipleOf`` (or pydantic ``Field(multiple_of=...)``) on a number."""
+
+    argument: str
+    k: float
+    optional: bool
+    kind: ClassVar[type[ContractError]] = ValueRangeError
+    needs: ClassVar[frozenset[str]] = frozenset({"value"})
+
+    def test(self, n: Slots) -> str:
+        cond = f"{n.value} % {self.k!r} != 0"
+        return f"{n.value} is not None and {cond}" if self.optional else cond
+
+    def violation(self, **values: Any) -> Violation:
+        return Violation(ValueRangeError, self.argument, f"a multiple of {self.k!r}", repr(values["value"]))
+
+    def describe(self, env: Mapping[str, int]) -> dict[str, Any]:
+        return {"multiple_of": self.k}
+
+
+@dataclass(frozen=True)
+class LengthIn(Rule):
+    """``annotated_types.MinLen/MaxLen/Len`` (or ``Field(min_length=..., max_length=...)``)."""
+
+    argument: str
+    least: int
+    most: int | None
+    optional: bool
+    kind: ClassVar[type[ContractError]] = ValueRangeError
+    needs: ClassVar[frozenset[str]] = frozenset({"value"})
+
+    def test(self, n: Slots) -> str:
+        cond = f"len({n.value}) < {self.least}"
+        if self.most is not None:
+            cond += f" or len({n.value}) > {self.most}"
+        return f"{n.value} is not None and ({cond})" if self.optional else cond
+
+    def violation(self, **values: Any) -> Violation:
+        want = f"length >= {self.least}" + (f" and <= {self.most}" if self.most is not None else "")
+        return Violation(ValueRangeError, self.argument, want, f"length {len(values['value'])}")
+
+    def describe(self, env: Mapping[str, int]) -> dict[str, Any]:
+        return {"length": [self.least, self.most]}
+
+
+@dataclass(frozen=True)
+class Satisfies(Rule):
+    """``annotated_types.Predicate(fn)``: ``fn(value)`` is true."""
+
+    argument: str
+    predicate: Callable[[Any], bool]
+    optional: bool
+    kind: ClassVar[type[ContractError]] = ValueRangeError
+    needs: ClassVar[frozenset[str]] = frozenset({"value"})
+
+    def test(self, n: Slots) -> str:
+        cond = f"not {n.constants['predicate']}({n.value})"
+        return f"{n.value} is not None and {cond}" if self.optional else cond
+
+    def constants(self) -> dict[str, Any]:
+        return {"predicate": self.predicate}
+
+    def violation(self, **values: Any) -> Violation:
+        name = getattr(self.predicate, "__qualname__", repr(self.predicate))
+        return Violation(ValueRangeError, self.argument, f"{name}(value) true", repr(values["value"]))
+
+    def describe(self, env: Mapping[str, int]) -> dict[str, Any]:
+        return {"predicate": getattr(self.predicate, "__qualname__", repr(self.predicate))}

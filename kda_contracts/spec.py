@@ -32,7 +32,8 @@ import torch
 
 from .dims import Constraint, DimSpec, Variadic, parse_constraint, parse_shape
 from .errors import AnnotationError, Violation
-from .markers import MatchConfig, Range, Spec, Where, config_dim_source, config_dims
+from .markers import MatchConfig, Range, Spec, Where, config_dim_source, config_dims, read_metadata
+from .nested import Node, mentions_array, read_structure
 from .plan import AxisSource, Solver, VariadicSource, plan_binding
 from .rules import (
     Contiguous,
@@ -101,7 +102,17 @@ class ScalarParam:
     optional: bool
     binds: str | None  # the dim symbol an int parameter binds, if named like one
     match: MatchConfig | None = None
-    rules: tuple[Rule, ...] = ()  # range, then config agreement
+    rules: tuple[Rule, ...] = ()  # range, then config agreement, then the constraints below
+    constraints: tuple[Rule, ...] = ()  # from annotated_types / pydantic Field metadata
+
+
+@dataclass(frozen=True)
+class NestedParam:
+    """An argument whose annotation has tensors inside a container, union, dataclass or model."""
+
+    name: str
+    node: Node
+    rules: tuple[Rule, ...] = ()  # length / predicate constraints on the value itself
 
 
 @dataclass(frozen=True)
@@ -127,6 +138,7 @@ class ContractSpec:
     signature: inspect.Signature
     tensors: dict[str, TensorParam]
     scalars: dict[str, ScalarParam]
+    nested: dict[str, NestedParam]  # tensors inside containers, unions, dataclasses, models
     returns: tuple[TensorParam, ...] | None  # None: no tensor return contract
     returns_tuple: bool
     where: tuple[tuple[Constraint, Where], ...]
@@ -136,6 +148,7 @@ class ContractSpec:
     solvers: tuple[Solver, ...]
     broadcast_sources: dict[str, tuple[AxisSource, ...]]  # dims only broadcastable axes carry
     variadic_sources: dict[str, tuple[VariadicSource, ...]]  # *name -> the axes that carry it
+    nested_only: tuple[str, ...]  # dims only tensors inside containers carry (bound by the walk)
     config_only: tuple[str, ...]  # dims bound by the fixed config alone (no argument carries them)
     options: ContractOptions
     first_tensor: str | None = None
@@ -262,7 +275,7 @@ def scalar_rules(sp: ScalarParam) -> tuple[Rule, ...]:
         rules.append(ScalarInRange(sp.name, sp.range, sp.optional))
     if sp.match is not None:
         rules.append(MatchesConfig(sp.name, sp.match))
-    return tuple(rules)
+    return tuple(rules) + sp.constraints
 
 
 # -- reading annotations -------------------------------------------------------------------------
@@ -279,12 +292,13 @@ def split_optional(tp: Any) -> tuple[Any, bool]:
     return tp, False
 
 
-def _dtypes_of(array_type: Any, spec: Spec, where: str) -> frozenset[torch.dtype]:
+def array_dtypes(array_type: Any, spec: Spec | None, where: str) -> frozenset[torch.dtype]:
+    """The dtypes a jaxtyping array annotation allows, narrowed by ``Spec(dtypes=...)``."""
     names = array_type.dtypes
     if not isinstance(names, (list, tuple, set, frozenset)):  # Shaped[...]: jaxtyping's "any dtype"
         names = tuple(_TORCH_DTYPE_BY_NAME)
     allowed = frozenset(_TORCH_DTYPE_BY_NAME[n] for n in names if n in _TORCH_DTYPE_BY_NAME)
-    if spec.dtypes is not None:
+    if spec is not None and spec.dtypes is not None:
         narrowed = frozenset(spec.dtypes)
         if not narrowed <= allowed:
             extra = ", ".join(sorted(dtype_name(d) for d in narrowed - allowed))
@@ -296,7 +310,7 @@ def _dtypes_of(array_type: Any, spec: Spec, where: str) -> frozenset[torch.dtype
     return allowed
 
 
-def _read_param(name: str, annotation: Any, where: str) -> TensorParam | ScalarParam | None:
+def _read_param(name: str, annotation: Any, where: str) -> TensorParam | ScalarParam | NestedParam | None:
     if annotation is inspect.Parameter.empty:
         return None
     meta: tuple[Any, ...] = ()
@@ -308,12 +322,18 @@ def _read_param(name: str, annotation: Any, where: str) -> TensorParam | ScalarP
         inner, *rest = typing.get_args(inner)
         meta += tuple(rest)
     specs = [m for m in meta if isinstance(m, Spec)]
-    ranges = [m for m in meta if isinstance(m, Range)]
     matches = [m for m in meta if isinstance(m, MatchConfig)]
-    if len(specs) > 1 or len(ranges) > 1 or len(matches) > 1:
+    foreign = read_metadata([m for m in meta if not isinstance(m, (Spec, MatchConfig))], where)
+    ranges = [foreign.range] if foreign.range is not None else []
+    if len(specs) > 1 or len(matches) > 1:
         raise AnnotationError(f"{where}: at most one kc.Spec, one kc.Range and one kc.MatchConfig per argument")
+    if not _is_jaxtyping_array(inner) and mentions_array(inner):
+        if specs or ranges or matches or foreign.multiple_of is not None:
+            raise AnnotationError(f"{where}: kc.Spec, kc.Range, kc.MatchConfig and number bounds apply to a "
+                                  "top-level tensor or number, not to a container of tensors")
+        return NestedParam(name, read_structure(annotation, where), foreign.rules(name, optional))
     if _is_jaxtyping_array(inner):
-        if ranges or matches:
+        if ranges or matches or foreign.any():
             raise AnnotationError(f"{where}: kc.Range and kc.MatchConfig apply to scalars; tensor values are "
                                   "checked in strict mode")
         if not (isinstance(inner.array_type, type) and issubclass(inner.array_type, torch.Tensor)):
@@ -325,7 +345,7 @@ def _read_param(name: str, annotation: Any, where: str) -> TensorParam | ScalarP
         if spec.inner_contiguous < 0 or spec.inner_contiguous > most:
             raise AnnotationError(f"{where}: inner_contiguous={spec.inner_contiguous} but the tensor has "
                                   + (f"rank {len(dims)}" if v is None else f"{most} dims after its variadic dim"))
-        return TensorParam(name, inner.dim_str, dims, _dtypes_of(inner, spec, where), spec, optional)
+        return TensorParam(name, inner.dim_str, dims, array_dtypes(inner, spec, where), spec, optional)
     if specs:
         raise AnnotationError(f"{where}: kc.Spec applies to tensor annotations like Float[Tensor, '...']")
     if inner is torch.Tensor:
@@ -336,8 +356,11 @@ def _read_param(name: str, annotation: Any, where: str) -> TensorParam | ScalarP
         raise AnnotationError(f"{where}: kc.Range needs an int or float annotation, got {inner!r}")
     if rng is not None and (why := rng.malformed()) is not None:
         raise AnnotationError(f"{where}: kc.Range{_range_args(rng)} can never hold: {why}")
+    if foreign.multiple_of is not None and inner not in (int, float):
+        raise AnnotationError(f"{where}: MultipleOf needs an int or float annotation, got {inner!r}")
     hint = annotation if not meta else (inner if not optional else inner | None)
-    return ScalarParam(name, hint, rng, optional, None, matches[0] if matches else None)
+    return ScalarParam(name, hint, rng, optional, None, matches[0] if matches else None,
+                       constraints=foreign.rules(name, optional))
 
 
 def _range_args(r: Range) -> str:
@@ -366,32 +389,35 @@ def build_spec(fn: Callable[..., Any], options: ContractOptions | None = None, *
     except Exception as exc:  # a forward reference that does not resolve, a bad dim string ...
         raise AnnotationError(f"{qualname}: cannot read the annotations: {exc}") from exc
     sig = inspect.signature(fn)
-    tensors, scalars = _read_params(qualname, sig, hints_map)
+    tensors, scalars, nested = _read_params(qualname, sig, hints_map)
     returns, returns_tuple = _read_returns(qualname, hints_map.get("return", None))
     _check_options(qualname, options, sig, tensors, scalars)
     constraints = []
     for w in options.where:
         wobj = w if isinstance(w, Where) else Where(w)
         constraints.append((parse_constraint(wobj.expr, f"{qualname}: where {wobj.expr!r}"), wobj))
-    plan = plan_binding(qualname, tensors, scalars, tuple(constraints), returns, options)
+    plan = plan_binding(qualname, tensors, scalars, tuple(constraints), returns, options,
+                        {n: p.node for n, p in nested.items()})
     for sym in plan.scalar_sources:
         scalars[sym] = replace(scalars[sym], binds=sym)
     first_tensor = next((n for n in tensors if not tensors[n].optional), None)
     tensors = {n: replace(tp, rules=tensor_rules(tp, first_tensor)) for n, tp in tensors.items()}
     scalars = {n: replace(sp, rules=scalar_rules(sp)) for n, sp in scalars.items()}
     return ContractSpec(
-        name=qualname, signature=sig, tensors=tensors, scalars=scalars, returns=returns,
+        name=qualname, signature=sig, tensors=tensors, scalars=scalars, nested=nested, returns=returns,
         returns_tuple=returns_tuple, where=tuple(constraints), symbols=plan.symbols, sources=plan.sources,
         scalar_sources=plan.scalar_sources, solvers=plan.solvers, broadcast_sources=plan.broadcast_sources,
+        nested_only=plan.nested_only,
         variadic_sources=plan.variadic_sources, config_only=plan.config_only, options=options,
         first_tensor=first_tensor,
     )
 
 
 def _read_params(qualname: str, sig: inspect.Signature, hints_map: Mapping[str, Any],
-                 ) -> tuple[dict[str, TensorParam], dict[str, ScalarParam]]:
+                 ) -> tuple[dict[str, TensorParam], dict[str, ScalarParam], dict[str, NestedParam]]:
     tensors: dict[str, TensorParam] = {}
     scalars: dict[str, ScalarParam] = {}
+    nested: dict[str, NestedParam] = {}
     for p in sig.parameters.values():
         if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
             continue  # passed through unchecked
@@ -400,7 +426,9 @@ def _read_params(qualname: str, sig: inspect.Signature, hints_map: Mapping[str, 
             tensors[p.name] = read
         elif isinstance(read, ScalarParam):
             scalars[p.name] = read
-    return tensors, scalars
+        elif isinstance(read, NestedParam):
+            nested[p.name] = read
+    return tensors, scalars, nested
 
 
 def _read_returns(qualname: str, ret: Any) -> tuple[tuple[TensorParam, ...] | None, bool]:

@@ -1,0 +1,355 @@
+"""Tensors inside containers: lists, tuples, dicts, ``Sequence``/``Mapping``, unions, Optional,
+dataclasses, NamedTuples and pydantic models, checked with the call's dims (principle 3: what
+mentions an array type is enforced, never skipped).
+
+An annotation that mentions an array type anywhere is read once, at decoration, into a small
+tree of :class:`Node` objects. At call time one walk over the value checks every tensor in it
+(not a sample) against the same dims as the rest of the call, binding a dim at its first
+occurrence when nothing outside the container binds it. The walk returns None when the value
+fits, else ``(error kind, what is wrong and where)``: the generated checker only asks whether the
+result is None; the explainer words the very same result.
+
+Example::
+
+    @kc.contract
+    def attend(qs: list[Float[Tensor, "B H D"]], k: Float[Tensor, "B H D"]) -> None: ...
+"""
+
+from __future__ import annotations
+
+import collections.abc as cabc
+import dataclasses
+import typing
+from collections.abc import Mapping
+from dataclasses import dataclass
+from types import NoneType, UnionType
+from typing import Any
+
+import torch
+from beartype import BeartypeConf
+from beartype.door import is_bearable
+
+from .dims import ANY, Broadcast, DimSpec, Expr, Sym, Variadic, parse_shape
+from .errors import AnnotationError, ArgumentTypeError, ContractError, DtypeError, ShapeError
+from .plan import dim_symbols
+from .rules import DtypeIn, dtype_name, fits_variadic, fmt_ints
+
+__all__ = ["Node", "mentions_array", "read_structure"]
+
+Problem = tuple[type[ContractError], str]
+_BEARTYPE_CONF = BeartypeConf(is_pep484_tower=True)
+
+
+def is_array_type(tp: Any) -> bool:
+    """A jaxtyping array annotation (``Float[Tensor, "B D"]``)."""
+    return isinstance(tp, type) and hasattr(tp, "dim_str") and hasattr(tp, "dtypes") and hasattr(tp, "array_type")
+
+
+def _field_hints(cls: type) -> dict[str, Any] | None:
+    """The annotated fields of a dataclass, NamedTuple or pydantic model class (None: not one)."""
+    if dataclasses.is_dataclass(cls) or (issubclass(cls, tuple) and hasattr(cls, "_fields")) \
+            or hasattr(cls, "model_fields"):
+        try:
+            hints = typing.get_type_hints(cls, include_extras=True)
+        except Exception as exc:
+            raise AnnotationError(f"cannot read the field annotations of {cls.__name__}: {exc}") from exc
+        if hasattr(cls, "model_fields"):
+            return {k: hints[k] for k in cls.model_fields if k in hints}
+        if dataclasses.is_dataclass(cls):
+            return {f.name: hints[f.name] for f in dataclasses.fields(cls) if f.name in hints}
+        return {k: hints[k] for k in cls._fields if k in hints}  # type: ignore[attr-defined]
+    return None
+
+
+def mentions_array(tp: Any, _seen: frozenset[Any] = frozenset()) -> bool:
+    """Whether an annotation mentions a jaxtyping array type anywhere inside it."""
+    if is_array_type(tp):
+        return True
+    if tp in _seen:
+        return False
+    args = typing.get_args(tp)
+    if typing.get_origin(tp) is typing.Annotated:
+        return mentions_array(args[0], _seen)
+    if any(mentions_array(a, _seen | {tp}) for a in args if a is not Ellipsis):
+        return True
+    if isinstance(tp, type):
+        try:
+            fields = _field_hints(tp)
+        except AnnotationError:
+            return False
+        return fields is not None and any(mentions_array(h, _seen | {tp}) for h in fields.values())
+    return False
+
+
+class Node:
+    """One level of a container annotation."""
+
+    def match(self, value: Any, env: dict[str, Any], path: str) -> Problem | None:
+        raise NotImplementedError
+
+    def symbols(self) -> frozenset[str]:
+        return frozenset()
+
+    def plain_symbols(self) -> frozenset[str]:
+        """The symbols some tensor inside carries as a plain dim (so a walk can bind them)."""
+        return frozenset()
+
+
+@dataclass(frozen=True)
+class Leaf(Node):
+    """A tensor: its dims and allowed dtypes."""
+
+    text: str
+    dims: tuple[DimSpec, ...]
+    dtypes: frozenset[torch.dtype]
+
+    def __str__(self) -> str:
+        return f"Tensor[{self.text}]"
+
+    def symbols(self) -> frozenset[str]:
+        return frozenset().union(*(dim_symbols(d) for d in self.dims))
+
+    def plain_symbols(self) -> frozenset[str]:
+        return frozenset(d.name for d in self.dims if isinstance(d, Sym)) | frozenset(
+            d.key for d in self.dims if isinstance(d, Variadic) and d.name is not None)
+
+    def match(self, value: Any, env: dict[str, Any], path: str) -> Problem | None:
+        if not isinstance(value, torch.Tensor):
+            return ArgumentTypeError, f"{path}: expected a torch.Tensor, got {type(value).__name__}"
+        if DtypeIn(path, self.dtypes).broken(dtype=value.dtype, config_value=None):
+            allowed = " or ".join(sorted(dtype_name(d) for d in self.dtypes))
+            return DtypeError, f"{path}: dtype {dtype_name(value.dtype)}, expected {allowed}"
+        why = match_dims(self.dims, tuple(value.shape), env)
+        return None if why is None else (ShapeError, f"{path}: shape {fmt_ints(value.shape)}: {why}")
+
+
+def match_dims(dims: tuple[DimSpec, ...], shape: tuple[int, ...], env: dict[str, Any]) -> str | None:
+    """Match a shape against dims, binding unbound plain dims (and variadic dims) in ``env`` at
+    their first occurrence; None when it fits, else why not."""
+    vi = next((i for i, d in enumerate(dims) if isinstance(d, Variadic)), None)
+    fixed = len(dims) - (vi is not None)
+    if (len(shape) < fixed) if vi is not None else (len(shape) != fixed):
+        return f"expected rank {'≥ ' if vi is not None else ''}{fixed}, got {len(shape)}"
+    after = 0 if vi is None else len(dims) - 1 - vi
+    for i, d in enumerate(dims):
+        if isinstance(d, Variadic):
+            sizes = shape[i:len(shape) - after]
+            if d.name is None:
+                continue
+            if d.key not in env:
+                env[d.key] = tuple(sizes)
+            elif not fits_variadic(sizes, d.broadcast, env[d.key]):
+                return f"dims {d}: expected {fmt_ints(env[d.key])}, got {fmt_ints(sizes)}"
+            continue
+        axis = i if vi is None or i < vi else i - len(dims)
+        size = shape[axis]
+        expr = d.dim if isinstance(d, Broadcast) else d
+        if d is ANY or (isinstance(d, Broadcast) and size == 1) or not isinstance(expr, Expr):
+            continue
+        if isinstance(expr, Sym) and expr.name not in env:
+            env[expr.name] = size
+            continue
+        try:
+            want = expr.evaluate(env)
+        except (KeyError, ZeroDivisionError):
+            return f"dim {axis} ({d}) cannot be evaluated with the bound dims"
+        if size != want:
+            return f"dim {axis} ({d}): expected {want}, got {size}"
+    return None
+
+
+@dataclass(frozen=True)
+class Plain(Node):
+    """A non-tensor part of a container annotation (checked with beartype's verdict)."""
+
+    hint: Any
+
+    def __str__(self) -> str:
+        return getattr(self.hint, "__name__", str(self.hint))
+
+    def match(self, value: Any, env: dict[str, Any], path: str) -> Problem | None:
+        if self.hint is Any or is_bearable(value, self.hint, conf=_BEARTYPE_CONF):
+            return None
+        return ArgumentTypeError, f"{path}: expected {self}, got {type(value).__name__}"
+
+
+@dataclass(frozen=True)
+class SequenceOf(Node):
+    """``list[X]``, ``tuple[X, ...]``, ``Sequence[X]``: every item is an X."""
+
+    kind: type
+    item: Node
+
+    def __str__(self) -> str:
+        return f"{self.kind.__name__}[{self.item}]"
+
+    def symbols(self) -> frozenset[str]:
+        return self.item.symbols()
+
+    def plain_symbols(self) -> frozenset[str]:
+        return self.item.plain_symbols()
+
+    def match(self, value: Any, env: dict[str, Any], path: str) -> Problem | None:
+        if not isinstance(value, self.kind) or isinstance(value, (str, bytes)):
+            return ArgumentTypeError, f"{path}: expected a {self.kind.__name__}, got {type(value).__name__}"
+        for i, item in enumerate(value):  # type: ignore[var-annotated, arg-type]
+            problem = self.item.match(item, env, f"{path}[{i}]")
+            if problem is not None:
+                return problem
+        return None
+
+
+@dataclass(frozen=True)
+class TupleOf(Node):
+    """``tuple[X, Y]`` and NamedTuples: one node per position."""
+
+    items: tuple[Node, ...]
+
+    def __str__(self) -> str:
+        return "tuple[" + ", ".join(str(i) for i in self.items) + "]"
+
+    def symbols(self) -> frozenset[str]:
+        return frozenset().union(*(i.symbols() for i in self.items))
+
+    def plain_symbols(self) -> frozenset[str]:
+        return frozenset().union(*(i.plain_symbols() for i in self.items))
+
+    def match(self, value: Any, env: dict[str, Any], path: str) -> Problem | None:
+        if not isinstance(value, tuple) or len(value) != len(self.items):
+            got = f"a tuple of {len(value)}" if isinstance(value, tuple) else type(value).__name__
+            return ArgumentTypeError, f"{path}: expected a tuple of {len(self.items)}, got {got}"
+        for i, (node, item) in enumerate(zip(self.items, value, strict=True)):
+            problem = node.match(item, env, f"{path}[{i}]")
+            if problem is not None:
+                return problem
+        return None
+
+
+@dataclass(frozen=True)
+class MappingOf(Node):
+    """``dict[K, X]``, ``Mapping[K, X]``: every key a K, every value an X."""
+
+    key: Node
+    value: Node
+
+    def __str__(self) -> str:
+        return f"Mapping[{self.key}, {self.value}]"
+
+    def symbols(self) -> frozenset[str]:
+        return self.value.symbols()
+
+    def plain_symbols(self) -> frozenset[str]:
+        return self.value.plain_symbols()
+
+    def match(self, value: Any, env: dict[str, Any], path: str) -> Problem | None:
+        if not isinstance(value, cabc.Mapping):
+            return ArgumentTypeError, f"{path}: expected a mapping, got {type(value).__name__}"
+        for k, v in value.items():
+            problem = self.key.match(k, env, f"{path} key {k!r}") or self.value.match(v, env, f"{path}[{k!r}]")
+            if problem is not None:
+                return problem
+        return None
+
+
+@dataclass(frozen=True)
+class OneOf(Node):
+    """A union: the first option that fits wins (its dims are kept); None when allowed."""
+
+    options: tuple[Node, ...]
+    none_ok: bool
+
+    def __str__(self) -> str:
+        return " | ".join([str(o) for o in self.options] + (["None"] if self.none_ok else []))
+
+    def symbols(self) -> frozenset[str]:
+        return frozenset().union(*(o.symbols() for o in self.options))
+
+    def plain_symbols(self) -> frozenset[str]:
+        return frozenset.intersection(*(o.plain_symbols() for o in self.options)) if self.options else frozenset()
+
+    def match(self, value: Any, env: dict[str, Any], path: str) -> Problem | None:
+        if value is None and self.none_ok:
+            return None
+        problems = []
+        for option in self.options:
+            trial = dict(env)
+            problem = option.match(value, trial, path)
+            if problem is None:
+                env.update(trial)
+                return None
+            problems.append(problem)
+        kind = problems[0][0] if len({p[0] for p in problems}) == 1 else ShapeError
+        return kind, f"{path}: fits none of {self}: " + "; ".join(p[1] for p in problems)
+
+
+@dataclass(frozen=True)
+class FieldsOf(Node):
+    """A dataclass, NamedTuple or pydantic model: an instance of the class, each field checked."""
+
+    cls: type
+    fields: tuple[tuple[str, Node], ...]
+
+    def __str__(self) -> str:
+        return self.cls.__name__
+
+    def symbols(self) -> frozenset[str]:
+        return frozenset().union(*(n.symbols() for _, n in self.fields))
+
+    def plain_symbols(self) -> frozenset[str]:
+        return frozenset().union(*(n.plain_symbols() for _, n in self.fields))
+
+    def match(self, value: Any, env: dict[str, Any], path: str) -> Problem | None:
+        if not isinstance(value, self.cls):
+            return ArgumentTypeError, f"{path}: expected a {self.cls.__name__}, got {type(value).__name__}"
+        for name, node in self.fields:
+            problem = node.match(getattr(value, name), env, f"{path}.{name}")
+            if problem is not None:
+                return problem
+        return None
+
+
+# get_origin gives the runtime class for both list[X] and typing.List[X], Sequence[X] and
+# typing.Sequence[X], and so on.
+_SEQUENCES: Mapping[Any, type] = {list: list, cabc.Sequence: cabc.Sequence, cabc.MutableSequence: cabc.MutableSequence}
+_MAPPINGS = (dict, cabc.Mapping, cabc.MutableMapping)
+
+
+def read_structure(tp: Any, where: str) -> Node:
+    """Read an annotation that mentions an array type into a :class:`Node` tree; anything the
+    walk could not check is an AnnotationError naming it."""
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin is typing.Annotated:
+        if any(not _is_doc(m) for m in args[1:]):
+            raise AnnotationError(f"{where}: metadata {args[1:]!r} inside a container cannot be checked; "
+                                  "put kc.Spec/kc.Range on a top-level argument")
+        return read_structure(args[0], where)
+    if is_array_type(tp):
+        if not (isinstance(tp.array_type, type) and issubclass(tp.array_type, torch.Tensor)):
+            raise AnnotationError(f"{where}: only torch.Tensor arrays are supported, got {tp.array_type!r}")
+        from .spec import array_dtypes  # the dtype table lives with the annotation reader
+
+        return Leaf(tp.dim_str, parse_shape(tp.dim_str, where), array_dtypes(tp, None, where))
+    if not mentions_array(tp):
+        return Plain(tp)
+    if origin in (typing.Union, UnionType):
+        options = tuple(read_structure(a, where) for a in args if a is not NoneType)
+        return OneOf(options, any(a is NoneType for a in args))
+    if origin is tuple:
+        if len(args) == 2 and args[1] is Ellipsis:
+            return SequenceOf(tuple, read_structure(args[0], where))
+        return TupleOf(tuple(read_structure(a, where) for a in args))
+    if origin in _SEQUENCES:
+        return SequenceOf(_SEQUENCES[origin], read_structure(args[0], where))
+    if origin in _MAPPINGS:
+        return MappingOf(read_structure(args[0], where), read_structure(args[1], where))
+    if isinstance(tp, type):
+        fields = _field_hints(tp)
+        if fields is not None:
+            return FieldsOf(tp, tuple((k, read_structure(h, f"{where}.{k}")) for k, h in fields.items()))
+    raise AnnotationError(f"{where}: {tp!r} mentions a tensor annotation inside a type kda-contracts cannot walk "
+                          "(supported: list, tuple, dict, Sequence, Mapping, Union/Optional, dataclasses, "
+                          "NamedTuples, pydantic models)")
+
+
+def _is_doc(meta: Any) -> bool:
+    return isinstance(meta, str)
