@@ -26,7 +26,7 @@ import torch
 from ...dims import Constraint, parse_constraint
 from ...errors import ContractError, Violation, raise_violations
 
-__all__ = ["Adapter", "DecodeCall", "available", "get", "names", "register", "select", "unregister"]
+__all__ = ["Adapter", "DecodeCall", "available", "get", "names", "register", "select_cached", "unregister"]
 
 
 class BackendError(ContractError):
@@ -230,17 +230,11 @@ def verdicts(call: DecodeCall) -> list[tuple[Adapter, list[str]]]:
     return out
 
 
-def select(backend: str, call: DecodeCall) -> Adapter:
-    """The adapter to run ``call``: the named one (which must support it), or for ``"auto"``
-    the highest-priority available one that supports it. Cached per call signature."""
-    key = (backend, call.device_type, call.state_dtype, call.activation_dtype, call.index_dtype, call.layout,
-           call.gate, tuple(sorted(call.dims.items())))
-    return select_cached(key, backend, lambda: call)
-
-
 def select_cached(key: tuple[Any, ...], backend: str, make_call: Callable[[], DecodeCall]) -> Adapter:
-    """:func:`select` for a caller that keys the call itself (the hot path: one dict lookup,
-    no :class:`DecodeCall` built unless the key is new). ``key`` must determine the call."""
+    """The adapter to run a call: the named one (which must support it), or for ``"auto"`` the
+    highest-priority available one that supports it. Cached by ``key``, which the caller builds
+    and which must determine the call (the hot path: one dict lookup, no :class:`DecodeCall`
+    built unless the key is new)."""
     hit = _SELECTED.get(key)
     if hit is not None:
         return hit
