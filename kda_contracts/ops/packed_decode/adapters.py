@@ -283,6 +283,15 @@ def _cpu_if_interpreting() -> tuple[str, ...]:
     return ("cpu",) if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0") else ()
 
 
+def _gpu_backend(name: str, priority: int, description: str, *, interpreted: bool = False) -> Adapter:
+    """A shipped CUDA backend: ``kda_kernels.<name>_decode`` behind the ``<name>`` package;
+    ``interpreted``: also on the CPU when asked by name under ``TRITON_INTERPRET`` (for tests)."""
+    module = f"kda_kernels.{name}_decode"
+    return Adapter(name=name, kernel=f"{module}:packed_decode", devices=("cuda",), priority=priority,
+                   requires=(name,), availability=_probe_of(module), description=description,
+                   explicit_devices=_cpu_if_interpreting if interpreted else ())
+
+
 for _ad in (
     Adapter(
         name="torch",
@@ -291,35 +300,11 @@ for _ad in (
         priority=0,
         description="PyTorch reference: vectorised over the batch, every dtype, layout and gate",
     ),
-    Adapter(
-        name="triton",
-        kernel="kda_kernels.triton_decode:packed_decode",
-        devices=("cuda",),
-        explicit_devices=_cpu_if_interpreting,
-        priority=30,
-        requires=("triton",),
-        availability=_probe_of("kda_kernels.triton_decode"),
-        description="our Triton kernel: one program per (request, value head, V tile), bounds-guarded",
-    ),
-    Adapter(
-        name="helion",
-        kernel="kda_kernels.helion_decode:packed_decode",
-        devices=("cuda",),
-        explicit_devices=_cpu_if_interpreting,
-        priority=20,
-        requires=("helion",),
-        availability=_probe_of("kda_kernels.helion_decode"),
-        description="our Helion kernel with pinned configs (no run-time autotuning)",
-    ),
-    Adapter(
-        name="fla",
-        kernel="kda_kernels.fla_decode:packed_decode",
-        devices=("cuda",),
-        priority=10,
-        requires=("fla",),
-        availability=_probe_of("kda_kernels.fla_decode"),
-        description="flash-linear-attention's fused_recurrent_kda (peer); padding compacted on the host (syncs)",
-    ),
+    _gpu_backend("triton", 30, "our Triton kernel: one program per (request, value head, V tile), bounds-guarded",
+                 interpreted=True),
+    _gpu_backend("helion", 20, "our Helion kernel with pinned configs (no run-time autotuning)", interpreted=True),
+    _gpu_backend("fla", 10, "flash-linear-attention's fused_recurrent_kda (peer); padding compacted on the host "
+                 "(syncs)"),
 ):
     register(_ad, replace=True)
 
