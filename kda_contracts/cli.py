@@ -1,95 +1,93 @@
-"""The ``kda-contracts`` command line.
+"""The ``kda-contracts`` command line: the engine's ``docs`` command and the commands the
+shipped ops add (``demo``, ``validate``), found through one registry,
+:func:`kda_contracts.ops.cli_commands`, which is imported when the command line runs (the
+engine never imports an op at import time).
 
-Commands:
-  demo      a valid Kimi-Linear decode call, five real mistakes caught, the reference kernel
-  docs      generate the shape docs (Markdown, JSON, SVG) from the registered contracts; --check
-            exits 1 when the files on disk differ from what would be generated
-  validate  the full contract report on a torch.save'd packed-decode call
+A command is a :class:`Command`: its name, its help, how it adds its arguments, and what it runs.
+The ``docs`` command renders the contracts through a :class:`DocsSource` that an op provides
+(its config on the command line and the files it generates); see :func:`docs_command`.
+
+Example::
+
+    $ kda-contracts demo
+    $ kda-contracts docs --check
+    $ kda-contracts validate step.pt
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
-import json
 import sys
-from collections.abc import Sequence
-from pathlib import Path
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
 
-from .ops.packed_decode.config import PRESETS, KDAConfig
+__all__ = ["Command", "CommandError", "DocsSource", "docs_command", "main"]
 
-__all__ = ["config_from_arg", "main"]
-
-DEFAULT_PRESET = "kimi-linear-48b-a3b"
 DEFAULT_DOCS_DIR = "docs/generated"
-
-_VALIDATE_EPILOG = """\
-exit codes:
-  0  the call meets the contract
-  1  the call breaks the contract (every violation is listed)
-  2  the file is not a usable dump: missing, not a torch.save file, refused by
-     torch.load(weights_only=True), not a dict, missing arguments, bad config;
-     also a bad command line
-
-The dump is a dict: keys mixed_qkv, a, b, A_log, dt_bias, scale, initial_state, out,
-ssm_state_indices (required), use_qk_l2norm_in_kernel, lower_bound (optional),
-"config" (dict of KDAConfig fields, a preset name, or {"preset": name, "tp_size": n}),
-"state_layout" ("VK" or "KV"). kda_contracts.ops.packed_decode.dump.save_dump writes one.
-"""
-
-_DOCS_EPILOG = """\
-exit codes:
-  0  docs written (or, with --check, up to date)
-  1  --check: the files differ from what would be generated (each one is listed)
-  2  a bad command line (unknown preset, unreadable config.json, a --module that fails to import)
-"""
-
 
 class CommandError(Exception):
     """A bad command line argument (exit code 2)."""
 
 
-def config_from_arg(value: str | None, tp: int | None) -> tuple[KDAConfig, str]:
-    """The config named on the command line (a preset name, or a Kimi-Linear ``config.json``
-    path) and a label for it that does not depend on where the file is.
+def _no_arguments(parser: argparse.ArgumentParser) -> None:
+    """A command without arguments of its own."""
+
+
+@dataclass(frozen=True)
+class Command:
+    """One subcommand of ``kda-contracts``.
+
+    ``summary`` is its line in ``kda-contracts --help`` (a second line continues it); ``run``
+    returns the exit code and may raise :class:`CommandError` (exit 2).
 
     Example::
 
-        >>> config_from_arg("kimi-linear-48b-a3b", 2)[1]
-        'kimi-linear-48b-a3b, tp_size=2'
+        Command("hello", "say hello", "say hello", run=lambda args: print("hello") or 0)
     """
-    name = value or DEFAULT_PRESET
-    tp_size = 1 if tp is None else tp
-    try:
-        if name in PRESETS:
-            return KDAConfig.preset(name, tp_size=tp_size), f"{name}, tp_size={tp_size}"
-        path = Path(name)
-        if not path.is_file():
-            raise CommandError(f"--config {name!r}: neither a preset ({', '.join(sorted(PRESETS))}) nor a file")
-        return KDAConfig.from_hf_config(path, tp_size=tp_size), f"{path.name}, tp_size={tp_size}"
-    except CommandError:
-        raise
-    except (ValueError, OSError) as exc:
-        raise CommandError(f"--config {name!r}: {exc}") from None
+
+    name: str
+    summary: str
+    help: str
+    run: Callable[[argparse.Namespace], int]
+    configure: Callable[[argparse.ArgumentParser], None] = _no_arguments
+    description: str | None = None
+    epilog: str | None = None
 
 
-def _docs(args: argparse.Namespace) -> int:
+@dataclass(frozen=True)
+class DocsSource:
+    """What ``kda-contracts docs`` renders: how the config is chosen on the command line
+    (``configure`` adds the options, ``load`` reads them into a config and a label, ``options``
+    gives them back for the "regenerate with" line), the files generated for it, and the
+    command's description and epilog (its exit codes)."""
+
+    configure: Callable[[argparse.ArgumentParser], None]
+    load: Callable[[argparse.Namespace], tuple[Any, str]]
+    options: Callable[[argparse.Namespace], list[str]]
+    generate: Callable[[Any, str], Mapping[str, str]]
+    description: str
+    epilog: str
+
+
+def _run_docs(source: DocsSource, args: argparse.Namespace) -> int:
     from . import docs
 
-    cfg, label = config_from_arg(args.config, args.tp)
+    cfg, label = source.load(args)
     for mod in args.module:
         try:
             importlib.import_module(mod)
         except Exception as exc:
             raise CommandError(f"--module {mod!r}: cannot import it ({type(exc).__name__}: {exc})") from None
-    files = docs.generate(cfg, label)
+    files = source.generate(cfg, label)
     if args.check:
         problems = docs.check(files, args.out)
         if problems:
             print(f"kda-contracts docs --check: {len(problems)} file(s) out of date in {args.out}:")
             for p in problems:
                 print(f"  {p}")
-            opts = "".join(f" {o}" for o in _docs_options(args))
+            opts = "".join(f" {o}" for o in _docs_options(source, args))
             print(f"regenerate with: kda-contracts docs{opts}")
             return 1
         print(f"kda-contracts docs --check: {len(files)} files in {args.out} are up to date")
@@ -101,39 +99,49 @@ def _docs(args: argparse.Namespace) -> int:
     return 0
 
 
-def _docs_options(args: argparse.Namespace) -> list[str]:
-    opts = []
-    if args.out != DEFAULT_DOCS_DIR:
-        opts.append(f"--out {args.out}")
-    if args.config:
-        opts.append(f"--config {args.config}")
-    if args.tp is not None:
-        opts.append(f"--tp {args.tp}")
-    opts += [f"--module {m}" for m in args.module]
-    return opts
+def _docs_options(source: DocsSource, args: argparse.Namespace) -> list[str]:
+    opts = [f"--out {args.out}"] if args.out != DEFAULT_DOCS_DIR else []
+    return opts + source.options(args) + [f"--module {m}" for m in args.module]
 
 
-def _validate(args: argparse.Namespace) -> int:
-    from .ops.packed_decode.dump import EXIT_UNUSABLE, DumpError, check_dump, load_dump
+def docs_command(source: DocsSource) -> Command:
+    """The ``docs`` command for ``source``: ``--out``, the source's config options, ``--module``
+    (repeatable) and ``--check`` (exit 1 when the files on disk differ)."""
 
-    if args.tp is not None and not args.config:
-        raise CommandError("--tp needs --config (the dump's own config already says its tp_size)")
-    cfg = config_from_arg(args.config, args.tp)[0] if args.config else None
-    try:
-        dump = load_dump(args.dump, config=cfg, state_layout=args.state_layout)
-    except DumpError as exc:
-        print(f"kda-contracts validate: {exc}", file=sys.stderr)
-        return EXIT_UNUSABLE
-    report = check_dump(dump, strict=args.mode == "strict")
-    if args.json:
-        print(json.dumps(report.to_json(), indent=2))
-    else:
-        print(report.render(), end="")
-    return report.exit_code
+    def configure(d: argparse.ArgumentParser) -> None:
+        d.add_argument("--out", default=DEFAULT_DOCS_DIR, help=f"output folder (default {DEFAULT_DOCS_DIR})")
+        source.configure(d)
+        d.add_argument("--module", action="append", default=[], metavar="MODULE",
+                       help="import MODULE first, so the contracts it decorates are documented too (repeatable)")
+        d.add_argument("--check", action="store_true", help="write nothing; exit 1 if the files differ from what "
+                                                            "would be generated")
+
+    return Command(
+        "docs", "generate the shape docs (Markdown, JSON, SVG) from the registered contracts; --check\n"
+        "exits 1 when the files on disk differ from what would be generated",
+        "generate the shape docs from the registered contracts", lambda args: _run_docs(source, args), configure,
+        description=source.description, epilog=source.epilog)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of ``kda-contracts``; returns the exit code.
+def _shipped_commands() -> list[Command]:
+    # The one place the engine names the shipped ops, imported only when the command line runs.
+    from .ops import cli_commands
+
+    return cli_commands()
+
+
+def _description(commands: Sequence[Command]) -> str:
+    lines = ["The ``kda-contracts`` command line.", "", "Commands:"]
+    for c in commands:
+        first, *rest = c.summary.splitlines()
+        lines.append(f"  {c.name:<9} {first}")
+        lines += [" " * 12 + line for line in rest]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: Sequence[str] | None = None, commands: Sequence[Command] | None = None) -> int:
+    """Entry point of ``kda-contracts``; returns the exit code. ``commands``: default the
+    shipped ones (:func:`kda_contracts.ops.cli_commands`).
 
     Example::
 
@@ -141,53 +149,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         $ kda-contracts docs --check
         $ kda-contracts validate step.pt
     """
-    parser = argparse.ArgumentParser(prog="kda-contracts", description=__doc__,
+    commands = _shipped_commands() if commands is None else list(commands)
+    parser = argparse.ArgumentParser(prog="kda-contracts", description=_description(commands),
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("demo", help="a valid Kimi-Linear decode call, five real mistakes caught, the reference kernel")
-
-    d = sub.add_parser("docs", help="generate the shape docs from the registered contracts",
-                       description="Render every registered contract and backend to Markdown, JSON and SVG, "
-                                   "with concrete shapes for a config, and the catalogue of known mistakes.",
-                       epilog=_DOCS_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
-    d.add_argument("--out", default=DEFAULT_DOCS_DIR, help=f"output folder (default {DEFAULT_DOCS_DIR})")
-    d.add_argument("--config", help=f"a preset ({', '.join(sorted(PRESETS))}) or a Kimi-Linear config.json path "
-                                    f"(default {DEFAULT_PRESET})")
-    d.add_argument("--tp", type=int, help="tensor-parallel degree (default 1)")
-    d.add_argument("--module", action="append", default=[], metavar="MODULE",
-                   help="import MODULE first, so the contracts it decorates are documented too (repeatable)")
-    d.add_argument("--check", action="store_true", help="write nothing; exit 1 if the files differ from what "
-                                                        "would be generated")
-
-    v = sub.add_parser("validate", help="report on a torch.save'd packed-decode call",
-                       description="Load a dump of a packed-decode call (torch.load(weights_only=True)) and print "
-                                   "every violation, the bound dims with where each came from, and which "
-                                   "backends would accept the call.",
-                       epilog=_VALIDATE_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
-    v.add_argument("dump", help="the .pt file")
-    v.add_argument("--config", help="check against this config instead of the dump's (a preset or a config.json)")
-    v.add_argument("--tp", type=int, help="tensor-parallel degree for --config (default 1)")
-    v.add_argument("--state-layout", choices=("VK", "KV"), help="the declared state layout (default: the dump's, "
-                                                                "else the config's, else VK)")
-    v.add_argument("--mode", choices=("check", "strict"), default="strict",
-                   help="strict (default) adds the value checks: index range, duplicate slots, aliasing, finiteness")
-    v.add_argument("--json", action="store_true", help="print the report as JSON")
-
+    for c in commands:
+        extra: dict[str, Any] = {}
+        if c.description is not None or c.epilog is not None:
+            extra = {"description": c.description, "epilog": c.epilog,
+                     "formatter_class": argparse.RawDescriptionHelpFormatter}
+        c.configure(sub.add_parser(c.name, help=c.help, **extra))
     args = parser.parse_args(argv)
+    by_name = {c.name: c for c in commands}
     try:
-        if args.command == "demo":
-            from .ops.packed_decode.demo import run_demo
-
-            return run_demo()
-        if args.command == "docs":
-            return _docs(args)
-        if args.command == "validate":
-            return _validate(args)
+        return by_name[args.command].run(args)
     except CommandError as exc:
         print(f"kda-contracts {args.command}: {exc}", file=sys.stderr)
         return 2
-    parser.error(f"unknown command {args.command!r}")
-    return 2
 
 
 if __name__ == "__main__":

@@ -10,7 +10,8 @@ import pytest
 import torch
 
 import kda_contracts as kc
-from kda_contracts.cli import config_from_arg, main
+from kda_contracts.cli import main
+from kda_contracts.ops.packed_decode.cli import config_from_arg
 from kda_contracts.ops.packed_decode.dump import check_dump, load_dump, save_dump
 from kda_contracts.testing import make_decode_call
 

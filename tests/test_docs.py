@@ -14,9 +14,10 @@ import kda_contracts as kc
 from kda_contracts import Float, Int, Tensor
 from kda_contracts import decorator as enforce
 from kda_contracts.cli import main
-from kda_contracts.docs import FILES, GENERATED_MARK, check, describe, generate, write
-from kda_contracts.ops.packed_decode.decode import PACKED_DECODE_ARGS
+from kda_contracts.docs import GENERATED_MARK, check, write
+from kda_contracts.ops.packed_decode.contract import PACKED_DECODE_ARGS
 from kda_contracts.ops.packed_decode.diagrams import mixed_qkv_svg, state_pool_svg
+from kda_contracts.ops.packed_decode.docs import FILES, describe, generate
 from kda_contracts.ops.packed_decode.mistakes import MISTAKES, reproduce
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -43,7 +43,6 @@ Example::
 # No `from __future__ import annotations`: the contract annotations are evaluated at definition.
 
 import json
-import math
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Annotated, Any
@@ -51,150 +50,21 @@ from typing import Annotated, Any
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from jaxtyping import Float, Int
+from jaxtyping import Float
 from kda_kernels import reference
 from torch import Tensor, nn
 
 from ..decorator import contract
-from ..dims import ANY
-from ..errors import ShapeError, ValueRangeError, Violation
-from ..facts import AxisMismatch
-from ..markers import Spec, Where
+from ..markers import Spec
 from ..ops.packed_decode.config import KDAConfig
 from ..ops.packed_decode.decode import packed_decode
-from ..spec import CallContext
+from .kimi_linear_contracts import HAS_SLOTS, HINTS, ConvStatePool, Hidden, SlotIndices, SSMStatePool, slot_value_checks
+from .kimi_linear_contracts import layer_dims as layer_dims
+from .kimi_linear_weights import WEIGHT_NAMES as WEIGHT_NAMES
+from .kimi_linear_weights import random_weights as random_weights
+from .kimi_linear_weights import shard_weights as shard_weights
 
 __all__ = ["WEIGHT_NAMES", "KimiDeltaAttention", "layer_dims", "random_weights", "shard_weights"]
-
-WEIGHT_NAMES = ("qkv_proj", "conv1d", "f_a_proj", "f_b_proj", "b_proj", "A_log", "dt_bias", "g_a_proj",
-                "g_b_proj", "o_norm", "o_proj")
-"""The keyword arguments of :meth:`KimiDeltaAttention.load_weights`, in order."""
-
-_STATE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
-_INDEX_DTYPES = (torch.int32, torch.int64)
-
-# The annotations the public methods share.
-Hidden = Annotated[Float[Tensor, "B D"], Spec(inner_contiguous=1, config_dtype="activation")]
-SSMStatePool = Annotated[Float[Tensor, "N HV V K"], Spec(dtypes=_STATE_DTYPES, inner_contiguous=3,
-                                                         config_dtype="state")]
-ConvStatePool = Annotated[Float[Tensor, "N C W"], Spec(inner_contiguous=2, config_dtype="activation")]
-SlotIndices = Annotated[Int[Tensor, "B"], Spec(dtypes=_INDEX_DTYPES, config_dtype="index")]
-
-
-def layer_dims(config: KDAConfig) -> dict[str, int]:
-    """The per-rank dims a KDA layer of ``config`` fixes: H, HV, K, V, D, C, W.
-
-    Example::
-
-        >>> cfg = KDAConfig(num_heads=4, head_k_dim=16, hidden_size=64, tp_size=2)
-        >>> layer_dims(cfg)
-        {'H': 2, 'HV': 2, 'K': 16, 'V': 16, 'D': 64, 'C': 96, 'W': 3}
-    """
-    if config.hidden_size is None:
-        raise ValueError("a KDA layer needs config.hidden_size (KDAConfig.from_hf_config reads it from "
-                         "config.json); it sizes the projections")
-    if config.conv_kernel_size < 2:
-        raise ValueError(f"conv_kernel_size={config.conv_kernel_size}: the short conv needs at least 2 taps "
-                         "(its state keeps conv_kernel_size - 1 inputs)")
-    d = dict(config.contract_dims())
-    d["D"] = config.hidden_size
-    d["C"] = 2 * d["H"] * d["K"] + d["HV"] * d["V"]
-    d["W"] = config.conv_kernel_size - 1
-    return d
-
-
-# -- contract hints and value checks ---------------------------------------------------------------
-def _first_shape_violation(ctx: CallContext) -> Violation | None:
-    return next((x for x in ctx.violations if x.kind is ShapeError and x.argument in ctx.spec.tensors), None)
-
-
-def _fits(ctx: CallContext, name: str, dims: Mapping[str, int]) -> bool:
-    """Would tensor ``name`` meet its annotation with ``dims``? (Axes with unknown dims pass.)"""
-    t, tparam = ctx.values.get(name), ctx.spec.tensors[name]
-    if not isinstance(t, Tensor) or t.dim() != tparam.rank:
-        return False
-    for size, d in zip(t.shape, tparam.dims, strict=True):
-        if d is ANY:
-            continue
-        try:
-            if d.evaluate(dict(dims)) != size:  # type: ignore[union-attr]
-                return False
-        except (KeyError, ZeroDivisionError):
-            continue
-    return True
-
-
-def _hint_tp_mismatch(v: Violation, ctx: CallContext) -> str | None:
-    """On the first shape violation: if the misfit tensors all fit another tp_size, say which."""
-    if v is not _first_shape_violation(ctx):
-        return None
-    cfg: KDAConfig = ctx.config.config
-    bad = sorted({x.argument for x in ctx.violations if x.kind is ShapeError and x.argument in ctx.spec.tensors},
-                 key=list(ctx.spec.tensors).index)
-    if not bad:  # e.g. only a `where` constraint failed
-        return None
-    here = layer_dims(cfg)
-    totals = (cfg.num_heads, cfg.num_v_heads or cfg.num_heads)
-    for tp in range(1, max(totals) + 1):
-        if tp == cfg.tp_size or any(n % tp for n in totals):
-            continue
-        there = layer_dims(cfg.with_tp(tp))
-        if not all(_fits(ctx, name, {**ctx.dims, **there}) for name in bad):
-            continue
-        used = {s for name in bad for d in ctx.spec.tensors[name].dims if d is not ANY
-                for s in d.symbols()}  # type: ignore[union-attr]
-        differ = [s for s in ("H", "HV", "C") if s in used and there[s] != here[s]]
-        if not differ:
-            continue
-        args = bad[0] if len(bad) == 1 else ", ".join(bad[:-1]) + " and " + bad[-1]
-        return (f"TP mismatch: {args} {'is' if len(bad) == 1 else 'are'} sized for tp_size={tp} "
-                f"({', '.join(f'{s}={there[s]}' for s in differ)} per rank) but this layer's config is for "
-                f"tp_size={cfg.tp_size} ({', '.join(f'{s}={here[s]}' for s in differ)}; "
-                f"{cfg.contract_dim_source('HV')}). Build the layer, its weights (shard_weights(weights, "
-                f"config, rank)) and its pools (layer.new_state_pools(n)) from one KDAConfig, e.g. "
-                f"KDAConfig.from_hf_config(path, tp_size={cfg.tp_size}); the other shape violations follow "
-                "from this one")
-    return None
-
-
-def _hint_conv_width(v: Violation, ctx: CallContext) -> str | None:
-    if v.kind is not ShapeError or v.argument not in ("conv_states", "conv1d"):
-        return None
-    axis = 2 if v.argument == "conv_states" else 1
-    if not any(isinstance(f, AxisMismatch) and f.axis == axis for f in v.facts):
-        return None
-    k = ctx.config.config.conv_kernel_size
-    if v.argument == "conv1d":
-        return f"the depthwise conv has conv_kernel_size={k} taps per channel: conv1d must be [C, {k}]"
-    return (f"a conv-state slot keeps the last W = conv_kernel_size - 1 = {k - 1} inputs of each channel (the "
-            f"current token is not stored): allocate [N, C, {k - 1}], e.g. with layer.new_state_pools(n)")
-
-
-_HINTS = (_hint_tp_mismatch, _hint_conv_width)
-_HAS_SLOTS = (Where("N >= 1", hint="the state pools have no slots"),)
-
-
-def _slot_value_checks(ctx: CallContext) -> list[Violation]:
-    """Strict mode, before anything is written: slots in range and distinct."""
-    idx: Tensor = ctx.values["state_indices"]
-    n = ctx.dims["N"]
-    if idx.is_cuda and torch.cuda.is_current_stream_capturing():
-        torch._assert_async((idx < n).all(), "state_indices has an index >= N (the pool size)")
-        return []
-    out: list[Violation] = []
-    if idx.numel() and int(idx.max()) >= n:
-        out.append(Violation(ValueRangeError, "state_indices", f"< N={n} (or < 0 for padding)",
-                             f"{int((idx >= n).sum())} index(es) >= {n}",
-                             hint="an index past the pool would read and write another request's state; "
-                                  "check the slot allocator and the pools this layer uses"))
-    live = idx[idx >= 0]
-    dup = live.numel() - torch.unique(live).numel()
-    if dup:
-        out.append(Violation(ValueRangeError, "state_indices", "distinct non-negative slots",
-                             f"{dup} duplicate slot(s)",
-                             hint="two requests on one slot race on its states; give each request its own "
-                                  "slot and mark padding rows with -1"))
-    return out
 
 
 def _write_rows(pool: Tensor, indices: Tensor, rows: Tensor) -> None:
@@ -329,7 +199,7 @@ class KimiDeltaAttention(nn.Module):
         return self.config.contract_dtypes()
 
     # -- weights and pools -------------------------------------------------------------------------
-    @contract(config_arg="self", hints=_HINTS)
+    @contract(config_arg="self", hints=HINTS)
     def load_weights(
         self,
         qkv_proj: Float[Tensor, "C D"],
@@ -359,7 +229,7 @@ class KimiDeltaAttention(nn.Module):
                 target = getattr(self, name)
                 (target.weight if isinstance(target, nn.Linear) else target).copy_(value)
 
-    @contract(config_arg="self", hints=_HINTS, where=_HAS_SLOTS)
+    @contract(config_arg="self", hints=HINTS, where=HAS_SLOTS)
     def check_state_pools(self, ssm_states: SSMStatePool, conv_states: ConvStatePool) -> None:
         """Check a pair of state pools against this layer (both must have the same N slots).
 
@@ -388,7 +258,7 @@ class KimiDeltaAttention(nn.Module):
         return ssm, conv
 
     # -- forwards ----------------------------------------------------------------------------------
-    @contract(config_arg="self", hints=_HINTS, where=_HAS_SLOTS, value_checks=_slot_value_checks)
+    @contract(config_arg="self", hints=HINTS, where=HAS_SLOTS, value_checks=slot_value_checks)
     def conv_update(
         self,
         mixed_qkv: Annotated[Float[Tensor, "B C"], Spec(inner_contiguous=1, config_dtype="activation")],
@@ -405,7 +275,7 @@ class KimiDeltaAttention(nn.Module):
         """
         return self._conv_step(mixed_qkv, conv_states, state_indices)
 
-    @contract(config_arg="self", hints=_HINTS, where=_HAS_SLOTS, value_checks=_slot_value_checks)
+    @contract(config_arg="self", hints=HINTS, where=HAS_SLOTS, value_checks=slot_value_checks)
     def decode(
         self,
         x: Hidden,
@@ -424,7 +294,7 @@ class KimiDeltaAttention(nn.Module):
 
     forward = decode
 
-    @contract(config_arg="self", hints=_HINTS, where=_HAS_SLOTS, value_checks=_slot_value_checks)
+    @contract(config_arg="self", hints=HINTS, where=HAS_SLOTS, value_checks=slot_value_checks)
     def prefill(
         self,
         x: Annotated[Float[Tensor, "B T D"], Spec(inner_contiguous=1, config_dtype="activation")],
@@ -492,78 +362,3 @@ class KimiDeltaAttention(nn.Module):
         if self.tp_group is not None:
             dist.all_reduce(y, group=self.tp_group)
         return y
-
-
-# -- weights -----------------------------------------------------------------------------------
-def random_weights(config: KDAConfig, *, seed: int = 0, rank: int = 0,
-                   dtype: torch.dtype = torch.float32) -> dict[str, Tensor]:
-    """Seeded random weights of the whole (TP1) layer, sharded for ``config.tp_size`` and returned
-    for ``rank``: every rank draws the same full set and keeps its shard.
-
-    Scales keep activations O(1); ``A_log`` and ``dt_bias`` follow the usual KDA/Mamba init
-    (``A`` in [1, 16], ``softplus(dt_bias)`` in [1e-3, 1e-1]). Example::
-
-        >>> w = random_weights(KDAConfig(num_heads=4, head_k_dim=16, hidden_size=64, tp_size=2), rank=1)
-        >>> tuple(w["qkv_proj"].shape), tuple(w["o_proj"].shape)
-        ((96, 64), (64, 32))
-    """
-    full = layer_dims(config.with_tp(1))
-    D, HV, K, V, C, W = (full[s] for s in ("D", "HV", "K", "V", "C", "W"))
-    g = torch.Generator().manual_seed(seed)
-
-    def randn(*shape: int, fan_in: int) -> Tensor:
-        return torch.randn(*shape, generator=g) / math.sqrt(fan_in)
-
-    dt = torch.exp(torch.empty(HV * K).uniform_(math.log(1e-3), math.log(1e-1), generator=g))
-    weights = {
-        "qkv_proj": randn(C, D, fan_in=D),
-        "conv1d": randn(C, W + 1, fan_in=W + 1),
-        "f_a_proj": randn(K, D, fan_in=D),
-        "f_b_proj": randn(HV * K, K, fan_in=K),
-        "b_proj": randn(HV, D, fan_in=D),
-        "A_log": torch.empty(HV).uniform_(1.0, 16.0, generator=g).log(),
-        "dt_bias": dt + torch.log(-torch.expm1(-dt)),  # softplus^-1(dt)
-        "g_a_proj": randn(V, D, fan_in=D),
-        "g_b_proj": randn(HV * V, V, fan_in=V),
-        "o_norm": 1.0 + 0.1 * torch.randn(V, generator=g),
-        "o_proj": randn(D, HV * V, fan_in=HV * V),
-    }
-    shard = shard_weights(weights, config, rank)
-    return {k: v if k in ("A_log", "dt_bias") else v.to(dtype) for k, v in shard.items()}
-
-
-def shard_weights(weights: Mapping[str, Tensor], config: KDAConfig, rank: int) -> dict[str, Tensor]:
-    """Rank ``rank``'s shard of whole-layer (TP1) ``weights`` for ``config.tp_size``: q/k/v rows,
-    conv channels, ``f_b``/``b``/``g_b`` rows, ``A_log`` and ``dt_bias`` by heads; ``o_proj`` by input
-    columns; ``f_a``, ``g_a`` and ``o_norm`` replicated.
-
-    Example::
-
-        layer.load_weights(**shard_weights(full_weights, layer.config, layer.tp_rank))
-    """
-    if not 0 <= rank < config.tp_size:
-        raise ValueError(f"rank={rank} is outside 0..{config.tp_size - 1} (tp_size={config.tp_size})")
-    full, loc = layer_dims(config.with_tp(1)), layer_dims(config)
-    H, K, V = full["H"], full["K"], full["V"]
-    h, hv = loc["H"], loc["HV"]
-
-    def block(t: Tensor, start: int, size: int) -> Tensor:  # rank's block of `size` rows after `start`
-        return t[start + rank * size: start + (rank + 1) * size]
-
-    def channels(t: Tensor) -> Tensor:  # q heads | k heads | v heads
-        return torch.cat([block(t, 0, h * K), block(t, H * K, h * K), block(t, 2 * H * K, hv * V)])
-
-    w = weights
-    return {
-        "qkv_proj": channels(w["qkv_proj"]),
-        "conv1d": channels(w["conv1d"]),
-        "f_a_proj": w["f_a_proj"].clone(),
-        "f_b_proj": block(w["f_b_proj"], 0, hv * K).clone(),
-        "b_proj": block(w["b_proj"], 0, hv).clone(),
-        "A_log": block(w["A_log"], 0, hv).clone(),
-        "dt_bias": block(w["dt_bias"], 0, hv * K).clone(),
-        "g_a_proj": w["g_a_proj"].clone(),
-        "g_b_proj": block(w["g_b_proj"], 0, hv * V).clone(),
-        "o_norm": w["o_norm"].clone(),
-        "o_proj": w["o_proj"][:, rank * hv * V: (rank + 1) * hv * V].contiguous(),
-    }

@@ -1,5 +1,5 @@
 """KDA packed decode (Kimi-Linear): the flagship op — contract, hints, backends, config,
-mistakes catalogue, diagrams, dumps, custom op and demo. Semantics: SPEC-kda-decode.md.
+mistakes catalogue, diagrams, dumps, custom op and demo. Semantics: ``kernels/INTERFACE.md``.
 
 Example::
 
@@ -8,7 +8,7 @@ Example::
 
 from .config import PRESETS as PRESETS
 from .config import KDAConfig as KDAConfig
+from .contract import packed_decode_contract as packed_decode_contract
 from .decode import explain_backends as explain_backends
 from .decode import packed_decode as packed_decode
-from .decode import packed_decode_contract as packed_decode_contract
 from .decode import validate_packed_decode as validate_packed_decode

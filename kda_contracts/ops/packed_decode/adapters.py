@@ -26,7 +26,7 @@ import torch
 from ...dims import Constraint, parse_constraint
 from ...errors import ContractError, Violation, raise_violations
 
-__all__ = ["Adapter", "DecodeCall", "available", "get", "names", "register", "select", "unregister"]
+__all__ = ["Adapter", "DecodeCall", "available", "get", "names", "register", "select_cached", "unregister"]
 
 
 class BackendError(ContractError):
@@ -230,17 +230,11 @@ def verdicts(call: DecodeCall) -> list[tuple[Adapter, list[str]]]:
     return out
 
 
-def select(backend: str, call: DecodeCall) -> Adapter:
-    """The adapter to run ``call``: the named one (which must support it), or for ``"auto"``
-    the highest-priority available one that supports it. Cached per call signature."""
-    key = (backend, call.device_type, call.state_dtype, call.activation_dtype, call.index_dtype, call.layout,
-           call.gate, tuple(sorted(call.dims.items())))
-    return select_cached(key, backend, lambda: call)
-
-
 def select_cached(key: tuple[Any, ...], backend: str, make_call: Callable[[], DecodeCall]) -> Adapter:
-    """:func:`select` for a caller that keys the call itself (the hot path: one dict lookup,
-    no :class:`DecodeCall` built unless the key is new). ``key`` must determine the call."""
+    """The adapter to run a call: the named one (which must support it), or for ``"auto"`` the
+    highest-priority available one that supports it. Cached by ``key``, which the caller builds
+    and which must determine the call (the hot path: one dict lookup, no :class:`DecodeCall`
+    built unless the key is new)."""
     hit = _SELECTED.get(key)
     if hit is not None:
         return hit
@@ -289,6 +283,15 @@ def _cpu_if_interpreting() -> tuple[str, ...]:
     return ("cpu",) if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0") else ()
 
 
+def _gpu_backend(name: str, priority: int, description: str, *, interpreted: bool = False) -> Adapter:
+    """A shipped CUDA backend: ``kda_kernels.<name>_decode`` behind the ``<name>`` package;
+    ``interpreted``: also on the CPU when asked by name under ``TRITON_INTERPRET`` (for tests)."""
+    module = f"kda_kernels.{name}_decode"
+    return Adapter(name=name, kernel=f"{module}:packed_decode", devices=("cuda",), priority=priority,
+                   requires=(name,), availability=_probe_of(module), description=description,
+                   explicit_devices=_cpu_if_interpreting if interpreted else ())
+
+
 for _ad in (
     Adapter(
         name="torch",
@@ -297,35 +300,11 @@ for _ad in (
         priority=0,
         description="PyTorch reference: vectorised over the batch, every dtype, layout and gate",
     ),
-    Adapter(
-        name="triton",
-        kernel="kda_kernels.triton_decode:packed_decode",
-        devices=("cuda",),
-        explicit_devices=_cpu_if_interpreting,
-        priority=30,
-        requires=("triton",),
-        availability=_probe_of("kda_kernels.triton_decode"),
-        description="our Triton kernel: one program per (request, value head, V tile), bounds-guarded",
-    ),
-    Adapter(
-        name="helion",
-        kernel="kda_kernels.helion_decode:packed_decode",
-        devices=("cuda",),
-        explicit_devices=_cpu_if_interpreting,
-        priority=20,
-        requires=("helion",),
-        availability=_probe_of("kda_kernels.helion_decode"),
-        description="our Helion kernel with pinned configs (no run-time autotuning)",
-    ),
-    Adapter(
-        name="fla",
-        kernel="kda_kernels.fla_decode:packed_decode",
-        devices=("cuda",),
-        priority=10,
-        requires=("fla",),
-        availability=_probe_of("kda_kernels.fla_decode"),
-        description="flash-linear-attention's fused_recurrent_kda (peer); padding compacted on the host (syncs)",
-    ),
+    _gpu_backend("triton", 30, "our Triton kernel: one program per (request, value head, V tile), bounds-guarded",
+                 interpreted=True),
+    _gpu_backend("helion", 20, "our Helion kernel with pinned configs (no run-time autotuning)", interpreted=True),
+    _gpu_backend("fla", 10, "flash-linear-attention's fused_recurrent_kda (peer); padding compacted on the host "
+                 "(syncs)"),
 ):
     register(_ad, replace=True)
 

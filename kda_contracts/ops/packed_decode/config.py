@@ -16,18 +16,12 @@ from typing import Any, Literal
 import torch
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 
+from .dtypes import DTYPES_BY_NAME
+
 __all__ = ["PRESETS", "KDAConfig"]
 
 DtypeName = Literal["float32", "bfloat16", "float16"]
 IndexDtypeName = Literal["int32", "int64"]
-
-_TORCH_DTYPES: dict[str, torch.dtype] = {
-    "float32": torch.float32,
-    "bfloat16": torch.bfloat16,
-    "float16": torch.float16,
-    "int32": torch.int32,
-    "int64": torch.int64,
-}
 
 
 class KDAConfig(BaseModel):
@@ -134,7 +128,7 @@ class KDAConfig(BaseModel):
             "V": f"head_v_dim={self._dims['V']}",
         }
         self._dtypes = {
-            role: _TORCH_DTYPES[name]
+            role: DTYPES_BY_NAME[name]
             for role, name in (
                 ("state", self.state_dtype),
                 ("activation", self.activation_dtype),
@@ -179,6 +173,17 @@ class KDAConfig(BaseModel):
     def effective_lower_bound(self) -> float | None:
         """The ``lower_bound`` argument the kernels take: None for softplus."""
         return self.lower_bound if self.gate == "bounded" else None
+
+    def tp_sizes(self) -> list[int]:
+        """Every tensor-parallel degree the head counts allow (each divides both), ascending.
+
+        Example::
+
+            >>> KDAConfig(num_heads=6, head_k_dim=8).tp_sizes()
+            [1, 2, 3, 6]
+        """
+        hv = self.num_v_heads or self.num_heads
+        return [t for t in range(1, max(self.num_heads, hv) + 1) if self.num_heads % t == 0 and hv % t == 0]
 
     def with_tp(self, tp_size: int) -> KDAConfig:
         """The same layer sharded over ``tp_size`` ranks."""

@@ -13,6 +13,8 @@ Example::
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import Tensor
 
@@ -34,14 +36,11 @@ def packed_decode(
 
 
 @packed_decode.register_fake
-def _(
-    mixed_qkv: Tensor, a: Tensor, b: Tensor, A_log: Tensor, dt_bias: Tensor, scale: float,
-    initial_state: Tensor, out: Tensor, ssm_state_indices: Tensor,
-    use_qk_l2norm_in_kernel: bool, lower_bound: float | None, state_layout: str, backend: str,
-) -> None:
+def _(*args: Any) -> None:
     # The contract is the meta function: tracing a call that breaks it raises the same
-    # ContractError an eager call would, before any graph is built.
+    # ContractError an eager call would, before any graph is built. The dispatcher passes the
+    # op's arguments in its schema order: the eleven of packed_decode, state_layout, backend.
     # Under torch.compile, dynamo reports a failure here as a TorchRuntimeError whose message
     # carries the full contract report.
-    validate_packed_decode(mixed_qkv, a, b, A_log, dt_bias, scale, initial_state, out, ssm_state_indices,
-                           use_qk_l2norm_in_kernel, lower_bound, state_layout=state_layout)  # type: ignore[arg-type]
+    *call, state_layout, _backend = args
+    validate_packed_decode(*call, state_layout=state_layout)

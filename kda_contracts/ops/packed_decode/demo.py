@@ -1,7 +1,7 @@
 """``kda-contracts demo``: a short tour of what the contracts catch, then the reference kernel.
 
-Every mistake shown is one that public serving stacks have shipped or that the SPEC lists as a
-hazard; each message is the real one the library raises.
+Every mistake shown is one that public serving stacks have shipped or a hazard the catalogue
+(:mod:`.mistakes`) lists; each message is the real one the library raises.
 """
 
 from __future__ import annotations

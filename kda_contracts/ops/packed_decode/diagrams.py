@@ -158,6 +158,69 @@ def _fmt_bytes(n: int) -> str:
     return f"{n} B"
 
 
+def _draw_pool(svg: _Svg, slot_size: int) -> float:
+    """The pool column: N slots, slot s marked; returns the y of slot s."""
+    px, py, pw, ph = 40, 86, 110, 26
+    svg.text(px + pw / 2, py - 12, "pool: N slots", 12, "middle", "bold")
+    labels = ["slot 0", "slot 1", "slot s", "⋮", "slot N−1"]
+    for i, lab in enumerate(labels):
+        yy = py + i * (ph + 6)
+        if lab == "⋮":
+            svg.text(px + pw / 2, yy + 18, lab, 16, "middle")
+            continue
+        svg.rect(px, yy, pw, ph, _COLORS["hot"] if lab == "slot s" else _COLORS["slot"], width=1.2)
+        svg.text(px + pw / 2, yy + 17, lab, 11, "middle")
+    svg.text(px + pw / 2, py + 5 * (ph + 6) + 10, "slot stride: free", 11, "middle")
+    svg.text(px + pw / 2, py + 5 * (ph + 6) + 25, f"(≥ HV·V·K = {slot_size})", 10, "middle", fill="#555555")
+    return py + 2 * (ph + 6)
+
+
+def _draw_slot(svg: _Svg, HV: int, head_size: int, slot_y: float) -> tuple[float, float, float, float, int]:
+    """Slot s as HV head boxes, linked to the pool; returns (x, y, height, head width, heads per box)."""
+    px, pw, ph = 40, 110, 26
+    sx, sy, sw, sh = 210, 136, 330, 34
+    svg.line(px + pw, slot_y, sx, sy, "#777777", 0.8, dash=True)
+    svg.line(px + pw, slot_y + ph, sx, sy + sh, "#777777", 0.8, dash=True)
+    svg.text(sx + sw / 2, sy - 26, f"slot s: HV = {HV} heads, one after another", 12, "middle", "bold")
+    svg.text(sx + sw / 2, sy - 11, f"head stride V·K = {head_size}", 11, "middle")
+    head_w = sw / HV
+    g = _group(HV, head_w, 9.0)
+    for i in range(0, HV, g):
+        w = head_w * min(g, HV - i)
+        svg.rect(sx + i * head_w, sy, w, sh, _COLORS["hot"] if i == 0 else _COLORS["head"], width=0.8)
+    every = _group(HV, head_w, 26.0)
+    for i in range(0, HV, every):
+        svg.text(sx + (i + 0.5) * head_w, sy + sh + 13, str(i), 9, "middle")
+    if g > 1:
+        svg.text(sx + sw / 2, sy + sh + 28, f"(boxes of {g} heads)", 10, "middle", fill="#555555")
+    return sx, sy, sh, head_w, g
+
+
+def _draw_head(svg: _Svg, slot: tuple[float, float, float, float, int], rows_sym: str, cols_sym: str, rows: int,
+               cols: int) -> None:
+    """One head's rows x cols matrix, the stride-1 axis along the rows, linked to its slot box."""
+    sx, sy, sh, head_w, g = slot
+    scale = 180 / max(rows, cols)
+    mw, mh = cols * scale, rows * scale
+    mx, my = 740, 120
+    svg.line(sx, sy + sh, mx, my + mh, "#777777", 0.8, dash=True)
+    svg.line(sx + head_w * g, sy, mx, my, "#777777", 0.8, dash=True)
+    svg.rect(mx, my, mw, mh, _COLORS["head"], width=1.5)
+    n_strips = 8
+    for i in range(1, n_strips):
+        svg.line(mx, my + i * mh / n_strips, mx + mw, my + i * mh / n_strips, "#b8a25a", 0.6)
+    svg.rect(mx, my, mw, mh / n_strips, _COLORS["hot"], "#b03030", 1.2)
+    svg.text(mx + mw / 2, my - 30, f"state[s, hv]: a {rows_sym}×{cols_sym} = {rows}×{cols} matrix", 12, "middle",
+             "bold")
+    svg.line(mx, my - 12, mx + mw, my - 12, "#b03030", 1.6, arrow=True)
+    svg.text(mx + mw / 2, my - 16, f"contiguous: {cols_sym} (stride 1)", 11, "middle", fill="#b03030")
+    svg.line(mx - 10, my, mx - 10, my + mh, "#111111", 1.0, arrow=True)
+    svg.text(mx - 16, my + mh / 2 - 4, f"{rows_sym} = {rows} rows", 11, "end")
+    svg.text(mx - 16, my + mh / 2 + 10, f"row stride {cols_sym} = {cols}", 11, "end")
+    svg.text(mx + mw / 2, my + mh + 16, f"red: one row = {cols_sym} = {cols} elements, adjacent in memory", 10,
+             "middle", fill="#b03030")
+
+
 def state_pool_svg(cfg: KDAConfig, layout: str) -> str:
     """The state pool in ``layout`` ("VK" or "KV"): slot -> HV heads -> one matrix per head.
 
@@ -180,56 +243,8 @@ def state_pool_svg(cfg: KDAConfig, layout: str) -> str:
     svg.text(30, 42, f"HV={HV}, K={K}, V={V} (one rank, tp_size={cfg.tp_size}); slot s = ssm_state_indices[b]; "
                      f"one slot = HV·V·K = {HV * V * K} elements ({_fmt_bytes(HV * V * K * elt)} in {state_dtype})",
              12)
-    # 1. the pool: N slots.
-    px, py, pw, ph = 40, 86, 110, 26
-    svg.text(px + pw / 2, py - 12, "pool: N slots", 12, "middle", "bold")
-    labels = ["slot 0", "slot 1", "slot s", "⋮", "slot N−1"]
-    for i, lab in enumerate(labels):
-        yy = py + i * (ph + 6)
-        if lab == "⋮":
-            svg.text(px + pw / 2, yy + 18, lab, 16, "middle")
-            continue
-        svg.rect(px, yy, pw, ph, _COLORS["hot"] if lab == "slot s" else _COLORS["slot"], width=1.2)
-        svg.text(px + pw / 2, yy + 17, lab, 11, "middle")
-    svg.text(px + pw / 2, py + 5 * (ph + 6) + 10, "slot stride: free", 11, "middle")
-    svg.text(px + pw / 2, py + 5 * (ph + 6) + 25, f"(≥ HV·V·K = {HV * V * K})", 10, "middle", fill="#555555")
-    # 2. one slot: HV head matrices in a row.
-    sx, sy, sw, sh = 210, 136, 330, 34
-    slot_y = py + 2 * (ph + 6)
-    svg.line(px + pw, slot_y, sx, sy, "#777777", 0.8, dash=True)
-    svg.line(px + pw, slot_y + ph, sx, sy + sh, "#777777", 0.8, dash=True)
-    svg.text(sx + sw / 2, sy - 26, f"slot s: HV = {HV} heads, one after another", 12, "middle", "bold")
-    svg.text(sx + sw / 2, sy - 11, f"head stride V·K = {V * K}", 11, "middle")
-    head_w = sw / HV
-    g = _group(HV, head_w, 9.0)
-    for i in range(0, HV, g):
-        w = head_w * min(g, HV - i)
-        svg.rect(sx + i * head_w, sy, w, sh, _COLORS["hot"] if i == 0 else _COLORS["head"], width=0.8)
-    every = _group(HV, head_w, 26.0)
-    for i in range(0, HV, every):
-        svg.text(sx + (i + 0.5) * head_w, sy + sh + 13, str(i), 9, "middle")
-    if g > 1:
-        svg.text(sx + sw / 2, sy + sh + 28, f"(boxes of {g} heads)", 10, "middle", fill="#555555")
-    # 3. one head: the rows x cols matrix, stride-1 axis along the rows.
-    scale = 180 / max(rows, cols)
-    mw, mh = cols * scale, rows * scale
-    mx, my = 740, 120
-    svg.line(sx, sy + sh, mx, my + mh, "#777777", 0.8, dash=True)
-    svg.line(sx + head_w * g, sy, mx, my, "#777777", 0.8, dash=True)
-    svg.rect(mx, my, mw, mh, _COLORS["head"], width=1.5)
-    n_strips = 8
-    for i in range(1, n_strips):
-        svg.line(mx, my + i * mh / n_strips, mx + mw, my + i * mh / n_strips, "#b8a25a", 0.6)
-    svg.rect(mx, my, mw, mh / n_strips, _COLORS["hot"], "#b03030", 1.2)
-    svg.text(mx + mw / 2, my - 30, f"state[s, hv]: a {rows_sym}×{cols_sym} = {rows}×{cols} matrix", 12, "middle",
-             "bold")
-    svg.line(mx, my - 12, mx + mw, my - 12, "#b03030", 1.6, arrow=True)
-    svg.text(mx + mw / 2, my - 16, f"contiguous: {cols_sym} (stride 1)", 11, "middle", fill="#b03030")
-    svg.line(mx - 10, my, mx - 10, my + mh, "#111111", 1.0, arrow=True)
-    svg.text(mx - 16, my + mh / 2 - 4, f"{rows_sym} = {rows} rows", 11, "end")
-    svg.text(mx - 16, my + mh / 2 + 10, f"row stride {cols_sym} = {cols}", 11, "end")
-    svg.text(mx + mw / 2, my + mh + 16, f"red: one row = {cols_sym} = {cols} elements, adjacent in memory", 10,
-             "middle", fill="#b03030")
+    slot = _draw_slot(svg, HV, V * K, _draw_pool(svg, HV * V * K))
+    _draw_head(svg, slot, rows_sym, cols_sym, rows, cols)
     idx = "s·slot_stride + hv·V·K + v·K + k" if layout == "VK" else "s·slot_stride + hv·K·V + k·V + v"
     elem = "state[s, hv, v, k]" if layout == "VK" else "state[s, hv, k, v]"
     svg.text(30, 346, f"element {elem} is at offset {idx}", 12)

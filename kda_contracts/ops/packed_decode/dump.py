@@ -44,7 +44,8 @@ from ...errors import ContractError, DeviceError, Violation, format_report
 from ...spec import CallContext, Dims
 from . import adapters
 from .config import PRESETS, KDAConfig
-from .decode import PACKED_DECODE_ARGS, decode_call, packed_decode_contract, resolve_layout
+from .contract import PACKED_DECODE_ARGS, packed_decode_contract, resolve_layout
+from .decode import decode_call
 
 __all__ = ["EXIT_INVALID", "EXIT_UNUSABLE", "EXIT_VALID", "DecodeDump", "DumpError", "DumpReport", "check_dump",
            "load_dump", "save_dump"]
@@ -271,7 +272,7 @@ def check_dump(dump: DecodeDump, *, strict: bool = True) -> DumpReport:
         layout = resolve_layout(dump.config, dump.state_layout)
     except ContractError as err:  # the dump's state_layout contradicts its config
         return DumpReport(dump, dump.state_layout or "VK", mode, Dims({}, {}), list(err.violations), None)
-    c = packed_decode_contract(layout)  # type: ignore[arg-type]
+    c = packed_decode_contract(layout)
     values = dict(dump.values, config=dump.config)
     dims, violations = c.explain(**values)
     if dump.relocated and len(dump.saved_devices) > 1:

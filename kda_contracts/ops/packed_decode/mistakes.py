@@ -79,8 +79,7 @@ def _call(cfg: KDAConfig, state_dtype: torch.dtype = torch.float32) -> dict[str,
 
 def _other_tp(cfg: KDAConfig) -> int | None:
     """A tensor-parallel degree, other than the config's, that its head counts allow."""
-    hv = cfg.num_v_heads or cfg.num_heads
-    ok = [t for t in (2, 4, 8, 1, 16) if t != cfg.tp_size and cfg.num_heads % t == 0 and hv % t == 0]
+    ok = [t for t in (2, 4, 8, 1, 16) if t != cfg.tp_size and t in cfg.tp_sizes()]
     bigger = [t for t in ok if t > cfg.tp_size]
     return (bigger or ok)[0] if (bigger or ok) else None
 

@@ -1,0 +1,111 @@
+"""What the Kimi-Linear layer's contracts are made of: the per-rank dims a layer fixes
+(:func:`layer_dims`), the annotations its public methods share, their hints (the packed-decode
+op's one TP-mismatch hint, worded for a layer; the conv width) and the strict-mode slot checks.
+
+Example::
+
+    @contract(config_arg="self", hints=HINTS, where=HAS_SLOTS, value_checks=slot_value_checks)
+    def decode(self, x: Hidden, ssm_states: SSMStatePool, ...) -> Float[Tensor, "B D"]: ...
+"""
+
+# No `from __future__ import annotations`: the annotations below are evaluated at definition.
+
+from typing import Annotated
+
+import torch
+from jaxtyping import Float, Int
+from torch import Tensor
+
+from ..errors import ShapeError, ValueRangeError, Violation
+from ..facts import AxisMismatch
+from ..markers import Spec, Where
+from ..ops.packed_decode.config import KDAConfig
+from ..ops.packed_decode.dtypes import INDEX_DTYPES, STATE_DTYPES
+from ..ops.packed_decode.tp import TPMismatch, tp_mismatch_hint
+from ..spec import CallContext
+
+__all__ = ["HAS_SLOTS", "HINTS", "ConvStatePool", "Hidden", "SSMStatePool", "SlotIndices", "layer_dims",
+           "slot_value_checks"]
+
+# The annotations the public methods share.
+Hidden = Annotated[Float[Tensor, "B D"], Spec(inner_contiguous=1, config_dtype="activation")]
+SSMStatePool = Annotated[Float[Tensor, "N HV V K"], Spec(dtypes=STATE_DTYPES, inner_contiguous=3,
+                                                         config_dtype="state")]
+ConvStatePool = Annotated[Float[Tensor, "N C W"], Spec(inner_contiguous=2, config_dtype="activation")]
+SlotIndices = Annotated[Int[Tensor, "B"], Spec(dtypes=INDEX_DTYPES, config_dtype="index")]
+
+
+def layer_dims(config: KDAConfig) -> dict[str, int]:
+    """The per-rank dims a KDA layer of ``config`` fixes: H, HV, K, V, D, C, W.
+
+    Example::
+
+        >>> cfg = KDAConfig(num_heads=4, head_k_dim=16, hidden_size=64, tp_size=2)
+        >>> layer_dims(cfg)
+        {'H': 2, 'HV': 2, 'K': 16, 'V': 16, 'D': 64, 'C': 96, 'W': 3}
+    """
+    if config.hidden_size is None:
+        raise ValueError("a KDA layer needs config.hidden_size (KDAConfig.from_hf_config reads it from "
+                         "config.json); it sizes the projections")
+    if config.conv_kernel_size < 2:
+        raise ValueError(f"conv_kernel_size={config.conv_kernel_size}: the short conv needs at least 2 taps "
+                         "(its state keeps conv_kernel_size - 1 inputs)")
+    d = dict(config.contract_dims())
+    d["D"] = config.hidden_size
+    d["C"] = 2 * d["H"] * d["K"] + d["HV"] * d["V"]
+    d["W"] = config.conv_kernel_size - 1
+    return d
+
+
+# -- hints -----------------------------------------------------------------------------------------
+def _render_tp(found: TPMismatch, ctx: CallContext) -> str:
+    cfg, bad, differ = found.config, found.tensors, found.differ
+    args = bad[0] if len(bad) == 1 else ", ".join(bad[:-1]) + " and " + bad[-1]
+    return (f"TP mismatch: {args} {'is' if len(bad) == 1 else 'are'} sized for tp_size={found.tp_size} "
+            f"({', '.join(f'{s}={found.there[s]}' for s in differ)} per rank) but this layer's config is for "
+            f"tp_size={cfg.tp_size} ({', '.join(f'{s}={found.here[s]}' for s in differ)}; "
+            f"{cfg.contract_dim_source('HV')}). Build the layer, its weights (shard_weights(weights, "
+            f"config, rank)) and its pools (layer.new_state_pools(n)) from one KDAConfig, e.g. "
+            f"KDAConfig.from_hf_config(path, tp_size={cfg.tp_size}); the other shape violations follow "
+            "from this one")
+
+
+def _hint_conv_width(v: Violation, ctx: CallContext) -> str | None:
+    if v.kind is not ShapeError or v.argument not in ("conv_states", "conv1d"):
+        return None
+    axis = 2 if v.argument == "conv_states" else 1
+    if not any(isinstance(f, AxisMismatch) and f.axis == axis for f in v.facts):
+        return None
+    k = ctx.config.config.conv_kernel_size
+    if v.argument == "conv1d":
+        return f"the depthwise conv has conv_kernel_size={k} taps per channel: conv1d must be [C, {k}]"
+    return (f"a conv-state slot keeps the last W = conv_kernel_size - 1 = {k - 1} inputs of each channel (the "
+            f"current token is not stored): allocate [N, C, {k - 1}], e.g. with layer.new_state_pools(n)")
+
+
+HINTS = (tp_mismatch_hint(config_of=lambda ctx: ctx.config.config, dims_at=layer_dims, render=_render_tp),
+         _hint_conv_width)
+HAS_SLOTS = (Where("N >= 1", hint="the state pools have no slots"),)
+
+
+def slot_value_checks(ctx: CallContext) -> list[Violation]:
+    """Strict mode, before anything is written: slots in range and distinct."""
+    idx: Tensor = ctx.values["state_indices"]
+    n = ctx.dims["N"]
+    if idx.is_cuda and torch.cuda.is_current_stream_capturing():
+        torch._assert_async((idx < n).all(), "state_indices has an index >= N (the pool size)")
+        return []
+    out: list[Violation] = []
+    if idx.numel() and int(idx.max()) >= n:
+        out.append(Violation(ValueRangeError, "state_indices", f"< N={n} (or < 0 for padding)",
+                             f"{int((idx >= n).sum())} index(es) >= {n}",
+                             hint="an index past the pool would read and write another request's state; "
+                                  "check the slot allocator and the pools this layer uses"))
+    live = idx[idx >= 0]
+    dup = live.numel() - torch.unique(live).numel()
+    if dup:
+        out.append(Violation(ValueRangeError, "state_indices", "distinct non-negative slots",
+                             f"{dup} duplicate slot(s)",
+                             hint="two requests on one slot race on its states; give each request its own "
+                                  "slot and mark padding rows with -1"))
+    return out

@@ -1,0 +1,119 @@
+"""The KDA packed-decode contract, written once as annotations for each state layout (the
+layout cannot be told from shapes when K == V, so it is declared, never guessed), and how a
+call picks its layout. Semantics: ``kernels/INTERFACE.md``.
+
+Everything else — binding H from the width of ``mixed_qkv``, agreement with a ``KDAConfig``,
+the error report — is the engine's.
+
+Example::
+
+    >>> packed_decode_contract("KV").spec.tensors["initial_state"].symbolic()
+    '[N, HV, K, V]'
+"""
+
+# No `from __future__ import annotations` here: the contract annotations below are built from
+# local values and must be evaluated when the function is defined.
+
+from collections.abc import Callable
+from typing import Annotated, Any, Literal
+
+import torch
+from jaxtyping import Float, Int
+from torch import Tensor
+
+from ...decorator import Contract, register_contract
+from ...errors import LayoutError, Violation, raise_violations
+from ...markers import MatchConfig, Range, Spec, Where
+from ...spec import build_spec
+from .checks import value_checks
+from .dtypes import ACTIVATION_DTYPES, INDEX_DTYPES, STATE_DTYPES
+from .hints import hints_for
+
+__all__ = ["LAYOUTS", "PACKED_DECODE_ARGS", "SYMBOLS", "packed_decode_contract", "resolve_layout"]
+
+Layout = Literal["VK", "KV"]
+LAYOUTS: tuple[Layout, ...] = ("VK", "KV")
+
+PACKED_DECODE_ARGS = ("mixed_qkv", "a", "b", "A_log", "dt_bias", "scale", "initial_state", "out",
+                      "ssm_state_indices", "use_qk_l2norm_in_kernel", "lower_bound")
+
+_WHERE = (
+    Where("HV % H == 0", hint="value heads HV must be a multiple of the q/k heads H (each q/k head serves "
+          "HV/H value heads); check num_heads/num_v_heads and the width of mixed_qkv"),
+    Where("HV >= 1"), Where("K >= 1"), Where("V >= 1"),
+    Where("N >= 1", hint="the state pool has no slots"),
+)
+
+
+def _make_signature(layout: Layout) -> Callable[..., Any]:
+    state_dims = "N HV V K" if layout == "VK" else "N HV K V"
+
+    def packed_decode(
+        mixed_qkv: Annotated[Float[Tensor, "B 2*H*K+HV*V"],
+                             Spec(dtypes=ACTIVATION_DTYPES, inner_contiguous=1, config_dtype="activation")],
+        a: Annotated[Float[Tensor, "B HV*K"],
+                     Spec(dtypes=ACTIVATION_DTYPES, inner_contiguous=1, config_dtype="activation")],
+        b: Annotated[Float[Tensor, "B HV"],
+                     Spec(dtypes=ACTIVATION_DTYPES, inner_contiguous=1, config_dtype="activation")],
+        A_log: Annotated[Float[Tensor, "HV"], Spec(dtypes=(torch.float32,), contiguous=True)],
+        dt_bias: Annotated[Float[Tensor, "HV*K"], Spec(dtypes=(torch.float32,), contiguous=True)],
+        scale: Annotated[float, Range(gt=0), MatchConfig("scale", rel_tol=1e-6)],
+        initial_state: Annotated[Float[Tensor, state_dims],
+                                 Spec(dtypes=STATE_DTYPES, inner_contiguous=3, config_dtype="state", disjoint=True)],
+        out: Annotated[Float[Tensor, "B 1 HV V"],
+                       Spec(dtypes=ACTIVATION_DTYPES, contiguous=True, same_dtype_as="mixed_qkv")],
+        ssm_state_indices: Annotated[Int[Tensor, "B"],
+                                     Spec(dtypes=INDEX_DTYPES, config_dtype="index", contiguous=True)],
+        use_qk_l2norm_in_kernel: Annotated[bool, MatchConfig("use_qk_l2norm")] = False,
+        lower_bound: Annotated[float | None, Range(lt=0), MatchConfig("effective_lower_bound")] = None,
+        config: Any = None,
+    ) -> None:
+        """KDA packed decode."""
+
+    packed_decode.__qualname__ = "packed_decode"
+    return packed_decode
+
+
+def _build(layout: Layout) -> Contract:
+    fn = _make_signature(layout)
+    spec = build_spec(fn, name="packed_decode", config_arg="config", where=_WHERE,
+                      bind_first=("initial_state", "mixed_qkv"), hints=hints_for(layout), value_checks=value_checks)
+    return register_contract(f"packed_decode[{layout}]", Contract(spec, fn))
+
+
+CONTRACTS: dict[str, Contract] = {layout: _build(layout) for layout in LAYOUTS}
+
+SYMBOLS = CONTRACTS["VK"].spec.symbols  # the same for both layouts
+assert SYMBOLS == CONTRACTS["KV"].spec.symbols
+
+
+def packed_decode_contract(state_layout: Layout = "VK") -> Contract:
+    """The compiled packed-decode contract for a state layout (for docs, CLIs and tests).
+
+    Example::
+
+        >>> packed_decode_contract().spec.symbols
+        ('B', 'H', 'HV', 'K', 'V', 'N')
+    """
+    return CONTRACTS[state_layout]
+
+
+def resolve_layout(config: Any, state_layout: str | None) -> Layout:
+    """The declared state layout of a call: ``state_layout=``, else the config's, else "VK"; a
+    keyword that contradicts the config is a LayoutError.
+
+    Example::
+
+        >>> resolve_layout(None, None), resolve_layout(None, "KV")
+        ('VK', 'KV')
+    """
+    cfg_layout = getattr(config, "state_layout", None)
+    if state_layout is None:
+        return cfg_layout or "VK"
+    if state_layout not in CONTRACTS:
+        raise ValueError(f"state_layout must be 'VK' or 'KV', got {state_layout!r}")
+    if cfg_layout is not None and cfg_layout != state_layout:
+        raise_violations("packed_decode", [Violation(
+            LayoutError, "state_layout", f"{cfg_layout!r} (config state_layout)", repr(state_layout),
+            hint="pass one source of truth: drop state_layout= or fix the config")], {}, {})
+    return state_layout  # type: ignore[return-value]

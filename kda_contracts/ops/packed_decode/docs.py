@@ -1,0 +1,195 @@
+"""The packed-decode part of ``kda-contracts docs``: the reference page with the layout pictures,
+the per-TP-degree table and the backends; the catalogue of known mistakes with the messages the
+library really raises; the SVG pictures. The engine (:mod:`kda_contracts.docs`) describes and
+renders the contracts and keeps the folder in step.
+
+Example::
+
+    from kda_contracts import KDAConfig
+    from kda_contracts.docs import write
+    from kda_contracts.ops.packed_decode.docs import generate
+    files = generate(KDAConfig.preset("kimi-linear-48b-a3b", tp_size=2), "kimi-linear-48b-a3b, tp_size=2")
+    write(files, "docs/generated")
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from ...decorator import Contract
+from ...docs import (
+    DO_NOT_EDIT,
+    GENERATED_MARK,
+    Section,
+    cell,
+    describe_constraints,
+    describe_contracts,
+    mark_svg,
+    render_reference,
+)
+from . import adapters
+from .config import KDAConfig
+from .diagrams import mixed_qkv_svg, state_pool_svg
+from .mistakes import BATCH, MISTAKES, POOL, reproduce
+
+__all__ = ["FILES", "describe", "generate", "render_contracts_md", "render_errors_md"]
+
+FILES = ("contracts.md", "contracts.json", "errors.md", "mixed_qkv.svg", "state_pool_vk.svg", "state_pool_kv.svg")
+
+
+def describe_adapter(ad: adapters.Adapter, cfg: KDAConfig | None) -> dict[str, Any]:
+    """One backend as data. Leaves out whatever depends on this machine (availability, the
+    Triton-interpreter devices), so the docs are the same everywhere."""
+    out = adapters.describe(ad)
+    out["requires"] = list(ad.requires)
+    env = dict(cfg.contract_dims()) if cfg is not None else {}
+    out["where_for_config"] = describe_constraints(ad.where, env, f"adapter {ad.name!r}")
+    return out
+
+
+def describe(cfg: KDAConfig, label: str, contracts: Mapping[str, Contract] | None = None) -> dict[str, Any]:
+    """The whole generated reference as data (what ``contracts.json`` holds)."""
+    return {
+        "generator": GENERATED_MARK,
+        "config": {
+            "label": label,
+            "fields": json.loads(cfg.model_dump_json()),
+            "dims": dict(cfg.contract_dims()),
+            "dim_sources": {s: cfg.contract_dim_source(s) for s in cfg.contract_dims()},
+        },
+        "contracts": describe_contracts(contracts, cfg),
+        "backends": [describe_adapter(adapters.get(n), cfg) for n in adapters.names()],
+    }
+
+
+# -- contracts.md ----------------------------------------------------------------------------------
+def _intro(doc: Mapping[str, Any]) -> list[str]:
+    cfg = doc["config"]
+    fields = cfg["fields"]
+    dims = ", ".join(f"{k}={v} ({cfg['dim_sources'][k]})" for k, v in cfg["dims"].items())
+    pins = ", ".join(f"{r}_dtype={fields[f'{r}_dtype']}" for r in ("activation", "state", "index")
+                     if fields.get(f"{r}_dtype")) or "none (every allowed dtype is accepted)"
+    return [
+        f"Generated from the registered contracts and backends for the config **{cfg['label']}**: {dims}; "
+        f"state layout {fields['state_layout']}, {fields['gate']} gate, l2norm {fields['use_qk_l2norm']}, "
+        f"scale {fields['scale']!r}; pinned dtypes: {pins}.",
+        "",
+        "Regenerate with `kda-contracts docs` (another config: `kda-contracts docs --config kimi-linear-48b-a3b "
+        "--tp 2`, or a `config.json` path). Machine-readable: [contracts.json](contracts.json). Known mistakes "
+        "and the messages they produce: [errors.md](errors.md).",
+    ]
+
+
+def _tp_table(cfg: KDAConfig) -> list[str]:
+    out = ["| tp_size | H | HV | `mixed_qkv` width 2·H·K+HV·V | `a` width HV·K | state slot HV·V·K | "
+           "fp32 slot |", "|---|---|---|---|---|---|---|"]
+    for t in (1, 2, 4, 8, 16):
+        if t not in cfg.tp_sizes():
+            continue
+        c = cfg.with_tp(t)
+        H, HV, K, V = c.local_num_heads, c.local_num_v_heads, c.head_k, c.head_v
+        slot = HV * V * K
+        mark = " (docs config)" if t == cfg.tp_size else ""
+        out.append(f"| {t}{mark} | {H} | {HV} | {2 * H * K + HV * V} | {HV * K} | {slot} | "
+                   f"{slot * 4 / 2**20:g} MiB |")
+    return out
+
+
+def _layouts(cfg: KDAConfig) -> Section:
+    return Section("Packed decode layouts", [
+        "One row of `mixed_qkv` (what the short conv + SiLU produced for one request): q heads, then k heads, "
+        "then v heads, each head-major. `H` is not passed to the kernel: it is solved from this width.",
+        "",
+        "![mixed_qkv row: q heads, k heads, v heads](mixed_qkv.svg)",
+        "",
+        "The state pool, in the two layouts a call may declare (`KDAConfig(state_layout=...)` or "
+        "`state_layout=`; never guessed from shapes, which agree when K == V):",
+        "",
+        "![VK state pool: slot, heads, V×K matrix with K contiguous](state_pool_vk.svg)",
+        "",
+        "![KV state pool: slot, heads, K×V matrix with V contiguous](state_pool_kv.svg)",
+        "",
+        "Per tensor-parallel degree (each rank holds `num_heads / tp_size` heads):",
+        "",
+        *_tp_table(cfg),
+        "",
+    ])
+
+
+def _backends(doc: Mapping[str, Any]) -> Section:
+    lines = [
+        "`backend=\"auto\"` picks the available backend with the highest priority that supports the call "
+        "(`kc.explain_backends(...)` says why for a given call). Availability depends on the machine and is "
+        "not listed here: see `kc.adapters.available()`.",
+        "",
+        "| backend | priority | devices | needs | state dtypes | layouts | gates | dim constraints | what it is |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for b in doc["backends"]:
+        cons = ", ".join(f"`{w['constraint']}`" + {True: " (holds)", False: " (**fails** for this config)",
+                                                   None: ""}[w["holds_for_config"]] for w in b["where_for_config"])
+        lines.append(
+            f"| `{b['name']}` | {b['priority']} | {', '.join(b['devices'])} | "
+            f"{', '.join(b['requires']) or '—'} | {', '.join(b['state_dtypes'] or ['any'])} | "
+            f"{', '.join(b['layouts'])} | {', '.join(b['gates'])} | {cons or '—'} | {cell(b['description'])} |")
+    lines.append("")
+    return Section("Backends", lines)
+
+
+def render_contracts_md(doc: Mapping[str, Any]) -> str:
+    """``contracts.md``: every contract and backend, with the packed-decode pictures."""
+    has_decode = any(c["key"].startswith("packed_decode[") for c in doc["contracts"])
+    before = [_layouts(KDAConfig.model_validate(doc["config"]["fields"]))] if has_decode else []
+    return render_reference(_intro(doc), doc["contracts"], before, [_backends(doc)])
+
+
+# -- errors.md -------------------------------------------------------------------------------------
+def render_errors_md(cfg: KDAConfig, label: str) -> str:
+    """``errors.md``: each known mistake, the message the library raises for it, and the fix."""
+    lines = [
+        DO_NOT_EDIT,
+        "",
+        "# Error catalogue",
+        "",
+        f"Each known packed-decode mistake, made on a valid call for **{label}** (B={BATCH} requests, a pool "
+        f"of N={POOL} slots), with the message the library raises today and the fix. The messages are produced "
+        "by running the library (`kda_contracts.ops.packed_decode.mistakes`), so they cannot drift from the code.",
+        "",
+        "| mistake | error | fix |",
+        "|---|---|---|",
+    ]
+    body: list[str] = []
+    for m in MISTAKES:
+        try:
+            r = reproduce(m, cfg)
+        except ValueError as exc:  # a mistake this config cannot express (e.g. no other TP degree)
+            lines.append(f"| {m.title} | — | not reproducible for this config: {exc} |")
+            continue
+        lines.append(f"| [{cell(m.title)}](#{m.key}) | `{r.error}` | {cell(m.fix)} |")
+        body += [
+            f"<a id=\"{m.key}\"></a>",
+            f"## {m.title}",
+            "",
+            f"The mistake: `{m.code}`. Without a contract: {m.hazard}.",
+            "",
+        ]
+        if r.notes:
+            body += ["(" + "; ".join(r.notes) + ")", ""]
+        body += ["```text", r.message, "```", "", f"**Fix:** {m.fix}.", ""]
+    return "\n".join([*lines, "", *body])
+
+
+def generate(cfg: KDAConfig, label: str, contracts: Mapping[str, Contract] | None = None) -> dict[str, str]:
+    """Every generated file, by name: Markdown, JSON and SVG, all deterministic for ``cfg``
+    (``contracts``: default every registered one)."""
+    doc = describe(cfg, label, contracts)
+    return {
+        "contracts.md": render_contracts_md(doc),
+        "contracts.json": json.dumps(doc, indent=2, sort_keys=False, ensure_ascii=False) + "\n",
+        "errors.md": render_errors_md(cfg, label),
+        "mixed_qkv.svg": mark_svg(mixed_qkv_svg(cfg)),
+        "state_pool_vk.svg": mark_svg(state_pool_svg(cfg, "VK")),
+        "state_pool_kv.svg": mark_svg(state_pool_svg(cfg, "KV")),
+    }

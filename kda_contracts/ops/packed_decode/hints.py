@@ -1,0 +1,135 @@
+"""Hints of the packed-decode contract: a fix for each known mistake (the catalogue in
+:mod:`.mistakes` makes each one). Hints read typed facts (:mod:`kda_contracts.facts`), the call's
+bound dims and, for the state layout, the layout the contract was built for; never message text.
+
+Example::
+
+    spec = build_spec(fn, config_arg="config", hints=hints_for("VK"))
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from ...errors import DtypeError, LayoutError, ShapeError, Violation
+from ...facts import DtypeMismatch, LayoutBroken, RankMismatch, Unsolvable
+from ...markers import config_dim_source, config_dims
+from ...spec import CallContext
+from .config import KDAConfig
+from .tp import TPMismatch, tp_mismatch_hint
+
+__all__ = ["hints_for"]
+
+Hint = Callable[[Violation, CallContext], str | None]
+
+_LAYOUT_ARGS = ("initial_state", "a", "out", "mixed_qkv", "dt_bias")
+
+
+def _shape(ctx: CallContext, name: str) -> tuple[int, ...] | None:
+    t = ctx.values.get(name)
+    return tuple(t.shape) if isinstance(t, torch.Tensor) else None
+
+
+def _hint_unflattened(v: Violation, ctx: CallContext) -> str | None:
+    rank = v.fact(RankMismatch)
+    if v.kind is not ShapeError or v.argument not in ("a", "dt_bias") or rank is None:
+        return None
+    shape = rank.shape
+    if v.argument == "a" and len(shape) == 3:
+        return (f"`a` looks unflattened ([B, HV, K] = {list(shape)}); the kernel indexes it as hv*K + k: pass "
+                "a.flatten(1) (or a.reshape(B, HV*K))")
+    if v.argument == "dt_bias" and len(shape) == 2:
+        return f"`dt_bias` looks unflattened ([HV, K] = {list(shape)}); pass dt_bias.flatten()"
+    return None
+
+
+def _swapped_layout_fits(ctx: CallContext, declared: str) -> bool:
+    """Would the call be consistent if the state's last two dims meant the other layout?"""
+    st, a, out, m = (_shape(ctx, n) for n in ("initial_state", "a", "out", "mixed_qkv"))
+    if st is None or a is None or out is None or m is None or len(st) != 4 or len(a) != 2 or len(out) != 4 \
+            or len(m) != 2:
+        return False
+    hv = st[1]
+    # the other layout: VK declared but KV given means K = st[2], V = st[3]
+    k, v = (st[2], st[3]) if declared == "VK" else (st[3], st[2])
+    if k == v or k < 1:
+        return False
+    fits = a[1] == hv * k and out[3] == v and (m[1] - hv * v) > 0 and (m[1] - hv * v) % (2 * k) == 0
+    if ctx.config is not None:
+        cd = config_dims(ctx.config)  # any config: a KDAConfig or a plain pydantic model
+        fits = fits and cd.get("K", k) == k and cd.get("V", v) == v
+    return fits
+
+
+def _layout_hint(declared: str) -> Hint:
+    """The hint for a pool of the other layout than ``declared`` (the contract's own)."""
+    other = "KV" if declared == "VK" else "VK"
+    given = "[N, HV, K, V]" if other == "KV" else "[N, HV, V, K]"
+
+    def hint_layout(v: Violation, ctx: CallContext) -> str | None:
+        if v.kind is not ShapeError or v.argument not in _LAYOUT_ARGS:
+            return None
+        first = next((x for x in ctx.violations if x.kind is ShapeError and x.argument in _LAYOUT_ARGS), None)
+        if first is not v or not _swapped_layout_fits(ctx, declared):
+            return None
+        return (f"initial_state looks like a {other}-layout pool {given}, but this call declares {declared}; "
+                f"declare it (KDAConfig(state_layout={other!r}) or state_layout={other!r}) or convert the pool "
+                f"with initial_state.transpose(-1, -2).contiguous() (a bare transpose view breaks the slot strides)")
+
+    return hint_layout
+
+
+def _render_tp(found: TPMismatch, ctx: CallContext) -> str | None:
+    witness = found.witness(ctx, first="initial_state")  # name the pool first
+    if witness is None:
+        return None
+    name, sym, got = witness
+    want, implied, tp = found.here[sym], found.tp_size, found.config.tp_size
+    return (f"{name} carries {sym}={got} heads but the config expects {want} per rank "
+            f"({config_dim_source(found.config, sym)}): the tensors look sharded for tp_size={implied}, the config "
+            f"for tp_size={tp}. Build the config with tp_size={implied} (KDAConfig.from_hf_config(path, "
+            f"tp_size={implied})) or shard the weights and pools for tp_size={tp}; the other shape violations "
+            "follow from this one")
+
+
+_hint_tp = tp_mismatch_hint(config_of=lambda ctx: ctx.config if isinstance(ctx.config, KDAConfig) else None,
+                            dims_at=KDAConfig.contract_dims, render=_render_tp)
+
+
+def _hint_width(v: Violation, ctx: CallContext) -> str | None:
+    unsolved = v.fact(Unsolvable)
+    if v.argument != "mixed_qkv" or v.kind is not ShapeError or unsolved is None or unsolved.symbol != "H":
+        return None
+    return ("mixed_qkv must be exactly [q heads | k heads | v heads] = 2*H*K + HV*V columns; if it still "
+            "carries other projections (gate, beta), slice them off; if q, k, v are separate, torch.cat them on "
+            "dim 1; check that HV, V, K (from the state) belong to this layer and TP rank")
+
+
+def _hint_index_dtype(v: Violation, ctx: CallContext) -> str | None:
+    fact = v.fact(DtypeMismatch)
+    if v.argument != "ssm_state_indices" or v.kind is not DtypeError or fact is None or len(fact.allowed) != 1:
+        return None
+    (dt,) = fact.allowed
+    return (f"cast the indices once when you build the batch metadata: ssm_state_indices.to({dt}) "
+            "(the config pins the index dtype the kernels were built for)")
+
+
+def _hint_state_strides(v: Violation, ctx: CallContext) -> str | None:
+    layout = v.fact(LayoutBroken)
+    if v.argument == "initial_state" and layout is not None and layout.rule == "disjoint":
+        return ("the pool's slots overlap (an .expand()ed pool, or a slot stride smaller than a slot): two "
+                "requests would update the same memory and race; allocate one dense slot per index, e.g. "
+                "torch.empty(N, HV, V, K)")
+    if v.argument == "initial_state" and v.kind is LayoutError:
+        return ("each state slot [HV, V, K] must be dense (the pool's slot stride may be anything): a pool made "
+                "by .transpose() or by slicing inside a slot is not; allocate it densely or pass "
+                "initial_state.contiguous() and copy the result back")
+    return None
+
+
+def hints_for(layout: str) -> tuple[Hint, ...]:
+    """The hints of the contract for state layout ``layout`` ("VK" or "KV"), in the order they are tried."""
+    return (_hint_unflattened, _layout_hint(layout), _hint_tp, _hint_width, _hint_index_dtype,
+            _hint_state_strides)
