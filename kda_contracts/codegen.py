@@ -1,6 +1,6 @@
 """Code generation: one straight-line checker per contract, and the wrapper that runs it.
 
-The happy path (principle 4 of DESIGN.md) is generated Python source: attribute reads, integer
+The happy path is generated Python source: attribute reads, integer
 compares and set lookups, no loops, no dict of dims, no message building. It returns the bound
 dims as a tuple, or ``None`` at the first failed test; only then does the slow path
 (``explain``) run to collect every violation with provenance and hints.

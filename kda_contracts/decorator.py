@@ -1,7 +1,7 @@
 """``@kc.contract``: a compiled :class:`Contract` (spec + generated checker + slow path) and the
 registry of contracts.
 
-The happy path (principle 3 of DESIGN.md) is generated Python source: attribute reads, integer
+The happy path is generated Python source: attribute reads, integer
 compares and set lookups, no loops, no dict of dims, no message building. It returns the bound
 dims as a tuple, or ``None`` at the first failed test; only then does the slow path
 (``ContractSpec.explain``) run to collect every violation with provenance and hints.

@@ -196,7 +196,7 @@ def format_report(
     dims: dict[str, int],
     provenance: dict[str, str],
 ) -> str:
-    """Render the multi-line report of a rejected call (principle 5 of DESIGN.md)."""
+    """Render the multi-line report of a rejected call (every violation, with provenance and fixes)."""
     n = len(violations)
     lines = [f"{function}(): {n} contract violation{'s' if n != 1 else ''}"]
     for i, v in enumerate(violations, 1):

@@ -1,6 +1,6 @@
 """The binding plan: which argument binds each dim, in what order, and which dims are solved.
 
-Binding is order-independent (principle 2 of DESIGN.md): a fixed config binds first, then int
+Binding is order-independent: a fixed config binds first, then int
 scalars named like a dim, then tensor axes whose dim is a plain name (``bind_first`` tensors
 first, then argument order); a dim that is a linear expression with one unknown
 (``2*H*K+HV*V``) solves that unknown with a divisibility check. Everything else is a check

@@ -12,7 +12,7 @@ How a parameter is declared::
 
 and across arguments: ``@kc.contract(where=["HV % H == 0", "pow2(K)"])``.
 
-Binding is order-independent (principle 2 of DESIGN.md): a config binds first, then int scalars,
+Binding is order-independent: a config binds first, then int scalars,
 then tensor axes whose dim is a plain name (in ``bind_first`` order, then argument order); a dim
 that is a linear expression with one unknown (``2*H*K+HV*V``) solves that unknown with a
 divisibility check. Everything else is a check against what is bound.

@@ -52,6 +52,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from jaxtyping import Float
 from kda_kernels import reference
+from kda_kernels.interface import row_slots, scatter_rows
 from torch import Tensor, nn
 
 from ..decorator import contract
@@ -65,26 +66,6 @@ from .kimi_linear_weights import random_weights as random_weights
 from .kimi_linear_weights import shard_weights as shard_weights
 
 __all__ = ["WEIGHT_NAMES", "KimiDeltaAttention", "layer_dims", "random_weights", "shard_weights"]
-
-
-def _write_rows(pool: Tensor, indices: Tensor, rows: Tensor) -> None:
-    """``pool[indices[i]] = rows[i]`` for each i with ``0 <= indices[i] < N``; other rows write nothing.
-
-    No host sync (no boolean-mask indexing): an invalid row is sent to the slot of the first valid
-    row with that row's bytes (or, with no valid row, to slot 0 with its own bytes), so the extra
-    writes are harmless whatever order the device applies them in (as in the reference kernel).
-    """
-    n, idx = pool.shape[0], indices.long()
-    if idx.numel() == 0:
-        return
-    valid = (idx >= 0) & (idx < n)
-    donor = torch.argmax(valid.to(torch.int32), dim=0, keepdim=True)  # first valid row, else 0
-    any_valid = valid.index_select(0, donor)
-    slots = torch.where(valid, idx, torch.where(any_valid, idx.index_select(0, donor), 0))
-    bcast = (-1,) + (1,) * (pool.dim() - 1)
-    rows = rows.to(pool.dtype)
-    fallback = torch.where(any_valid.view(bcast), rows.index_select(0, donor), pool.index_select(0, slots))
-    pool.index_copy_(0, slots, torch.where(valid.view(bcast), rows, fallback))
 
 
 # -- the layer -------------------------------------------------------------------------------------
@@ -311,8 +292,8 @@ class KimiDeltaAttention(nn.Module):
         """
         d = self._dims
         B = x.shape[0]
-        _write_rows(ssm_states, state_indices, ssm_states.new_zeros(B, d["HV"], d["V"], d["K"]))
-        _write_rows(conv_states, state_indices, conv_states.new_zeros(B, d["C"], d["W"]))
+        scatter_rows(ssm_states, state_indices, ssm_states.new_zeros(B, d["HV"], d["V"], d["K"]))
+        scatter_rows(conv_states, state_indices, conv_states.new_zeros(B, d["C"], d["W"]))
         ys = [self._step(x[:, t], ssm_states, conv_states, state_indices, self._reference_decode)
               for t in range(x.shape[1])]
         y = torch.stack(ys, dim=1) if ys else x.new_zeros(B, 0, d["D"])
@@ -321,12 +302,12 @@ class KimiDeltaAttention(nn.Module):
     # -- the computation (unchecked: the public methods above checked it) ------------------------
     def _conv_step(self, mixed_qkv: Tensor, conv_states: Tensor, state_indices: Tensor) -> Tensor:
         idx = state_indices.long()
-        valid = (idx >= 0) & (idx < conv_states.shape[0])
-        slots = torch.where(valid, idx, 0)  # padding rows read slot 0 (harmlessly) and write nothing
-        window = torch.cat([conv_states.index_select(0, slots), mixed_qkv.unsqueeze(-1).to(conv_states.dtype)],
+        rows = row_slots(idx, conv_states.shape[0])  # padding rows read a live slot harmlessly, write nothing
+        valid = rows.valid
+        window = torch.cat([rows.gather(conv_states), mixed_qkv.unsqueeze(-1).to(conv_states.dtype)],
                            dim=-1)  # [B, C, W+1], oldest input first
         y = F.silu((window.float() * self.conv1d.float()).sum(-1))
-        _write_rows(conv_states, idx, window[..., 1:])
+        scatter_rows(conv_states, idx, window[..., 1:])
         return y.masked_fill(~valid.unsqueeze(-1), 0.0).to(mixed_qkv.dtype)
 
     def _step(self, x: Tensor, ssm_states: Tensor, conv_states: Tensor, state_indices: Tensor,
