@@ -15,14 +15,34 @@ from __future__ import annotations
 import functools
 import inspect
 import weakref
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
 
-from .dims import ANY, Broadcast, Expr, Sym
+from .dims import ANY, Broadcast, Expr, Sym, broadcast_sizes, fits_variadic
 from .markers import CONFIG_LACKS, config_dims
-from .rules import DtypeIn, MatchesConfig, Rule, SameDtype, Slots, broadcast_sizes, fits_variadic
+from .rules import DtypeIn, SameDtype
+from .scalar_rules import MatchesConfig
+from .snippets import (
+    BIND_AXIS,
+    CONFIG_DIM_TEST,
+    CONFIG_VIEW,
+    MIN_RANK_TEST,
+    NO_CONFIG,
+    OPTIONAL_TYPE_TEST,
+    RANK_TEST,
+    READ_DEVICE,
+    READ_DTYPE,
+    READ_SHAPE,
+    READ_STRIDES,
+    REJECT,
+    SOLVE,
+    TYPE_TEST,
+    VARIADIC_AXES,
+    Gen,
+    Names,
+)
 from .spec import ContractSpec, TensorParam, split_optional
 
 __all__ = ["ConfigViews", "Names", "generate_checker", "generate_return_checker", "wrapper_source"]
@@ -79,73 +99,6 @@ class ConfigViews:
         return view
 
 
-# -- naming and snippets -------------------------------------------------------------------------
-class Names:
-    """The one naming scheme of generated code. Every name it makes starts with a prefix that no
-    parameter name of the contracted function starts with, so user names (parameters, dims, the
-    function's own name) can never collide with generated ones. Arguments are referred to by
-    position (``<p>a0``), dims by index (``<p>d0``): user text never becomes a generated name."""
-
-    def __init__(self, taken: Iterable[str]) -> None:
-        taken = tuple(taken)
-        prefix = "_kc_"
-        while any(t.startswith(prefix) for t in taken):
-            prefix += "_"
-        self.prefix = prefix
-
-    def __call__(self, role: str, index: int | str = "") -> str:
-        return f"{self.prefix}{role}{index}"
-
-
-# The snippets generated code is assembled from ({...} fields filled by the generator).
-REJECT = "return None"
-READ_SHAPE = "{shape} = {arg}.shape"
-RANK_TEST = "len({shape}) != {rank}"
-MIN_RANK_TEST = "len({shape}) < {rank}"
-VARIADIC_AXES = "{shape}[{start}:len({shape}) - {after}]"
-BIND_AXIS = "{dim} = {shape}[{axis}]"
-SOLVE = ("{coef} = {coef_expr}", "{rest} = {shape}[{axis}] - ({const_expr})",
-         "if {coef} == 0 or {rest} % {coef} or {rest} // {coef} < 1:", "    return None", "{dim} = {rest} // {coef}")
-CONFIG_VIEW = ("{view} = {views}.get(id({cfg}))", "if {view} is None or {view}[0]() is not {cfg}:",
-               "    {view} = {views}.make({cfg})", "{cdims}, {cdtypes}, {cmatch} = {view}[1], {view}[2], {view}[3]")
-NO_CONFIG = "{cdtypes}, {cmatch} = {nones}, None"
-CONFIG_DIM_TEST = "{cdims}[{i}] is not None and {cdims}[{i}] != {dim}"
-READ_DTYPE = "{dtype} = {arg}.dtype"
-READ_STRIDES = "{strides} = {arg}.stride()"
-READ_DEVICE = "{device} = {arg}.device"
-TYPE_TEST = "not isinstance({arg}, {types})"
-OPTIONAL_TYPE_TEST = "({arg} is not None and not isinstance({arg}, {types}))"
-
-
-class _Gen:
-    """Accumulates the lines of a generated function and the constants it refers to."""
-
-    def __init__(self, names: Names) -> None:
-        self.names = names
-        self.lines: list[str] = []
-        self.consts: dict[str, Any] = {}
-        self.indent = 1
-
-    def emit(self, *lines: str, **fields: Any) -> None:
-        for line in lines:
-            self.lines.append("    " * self.indent + (line.format(**fields) if fields else line))
-
-    def reject_if(self, conds: Sequence[str]) -> None:
-        if conds:
-            self.emit("if " + " or ".join(conds) + ":", "    " + REJECT)
-
-    def const(self, value: Any) -> str:
-        for k, v in self.consts.items():
-            if v is value:
-                return k
-        name = self.names("k", len(self.consts))
-        self.consts[name] = value
-        return name
-
-    def slots(self, rule: Rule, **names: str) -> Slots:
-        return Slots(**names, constants={k: self.const(v) for k, v in rule.constants().items()})
-
-
 _SIMPLE_TYPES: dict[Any, tuple[type, ...]] = {
     # beartype's verdict for these hints, as isinstance (BeartypeConf(is_pep484_tower=True): a
     # float parameter accepts an int; bool is an int)
@@ -156,7 +109,7 @@ _SIMPLE_TYPES: dict[Any, tuple[type, ...]] = {
 }
 
 
-def _type_guards(spec: ContractSpec, g: _Gen, arg: Mapping[str, str]) -> list[str] | None:
+def _type_guards(spec: ContractSpec, g: Gen, arg: Mapping[str, str]) -> list[str] | None:
     """Conditions that are true when an argument has the wrong Python type, equivalent to
     beartype's verdict on the stripped annotations; None when some hint is not that simple (then
     the beartype shim runs on every call instead)."""
@@ -184,7 +137,7 @@ class _Checker:
         self.spec = spec
         params = checked_parameters(spec)
         self.names = Names(params)
-        self.g = _Gen(self.names)
+        self.g = Gen(self.names)
         n = self.names
         self.arg = {p: n("a", i) for i, p in enumerate(params)}
         self.shape = {p: n("s", i) for i, p in enumerate(params)}
@@ -387,7 +340,7 @@ def generate_return_checker(spec: ContractSpec) -> tuple[str, dict[str, Any]]:
     meets the return annotation (the slow path words a failure)."""
     assert spec.returns is not None
     n = Names(())
-    g = _Gen(n)
+    g = Gen(n)
     res, dims = n("res"), n("dims")
     dim = {s: n("d", i) for i, s in enumerate(spec.symbols)}
     if spec.symbols:

@@ -19,7 +19,7 @@ Example::
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property, lru_cache
 from typing import Any
@@ -420,3 +420,31 @@ def _simplify(node: BinOp) -> Expr:
     if node.op == "+" and l == Const(0):
         return r
     return _fold(node)
+
+
+# -- variadic dims -------------------------------------------------------------------------------
+def broadcast_sizes(*occurrences: tuple[Sequence[int], bool]) -> tuple[int, ...] | None:
+    """The sizes a variadic dim stands for, from every ``(sizes, broadcastable)`` occurrence: the
+    broadcast of all of them (numpy's rule: aligned on the right, each axis equal or 1), which
+    each non-broadcastable occurrence must equal. None when they do not agree. Order-independent."""
+    out: list[int] = []
+    for sizes, _ in occurrences:
+        sizes = tuple(sizes)
+        if len(sizes) > len(out):
+            out = [1] * (len(sizes) - len(out)) + out
+        for i in range(1, len(sizes) + 1):
+            a, b = out[-i], sizes[-i]
+            if a == 1:
+                out[-i] = b
+            elif b != 1 and b != a:
+                return None
+    result = tuple(out)
+    if any(not bc and tuple(sizes) != result for sizes, bc in occurrences):
+        return None
+    return result
+
+
+def fits_variadic(sizes: Sequence[int], broadcastable: bool, bound: Sequence[int]) -> bool:
+    """Whether one occurrence of a variadic dim agrees with the sizes it is bound to."""
+    return broadcast_sizes((bound, True), (sizes, broadcastable)) == tuple(bound) if broadcastable \
+        else tuple(sizes) == tuple(bound)

@@ -25,8 +25,10 @@ from pathlib import Path
 from typing import Any
 
 from .decorator import Contract, registered_contracts
-from .dims import BinOp, Const, Expr, parse_constraint
+from .dims import Expr, parse_constraint
 from .markers import config_dims
+from .rules import CONFIG_ABSENT, Contiguous, Disjoint, DtypeIn, InnerDense, SameDtype, concrete
+from .scalar_rules import MatchesConfig
 from .spec import ContractSpec, ScalarParam, TensorParam, dtype_name
 
 __all__ = ["DO_NOT_EDIT", "GENERATED_MARK", "Section", "cell", "check", "describe_constraints", "describe_contract",
@@ -38,56 +40,6 @@ DO_NOT_EDIT = (f"<!-- {GENERATED_MARK}: do not edit. Regenerate with `kda-contra
 
 
 # -- describing contracts as data ----------------------------------------------------------------
-def _partial(d: Any, env: Mapping[str, int]) -> str:
-    """A dim's value when ``env`` binds all its symbols, else its symbolic text."""
-    if not isinstance(d, Expr):  # _, #B, *batch, ...: shown as written
-        return str(d)
-    if d.symbols() <= env.keys():
-        try:
-            return str(d.evaluate(dict(env)))
-        except ZeroDivisionError:
-            pass
-    return str(d)
-
-
-def _product(dims: Sequence[Any]) -> Expr | None:
-    """The product of ``dims`` as an expression (None when a dim is ``_``); 1-factors dropped."""
-    out: Expr | None = None
-    for d in dims:
-        if not isinstance(d, Expr):
-            return None
-        if isinstance(d, Const) and d.value == 1:
-            continue
-        out = d if out is None else BinOp("*", out, d)
-    return out if out is not None else Const(1)
-
-
-def _strides(tp: TensorParam, inner: int, env: Mapping[str, int]) -> tuple[str, str]:
-    """Dense row-major strides of the last ``inner`` dims (``*`` for the free outer ones),
-    symbolic and for ``env``."""
-    sym, conc = [], []
-    for axis in range(tp.rank):
-        if axis < tp.rank - inner:
-            sym.append("*")
-            conc.append("*")
-            continue
-        p = _product(tp.dims[axis + 1:])
-        sym.append("?" if p is None else str(p))
-        conc.append("?" if p is None else _partial(p, env))
-    return "[" + ", ".join(sym) + "]", "[" + ", ".join(conc) + "]"
-
-
-def _disjoint(tp: TensorParam, env: Mapping[str, int]) -> dict[str, str] | None:
-    """The no-overlap rule of a tensor written in place: its dense blocks must not share memory."""
-    n = tp.spec.inner_contiguous
-    if not getattr(tp.spec, "disjoint", False) or tp.spec.contiguous or not n:
-        return None
-    block = _product(tp.dims[tp.rank - n:])
-    if block is None:
-        return {"block": "?", "concrete_block": "?"}
-    return {"block": str(block), "concrete_block": _partial(block, env)}
-
-
 def _type_name(hint: Any) -> str:
     if hint is typing.Any:
         return "any"
@@ -114,41 +66,45 @@ def _appearances(spec: ContractSpec, sym: str) -> list[str]:
 
 
 def _describe_tensor(tp: TensorParam, env: Mapping[str, int], cfg_dtypes: Mapping[str, Any]) -> dict[str, Any]:
-    rule = "contiguous" if tp.spec.contiguous else ("inner" if tp.spec.inner_contiguous else "any")
-    inner = tp.rank if tp.spec.contiguous else tp.spec.inner_contiguous
-    sym_st, conc_st = _strides(tp, inner, env) if inner else ("", "")
-    pinned = cfg_dtypes.get(tp.spec.config_dtype) if tp.spec.config_dtype else None
-    return {
-        "name": tp.name,
-        "kind": "tensor",
-        "optional": tp.optional,
-        "shape": tp.symbolic(),
-        "concrete_shape": "[" + ", ".join(_partial(d, env) for d in tp.dims) + "]",
-        "dtypes": sorted(dtype_name(d) for d in tp.dtypes),
-        "config_dtype": tp.spec.config_dtype,
-        "config_pins": dtype_name(pinned) if pinned is not None else None,
-        "same_dtype_as": tp.spec.same_dtype_as,
+    """A tensor argument as data; each rule describes itself (``Rule.describe``/``Rule.doc``)."""
+    data: dict[str, Any] = {
+        "name": tp.name, "kind": "tensor", "optional": tp.optional, "shape": tp.symbolic(),
+        "concrete_shape": "[" + ", ".join(concrete(d, env) for d in tp.dims) + "]",
+        "dtypes": [], "config_dtype": None, "config_pins": None, "same_dtype_as": None,
         "same_device": tp.spec.same_device,
-        "layout": {"rule": rule, "dense_inner_dims": inner, "strides": sym_st, "concrete_strides": conc_st,
-                   "disjoint": _disjoint(tp, env)},
+        "layout": {"rule": "any", "dense_inner_dims": 0, "strides": "", "concrete_strides": "", "disjoint": None},
     }
+    dtype_doc, layout_doc = [], []
+    for rule in tp.rules:
+        if isinstance(rule, (DtypeIn, SameDtype)):
+            part = rule.describe(tp.dims, env, cfg_dtypes.get(rule.role) if isinstance(rule, DtypeIn) and rule.role
+                                 else None)
+            data.update(part)
+            dtype_doc.append(rule.doc(part))
+        elif isinstance(rule, (Contiguous, InnerDense, Disjoint)):
+            part = rule.describe(tp.dims, env)
+            data["layout"].update(part)
+            layout_doc.append(rule.doc(part))
+    data["doc"] = {"dtype": "; ".join(dtype_doc), "layout": "; ".join(layout_doc) or "any strides"}
+    return data
 
 
 def _describe_scalar(sp: ScalarParam, cfg: Any) -> dict[str, Any]:
-    match = None
-    if sp.match is not None:
-        value = getattr(cfg, sp.match.attr, None) if cfg is not None else None
-        match = {"attr": sp.match.attr, "rel_tol": sp.match.rel_tol,
-                 "config_value": repr(value) if cfg is not None else None}
-    return {
-        "name": sp.name,
-        "kind": "scalar",
-        "optional": sp.optional,
-        "type": _type_name(sp.hint),
-        "range": sp.range.describe() if sp.range is not None else None,
-        "match_config": match,
-        "binds": sp.binds,
-    }
+    """A scalar argument as data; each rule describes itself."""
+    data: dict[str, Any] = {"name": sp.name, "kind": "scalar", "optional": sp.optional, "type": _type_name(sp.hint),
+                            "range": None, "match_config": None, "binds": sp.binds}
+    docs = []
+    for rule in sp.rules:
+        value = CONFIG_ABSENT
+        if isinstance(rule, MatchesConfig) and cfg is not None:
+            value = getattr(cfg, rule.match.attr, None)
+        part = rule.describe((), {}, value)
+        data.update(part)
+        docs.append(rule.doc(part))
+    if sp.binds:
+        docs.append(f"binds dim `{sp.binds}`")
+    data["doc"] = "; ".join(docs) or "—"
+    return data
 
 
 def _describe_dims(spec: ContractSpec, cfg: Any, env: Mapping[str, int]) -> list[dict[str, Any]]:
@@ -190,7 +146,7 @@ def describe_contract(key: str, c: Contract, doc_config: Any) -> dict[str, Any]:
     returns = None
     if spec.returns is not None:
         returns = [{"name": r.name, "shape": r.symbolic(),
-                    "concrete_shape": "[" + ", ".join(_partial(d, env) for d in r.dims) + "]",
+                    "concrete_shape": "[" + ", ".join(concrete(d, env) for d in r.dims) + "]",
                     "dtypes": sorted(dtype_name(d) for d in r.dtypes)} for r in spec.returns]
     strict = None
     if spec.value_checks is not None:
@@ -240,46 +196,6 @@ def cell(s: str) -> str:
     return s.replace("|", "\\|")
 
 
-def _dtype_cell(a: Mapping[str, Any]) -> str:
-    text = ", ".join(a["dtypes"])
-    if a["config_pins"]:
-        text = f"**{a['config_pins']}** (config `{a['config_dtype']}_dtype`; allowed without it: {text})"
-    elif a["config_dtype"]:
-        text += f" (config `{a['config_dtype']}_dtype` may pin one)"
-    if a["same_dtype_as"]:
-        text += f"; same dtype as `{a['same_dtype_as']}`"
-    return text
-
-
-def _layout_cell(a: Mapping[str, Any]) -> str:
-    lay = a["layout"]
-    if lay["rule"] == "contiguous":
-        return f"contiguous: strides `{lay['strides']}` = `{lay['concrete_strides']}`"
-    if lay["rule"] != "inner":
-        return "any strides"
-    n = lay["dense_inner_dims"]
-    text = "last dim stride 1" if n == 1 else (f"last {n} dims dense (`inner_contiguous={n}`): strides "
-                                               f"`{lay['strides']}` = `{lay['concrete_strides']}`")
-    dis = lay.get("disjoint")
-    if dis:
-        text += (f"; written in place, so blocks must not overlap (`disjoint`: outer stride ≥ "
-                 f"`{dis['block']}` = `{dis['concrete_block']}`; an `.expand()`ed pool is rejected)")
-    return text
-
-
-def _scalar_rule(a: Mapping[str, Any]) -> str:
-    parts = []
-    if a["range"]:
-        parts.append(f"`{a['range']}`" + (" (None skips it)" if a["optional"] else ""))
-    if a["match_config"]:
-        m = a["match_config"]
-        tol = f" (rel. tol {m['rel_tol']:g})" if m["rel_tol"] else ""
-        parts.append(f"equals config `{m['attr']}`{tol}")
-    if a["binds"]:
-        parts.append(f"binds dim `{a['binds']}`")
-    return "; ".join(parts) or "—"
-
-
 def _scalar_value(a: Mapping[str, Any]) -> str:
     m = a["match_config"]
     if not m or m["config_value"] is None:
@@ -295,13 +211,13 @@ def _argument_tables(c: Mapping[str, Any]) -> list[str]:
         out += ["| argument | shape | for this config | dtypes | layout |", "|---|---|---|---|---|"]
         for a in tensors:
             name = a["name"] + (" (optional)" if a["optional"] else "")
-            out.append(f"| `{name}` | `{a['shape']}` | `{a['concrete_shape']}` | {cell(_dtype_cell(a))} | "
-                       f"{cell(_layout_cell(a))} |")
+            out.append(f"| `{name}` | `{a['shape']}` | `{a['concrete_shape']}` | {cell(a['doc']['dtype'])} | "
+                       f"{cell(a['doc']['layout'])} |")
         out.append("")
     if scalars:
         out += ["| argument | type | rule | config value |", "|---|---|---|---|"]
         for a in scalars:
-            out.append(f"| `{a['name']}` | `{cell(a['type'])}` | {cell(_scalar_rule(a))} | {_scalar_value(a)} |")
+            out.append(f"| `{a['name']}` | `{cell(a['type'])}` | {cell(a['doc'])} | {_scalar_value(a)} |")
         out.append("")
     return out
 

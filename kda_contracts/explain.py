@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from .dims import Broadcast, Expr, Sym, Variadic
+from .dims import Broadcast, Expr, Sym, Variadic, broadcast_sizes, fits_variadic
 from .errors import ArgumentTypeError, DeviceError, DtypeError, LayoutError, ShapeError, Violation
 from .facts import (
     AxisMismatch,
@@ -33,15 +33,13 @@ from .rules import (
     Disjoint,
     DtypeIn,
     InnerDense,
-    MatchesConfig,
     Rule,
     SameDevice,
     SameDtype,
-    broadcast_sizes,
     dtype_name,
-    fits_variadic,
     fmt_ints,
 )
+from .scalar_rules import MatchesConfig
 from .spec import CallContext, ContractSpec, TensorParam
 
 __all__ = ["Explainer", "explain_return"]

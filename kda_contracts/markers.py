@@ -197,7 +197,7 @@ class Metadata:
 
     def rules(self, name: str, optional: bool) -> tuple[Any, ...]:
         """The rules beyond the range (see kda_contracts.rules)."""
-        from .rules import LengthIn, MultipleOf, Satisfies  # rules import this module
+        from .scalar_rules import LengthIn, MultipleOf, Satisfies  # they import this module
 
         out: list[Any] = []
         if self.multiple_of is not None:

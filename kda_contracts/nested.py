@@ -29,10 +29,10 @@ import torch
 from beartype import BeartypeConf
 from beartype.door import is_bearable
 
-from .dims import ANY, Broadcast, DimSpec, Expr, Sym, Variadic, parse_shape
+from .dims import ANY, Broadcast, DimSpec, Expr, Sym, Variadic, fits_variadic, parse_shape
 from .errors import AnnotationError, ArgumentTypeError, ContractError, DtypeError, ShapeError
 from .plan import dim_symbols
-from .rules import DtypeIn, dtype_name, fits_variadic, fmt_ints
+from .rules import DtypeIn, dtype_name, fmt_ints
 
 __all__ = ["Node", "mentions_array", "read_structure"]
 

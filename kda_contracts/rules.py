@@ -23,19 +23,18 @@ from typing import Any, ClassVar
 
 import torch
 
-from .errors import ContractError, DeviceError, DtypeError, LayoutError, ValueRangeError, Violation
-from .facts import ConfigMismatch, DeviceMismatch, DtypeMismatch, LayoutBroken
+from .dims import BinOp, Const, Expr
+from .errors import ContractError, DeviceError, DtypeError, LayoutError, Violation
+from .facts import DeviceMismatch, DtypeMismatch, LayoutBroken
 
 __all__ = [
     "Contiguous",
     "Disjoint",
     "DtypeIn",
     "InnerDense",
-    "MatchesConfig",
     "Rule",
     "SameDevice",
     "SameDtype",
-    "ScalarInRange",
     "Slots",
     "blocks_disjoint",
     "dense_strides",
@@ -57,6 +56,45 @@ def dense_strides(shape: Sequence[int]) -> list[int]:
         out.append(acc)
         acc *= max(s, 1)
     return out[::-1]
+
+
+def concrete(d: Any, env: Mapping[str, int]) -> str:
+    """A dim's value when ``env`` binds all its symbols, else its text (``_``, ``#B``, ``*batch``)."""
+    if not isinstance(d, Expr):
+        return str(d)
+    if d.symbols() <= env.keys():
+        try:
+            return str(d.evaluate(env))
+        except ZeroDivisionError:
+            pass
+    return str(d)
+
+
+def product(dims: Sequence[Any]) -> Expr | None:
+    """The product of ``dims`` as an expression (None when one is not an expression); 1s dropped."""
+    out: Expr | None = None
+    for d in dims:
+        if not isinstance(d, Expr):
+            return None
+        if isinstance(d, Const) and d.value == 1:
+            continue
+        out = d if out is None else BinOp("*", out, d)
+    return out if out is not None else Const(1)
+
+
+def _dense_strides_doc(dims: Sequence[Any], inner: int, env: Mapping[str, int]) -> dict[str, str]:
+    """Dense row-major strides of the last ``inner`` dims (``*`` for the free outer ones),
+    symbolic and for ``env``."""
+    sym, conc = [], []
+    for axis in range(len(dims)):
+        if axis < len(dims) - inner:
+            sym.append("*")
+            conc.append("*")
+            continue
+        p = product(dims[axis + 1:])
+        sym.append("?" if p is None else str(p))
+        conc.append("?" if p is None else concrete(p, env))
+    return {"strides": "[" + ", ".join(sym) + "]", "concrete_strides": "[" + ", ".join(conc) + "]"}
 
 
 def blocks_disjoint(shape: Sequence[int], strides: Sequence[int], n: int) -> bool:
@@ -89,6 +127,7 @@ class Slots:
 
 
 _PARAMS = Slots()
+CONFIG_ABSENT: Any = object()  # describe(config_value=...) when no config is documented
 _COMPILED: dict[tuple[str, str], Callable[..., bool]] = {}
 
 
@@ -129,8 +168,13 @@ class Rule:
         """The message for a call that broke this rule (slow path only)."""
         raise NotImplementedError
 
-    def describe(self, env: Mapping[str, int]) -> dict[str, Any]:
-        """What the docs show of this rule, concrete where ``env`` binds the dims."""
+    def describe(self, dims: Sequence[Any], env: Mapping[str, int], config_value: Any = None) -> dict[str, Any]:
+        """What the docs show of this rule as data: ``dims`` are the argument's, concrete where
+        ``env`` binds them; ``config_value`` is what the documented config fixes for it."""
+        raise NotImplementedError
+
+    def doc(self, data: Mapping[str, Any]) -> str:
+        """The rule in one phrase of Markdown, from :meth:`describe`'s data."""
         raise NotImplementedError
 
 
@@ -164,8 +208,15 @@ class DtypeIn(Rule):
         return Violation(DtypeError, self.argument, names + why, dtype_name(dt),
                          facts=(DtypeMismatch(allowed, dt, self.role if why else None),))
 
-    def describe(self, env: Mapping[str, int]) -> dict[str, Any]:
-        return {"dtypes": sorted(dtype_name(d) for d in self.allowed), "config_dtype": self.role}
+    def describe(self, dims: Sequence[Any], env: Mapping[str, int], config_value: Any = None) -> dict[str, Any]:
+        return {"dtypes": sorted(dtype_name(d) for d in self.allowed), "config_dtype": self.role,
+                "config_pins": dtype_name(config_value) if config_value is not None else None}
+
+    def doc(self, data: Mapping[str, Any]) -> str:
+        text = ", ".join(data["dtypes"])
+        if data["config_pins"]:
+            return f"**{data['config_pins']}** (config `{self.role}_dtype`; allowed without it: {text})"
+        return text + (f" (config `{self.role}_dtype` may pin one)" if self.role else "")
 
 
 
@@ -186,8 +237,11 @@ class SameDtype(Rule):
         return Violation(DtypeError, self.argument, f"{dtype_name(od)} (same as {self.other})", dtype_name(dt),
                          facts=(DtypeMismatch(frozenset((od,)), dt, same_as=self.other),))
 
-    def describe(self, env: Mapping[str, int]) -> dict[str, Any]:
+    def describe(self, dims: Sequence[Any], env: Mapping[str, int], config_value: Any = None) -> dict[str, Any]:
         return {"same_dtype_as": self.other}
+
+    def doc(self, data: Mapping[str, Any]) -> str:
+        return f"same dtype as `{self.other}`"
 
 
 @dataclass(frozen=True)
@@ -207,8 +261,11 @@ class SameDevice(Rule):
         return Violation(DeviceError, self.argument, f"{dev} (device of {self.first})", str(got),
                          facts=(DeviceMismatch(dev, got),))
 
-    def describe(self, env: Mapping[str, int]) -> dict[str, Any]:
-        return {"same_device_as": self.first}
+    def describe(self, dims: Sequence[Any], env: Mapping[str, int], config_value: Any = None) -> dict[str, Any]:
+        return {"same_device": True}
+
+    def doc(self, data: Mapping[str, Any]) -> str:
+        return f"on the device of `{self.first}`"
 
 
 # -- strides -------------------------------------------------------------------------------------
@@ -229,8 +286,11 @@ class Contiguous(Rule):
         return Violation(LayoutError, self.argument, f"contiguous (strides {fmt_ints(dense_strides(shape))})",
                          f"strides {fmt_ints(strides)}", facts=(LayoutBroken("contiguous", len(shape), strides),))
 
-    def describe(self, env: Mapping[str, int]) -> dict[str, Any]:
-        return {"rule": "contiguous"}
+    def describe(self, dims: Sequence[Any], env: Mapping[str, int], config_value: Any = None) -> dict[str, Any]:
+        return {"rule": "contiguous", "dense_inner_dims": len(dims), **_dense_strides_doc(dims, len(dims), env)}
+
+    def doc(self, data: Mapping[str, Any]) -> str:
+        return f"contiguous: strides `{data['strides']}` = `{data['concrete_strides']}`"
 
 
 @dataclass(frozen=True)
@@ -261,8 +321,14 @@ class InnerDense(Rule):
         return Violation(LayoutError, self.argument, f"{what} (strides [{', '.join(want)}])",
                          f"strides {fmt_ints(strides)}", facts=(LayoutBroken("inner", self.n, tuple(strides)),))
 
-    def describe(self, env: Mapping[str, int]) -> dict[str, Any]:
-        return {"rule": "inner", "dense_inner_dims": self.n}
+    def describe(self, dims: Sequence[Any], env: Mapping[str, int], config_value: Any = None) -> dict[str, Any]:
+        return {"rule": "inner", "dense_inner_dims": self.n, **_dense_strides_doc(dims, self.n, env)}
+
+    def doc(self, data: Mapping[str, Any]) -> str:
+        if self.n == 1:
+            return "last dim stride 1"
+        return (f"last {self.n} dims dense (`inner_contiguous={self.n}`): strides `{data['strides']}` = "
+                f"`{data['concrete_strides']}`")
 
 
 @dataclass(frozen=True)
@@ -298,151 +364,13 @@ class Disjoint(Rule):
         return Violation(LayoutError, self.argument, expected, f"strides {fmt_ints(strides)}",
                          facts=(LayoutBroken("disjoint", self.n, tuple(strides)),))
 
-    def describe(self, env: Mapping[str, int]) -> dict[str, Any]:
-        return {"disjoint": True}
+    def describe(self, dims: Sequence[Any], env: Mapping[str, int], config_value: Any = None) -> dict[str, Any]:
+        block = product(dims[len(dims) - self.n:]) if self.n else None
+        if block is None:
+            return {"disjoint": {"block": "?", "concrete_block": "?"}}
+        return {"disjoint": {"block": str(block), "concrete_block": concrete(block, env)}}
 
-
-# -- scalars -------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class ScalarInRange(Rule):
-    """A scalar within its ``kc.Range`` (None skips it when the argument is optional)."""
-
-    argument: str
-    range: Any  # markers.Range
-    optional: bool
-    kind: ClassVar[type[ContractError]] = ValueRangeError
-    needs: ClassVar[frozenset[str]] = frozenset({"value"})
-
-    def test(self, n: Slots) -> str:
-        cond = f"not ({self.range.render(n.value)})"
-        return f"{n.value} is not None and {cond}" if self.optional else cond
-
-    def violation(self, **values: Any) -> Violation:
-        return Violation(ValueRangeError, self.argument, self.range.describe(), repr(values["value"]))
-
-    def describe(self, env: Mapping[str, int]) -> dict[str, Any]:
-        return {"range": self.range.describe()}
-
-
-@dataclass(frozen=True)
-class MatchesConfig(Rule):
-    """A scalar equal to a config attribute (``kc.MatchConfig``) when the call has a config."""
-
-    argument: str
-    match: Any  # markers.MatchConfig
-    kind: ClassVar[type[ContractError]] = ValueRangeError
-    needs: ClassVar[frozenset[str]] = frozenset({"value", "config_value"})
-
-    def test(self, n: Slots) -> str:
-        return f"not {n.constants['match']}.agrees_value({n.value}, {n.config_value})"
-
-    def constants(self) -> dict[str, Any]:
-        return {"match": self.match}
-
-    def violation(self, **values: Any) -> Violation:
-        want = values["config_value"]
-        return Violation(ValueRangeError, self.argument, f"{want!r} (config {self.match.attr})",
-                         repr(values["value"]), facts=(ConfigMismatch(self.match.attr, want),))
-
-    def describe(self, env: Mapping[str, int]) -> dict[str, Any]:
-        return {"match_config": self.match.attr}
-
-
-# -- variadic dims -------------------------------------------------------------------------------
-def broadcast_sizes(*occurrences: tuple[Sequence[int], bool]) -> tuple[int, ...] | None:
-    """The sizes a variadic dim stands for, from every ``(sizes, broadcastable)`` occurrence: the
-    broadcast of all of them (numpy's rule: aligned on the right, each axis equal or 1), which
-    each non-broadcastable occurrence must equal. None when they do not agree. Order-independent."""
-    out: list[int] = []
-    for sizes, _ in occurrences:
-        sizes = tuple(sizes)
-        if len(sizes) > len(out):
-            out = [1] * (len(sizes) - len(out)) + out
-        for i in range(1, len(sizes) + 1):
-            a, b = out[-i], sizes[-i]
-            if a == 1:
-                out[-i] = b
-            elif b != 1 and b != a:
-                return None
-    result = tuple(out)
-    if any(not bc and tuple(sizes) != result for sizes, bc in occurrences):
-        return None
-    return result
-
-
-def fits_variadic(sizes: Sequence[int], broadcastable: bool, bound: Sequence[int]) -> bool:
-    """Whether one occurrence of a variadic dim agrees with the sizes it is bound to."""
-    return broadcast_sizes((bound, True), (sizes, broadcastable)) == tuple(bound) if broadcastable \
-        else tuple(sizes) == tuple(bound)
-
-
-# -- annotated_types / pydantic Field constraints on scalars and containers ---------------------
-@dataclass(frozen=True)
-class MultipleOf(Rule):
-    """``annotated_types.MultipleOf`` (or pydantic ``Field(multiple_of=...)``) on a number."""
-
-    argument: str
-    k: float
-    optional: bool
-    kind: ClassVar[type[ContractError]] = ValueRangeError
-    needs: ClassVar[frozenset[str]] = frozenset({"value"})
-
-    def test(self, n: Slots) -> str:
-        cond = f"{n.value} % {self.k!r} != 0"
-        return f"{n.value} is not None and {cond}" if self.optional else cond
-
-    def violation(self, **values: Any) -> Violation:
-        return Violation(ValueRangeError, self.argument, f"a multiple of {self.k!r}", repr(values["value"]))
-
-    def describe(self, env: Mapping[str, int]) -> dict[str, Any]:
-        return {"multiple_of": self.k}
-
-
-@dataclass(frozen=True)
-class LengthIn(Rule):
-    """``annotated_types.MinLen/MaxLen/Len`` (or ``Field(min_length=..., max_length=...)``)."""
-
-    argument: str
-    least: int
-    most: int | None
-    optional: bool
-    kind: ClassVar[type[ContractError]] = ValueRangeError
-    needs: ClassVar[frozenset[str]] = frozenset({"value"})
-
-    def test(self, n: Slots) -> str:
-        cond = f"len({n.value}) < {self.least}"
-        if self.most is not None:
-            cond += f" or len({n.value}) > {self.most}"
-        return f"{n.value} is not None and ({cond})" if self.optional else cond
-
-    def violation(self, **values: Any) -> Violation:
-        want = f"length >= {self.least}" + (f" and <= {self.most}" if self.most is not None else "")
-        return Violation(ValueRangeError, self.argument, want, f"length {len(values['value'])}")
-
-    def describe(self, env: Mapping[str, int]) -> dict[str, Any]:
-        return {"length": [self.least, self.most]}
-
-
-@dataclass(frozen=True)
-class Satisfies(Rule):
-    """``annotated_types.Predicate(fn)``: ``fn(value)`` is true."""
-
-    argument: str
-    predicate: Callable[[Any], bool]
-    optional: bool
-    kind: ClassVar[type[ContractError]] = ValueRangeError
-    needs: ClassVar[frozenset[str]] = frozenset({"value"})
-
-    def test(self, n: Slots) -> str:
-        cond = f"not {n.constants['predicate']}({n.value})"
-        return f"{n.value} is not None and {cond}" if self.optional else cond
-
-    def constants(self) -> dict[str, Any]:
-        return {"predicate": self.predicate}
-
-    def violation(self, **values: Any) -> Violation:
-        name = getattr(self.predicate, "__qualname__", repr(self.predicate))
-        return Violation(ValueRangeError, self.argument, f"{name}(value) true", repr(values["value"]))
-
-    def describe(self, env: Mapping[str, int]) -> dict[str, Any]:
-        return {"predicate": getattr(self.predicate, "__qualname__", repr(self.predicate))}
+    def doc(self, data: Mapping[str, Any]) -> str:
+        dis = data["disjoint"]
+        return (f"written in place, so blocks must not overlap (`disjoint`: outer stride ≥ `{dis['block']}` = "
+                f"`{dis['concrete_block']}`; an `.expand()`ed pool is rejected)")

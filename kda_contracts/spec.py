@@ -40,13 +40,12 @@ from .rules import (
     Disjoint,
     DtypeIn,
     InnerDense,
-    MatchesConfig,
     Rule,
     SameDevice,
     SameDtype,
-    ScalarInRange,
     dtype_name,
 )
+from .scalar_rules import MatchesConfig, ScalarInRange
 
 __all__ = ["CallContext", "ContractOptions", "ContractSpec", "Dims", "build_spec", "dtype_name"]
 
