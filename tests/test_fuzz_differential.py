@@ -18,7 +18,6 @@ not check), the verdicts must agree:
 
 # No `from __future__ import annotations`: the binder-first annotations below are built from a local
 # (the layout's dim string) and must be evaluated when the function is defined.
-import os
 from collections import Counter
 from typing import Any
 
@@ -28,23 +27,17 @@ import torch
 from beartype import beartype
 from beartype.roar import BeartypeCallHintViolation
 from fuzz_stats import report_counters
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from jaxtyping import Float, Int, Shaped, jaxtyped
 from torch import Tensor
 
 import kda_contracts as kc
 
+
 # -- budget (see tests/test_fuzz_packed_decode.py) --------------------------------------------------
-_HEALTH = [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much]
-settings.register_profile("ci", settings.get_profile("ci"), max_examples=200, deadline=None, print_blob=True,
-                          suppress_health_check=_HEALTH)
-settings.register_profile("long", max_examples=5000, deadline=None, print_blob=True, suppress_health_check=_HEALTH)
-PROFILE = settings.get_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
-
-
 def budget(fraction: float) -> settings:
-    return settings(PROFILE, max_examples=max(10, int(PROFILE.max_examples * fraction)), deadline=None,
+    return settings(max_examples=max(10, int(settings.default.max_examples * fraction)), deadline=None,
                     print_blob=True)
 
 

@@ -15,15 +15,15 @@ verdict, and the tests assert, for every case:
 - a rejected ``kc.packed_decode`` leaves every byte of every tensor's storage as it was;
 - the generated fast checker and the slow interpreter (``ContractSpec.explain``) agree.
 
-Budget: the ``ci`` profile (default) keeps this file to a few tens of seconds on two cores; set
-``HYPOTHESIS_PROFILE=long`` for a long local run. Failures print a ``@reproduce_failure`` blob.
+Budget: the ``dev`` and ``ci`` profiles (tests/conftest.py) keep this file to a few tens of seconds
+on two cores; set ``HYPOTHESIS_PROFILE=long`` for a long local run. Failures print a
+``@reproduce_failure`` blob.
 Counters (cases, mutations, rejections, escapes) are printed at the end of the module and, with
 ``KDA_FUZZ_STATS=folder``, written to a JSON file there (docs/reliability.md quotes them).
 """
 
 from __future__ import annotations
 
-import os
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -32,25 +32,20 @@ from typing import Any
 import pytest
 import torch
 from fuzz_stats import report_counters
-from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from pydantic import BaseModel
 
 import kda_contracts as kc
 
 # -- budget ------------------------------------------------------------------------------------------
-# "ci" extends Hypothesis' built-in CI profile (derandomized, no database, blob printed on failure);
-# "long" is for local runs: HYPOTHESIS_PROFILE=long pytest tests/test_fuzz_packed_decode.py
-_HEALTH = [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much]
-settings.register_profile("ci", settings.get_profile("ci"), max_examples=200, deadline=None, print_blob=True,
-                          suppress_health_check=_HEALTH)
-settings.register_profile("long", max_examples=5000, deadline=None, print_blob=True, suppress_health_check=_HEALTH)
-PROFILE = settings.get_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+# A share of the loaded profile's examples: "dev" or "ci" (200), or "long" (5000) for local runs:
+# HYPOTHESIS_PROFILE=long pytest tests/test_fuzz_packed_decode.py. Profiles: tests/conftest.py.
 
 
 def budget(fraction: float) -> settings:
     """The profile's settings with ``fraction`` of its example budget (seed blob always printed)."""
-    return settings(PROFILE, max_examples=max(10, int(PROFILE.max_examples * fraction)), deadline=None,
+    return settings(max_examples=max(10, int(settings.default.max_examples * fraction)), deadline=None,
                     print_blob=True)
 
 

@@ -22,7 +22,6 @@ layout and values drawn), and examples are few. ``HYPOTHESIS_PROFILE=long`` runs
 from __future__ import annotations
 
 import functools
-import os
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -31,7 +30,7 @@ from types import ModuleType
 import pytest
 import torch
 from fuzz_stats import report_counters
-from hypothesis import HealthCheck, example, given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from kda_kernels import helion_decode, reference, triton_decode
 from kda_oracle import (
@@ -44,17 +43,11 @@ from kda_oracle import (
     valid_slots,
 )
 
+
 # -- budget (see tests/test_fuzz_packed_decode.py) --------------------------------------------------
-_HEALTH = [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much]
-settings.register_profile("ci", settings.get_profile("ci"), max_examples=200, deadline=None, print_blob=True,
-                          suppress_health_check=_HEALTH)
-settings.register_profile("long", max_examples=5000, deadline=None, print_blob=True, suppress_health_check=_HEALTH)
-PROFILE = settings.get_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
-
-
 def budget(examples_in_ci: int) -> settings:
-    """``examples_in_ci`` examples under the ci profile (200), proportionally more under long."""
-    return settings(PROFILE, max_examples=max(5, PROFILE.max_examples * examples_in_ci // 200), deadline=None,
+    """``examples_in_ci`` examples under the dev and ci profiles (200), proportionally more under long."""
+    return settings(max_examples=max(5, settings.default.max_examples * examples_in_ci // 200), deadline=None,
                     print_blob=True)
 
 
@@ -111,7 +104,7 @@ class Backend:
     module: ModuleType
     kernel: Callable[[], Callable[..., None]]
     dims: dict[str, object]  # what the fuzzer may draw for it
-    examples: int  # per test, under the ci profile
+    examples: int  # per test, under the dev and ci profiles
 
 
 # The fixed specialisation the compiled Helion kernel is fuzzed on (each new one compiles for seconds).
