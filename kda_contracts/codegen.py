@@ -146,6 +146,7 @@ class _Checker:
         self.roles, self.matches = config_view_layout(spec)
         self.has_cfg = spec.config is not None or spec.config_arg is not None
         self.solved_axes = {(s.param, s.axis) for s in spec.solvers}
+        self.dtypes_read: set[int] = set()  # arguments whose dtype is in a local already
 
     def source(self) -> tuple[str, dict[str, Any], bool]:
         spec, g, n = self.spec, self.g, self.names
@@ -285,6 +286,7 @@ class _Checker:
         i = list(self.arg).index(tp.name)
         dtype, strides = n("dt", i), n("st", i)
         g.emit(READ_DTYPE, dtype=dtype, arg=self.arg[tp.name])
+        self.dtypes_read.add(i)
         if any("strides" in r.needs for r in tp.rules):
             g.emit(READ_STRIDES, strides=strides, arg=self.arg[tp.name])
         for rule in tp.rules:
@@ -293,9 +295,11 @@ class _Checker:
                 config_value = f"{n('cdtypes')}[{self.roles.index(rule.role)}]"
             other = "None"
             if isinstance(rule, SameDtype):
-                oarg = self.arg[rule.other]
-                other = f"({oarg}.dtype if {oarg} is not None else None)" \
-                    if self.spec.tensors[rule.other].optional else f"{oarg}.dtype"
+                oarg, oi = self.arg[rule.other], list(self.arg).index(rule.other)
+                if self.spec.tensors[rule.other].optional:
+                    other = f"({oarg}.dtype if {oarg} is not None else None)"
+                else:  # a required tensor's dtype is read before any optional one's; reuse it if so
+                    other = n("dt", oi) if oi in self.dtypes_read else f"{oarg}.dtype"
             slots = g.slots(rule, value=self.arg[tp.name], shape=self.shape[tp.name], strides=strides, dtype=dtype,
                             device=n("dev"), config_value=config_value, other_dtype=other)
             g.reject_if([rule.test(slots)])
