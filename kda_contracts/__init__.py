@@ -17,6 +17,8 @@ from jaxtyping import Int as Int
 from jaxtyping import Shaped as Shaped
 from torch import Tensor as Tensor
 
+from .body import check as check
+from .body import dims as dims
 from .decorator import Contract as Contract
 from .decorator import contract as contract
 from .decorator import registered_contracts as registered_contracts

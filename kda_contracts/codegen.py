@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from .dims import ANY, Broadcast, Expr, Sym, broadcast_sizes, fits_variadic
-from .markers import CONFIG_LACKS, config_dims
+from .markers import CONFIG_LACKS, config_dims, config_is_frozen
 from .rules import DtypeIn, SameDtype
 from .scalar_rules import MatchesConfig
 from .snippets import (
@@ -93,6 +93,8 @@ class ConfigViews:
             tuple(getattr(cfg, self.spec.scalars[n].match.attr, CONFIG_LACKS)  # type: ignore[union-attr]
                   for n in self.matches),
         )
+        if not config_is_frozen(cfg):
+            return view  # a mutable config is read fresh on every call
         if len(self._views) >= self.MAX:
             self._views.clear()
         self._views[id(cfg)] = view
@@ -184,7 +186,7 @@ class _Checker:
         args = "".join(f"{a}, " for a in self.arg.values())
         src = (f"def check({args}{self.cfg}=None):\n    try:\n"
                + "\n".join("    " + ln for ln in g.lines)
-               + "\n    except ZeroDivisionError:\n        return None\n")
+               + "\n    except Exception:  # a zero divisor, an odd object: the slow path says\n        return None\n")
         return src, g.consts, guards is not None
 
     def bind(self) -> None:
@@ -378,7 +380,7 @@ def generate_return_checker(spec: ContractSpec) -> tuple[str, dict[str, Any]]:
             g.indent -= 1
     g.emit("return True")
     src = (f"def check_return({res}, {dims}):\n    try:\n" + "\n".join("    " + ln for ln in g.lines)
-           + "\n    except ZeroDivisionError:\n        return False\n")
+           + "\n    except Exception:  # the slow path words it\n        return False\n")
     return src, g.consts
 
 
@@ -388,7 +390,7 @@ def _config_dtypes(cfg: Any) -> Mapping[str, torch.dtype] | None:
 
 
 def wrapper_source(spec: ContractSpec, fn_name: str, names: Names, *, has_return: bool, value_checks: bool,
-                   beartype_first: bool) -> str:
+                   beartype_first: bool, body: bool = False, is_async: bool = False) -> str:
     """Source of a wrapper with ``fn``'s exact signature (so Python binds the arguments); every
     other name it uses comes from ``names`` (see ``wrapper_namespace`` for what each is)."""
     n = names
@@ -450,12 +452,19 @@ def wrapper_source(spec: ContractSpec, fn_name: str, names: Names, *, has_return
             f"        if {mode} == 2:",
             f"            {n('strict')}({dims}, {plain})",
         ]
+    aw = "await " if is_async else ""
+    if body:  # the body runs with the call's dims in context (kc.check, kc.dims, isinstance)
+        lines.append(f"        {res} = {aw}{n('body')}({dims}, {', '.join(call)})")
+    elif has_return:
+        lines.append(f"        {res} = {aw}{n('fn')}({', '.join(call)})")
     if has_return:
         lines += [
-            f"        {res} = {n('fn')}({', '.join(call)})",
             f"        if not {n('check_return')}({res}, {dims}):",
             f"            {n('fail_return')}({res}, {dims})",
-            f"        return {res}",
         ]
-    lines.append(f"    return {n('fn')}({', '.join(call)})")
+    if body or has_return:
+        lines.append(f"        return {res}")
+    lines.append(f"    return {aw}{n('fn')}({', '.join(call)})")
+    if is_async:
+        lines[0] = "async " + lines[0]
     return "\n".join(lines) + "\n"

@@ -13,10 +13,12 @@ shim function carrying the stripped annotations (principle 4).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import inspect
 import itertools
 import keyword
+import typing
 import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, TypeVar, overload
@@ -27,6 +29,7 @@ from beartype.door import is_bearable
 from beartype.roar import BeartypeCallHintParamViolation
 
 from . import modes
+from .body import body_uses_checks, runner
 from .codegen import (
     ConfigViews,
     Names,
@@ -37,6 +40,7 @@ from .codegen import (
     wrapper_source,
 )
 from .errors import (
+    AnnotationError,
     ArgumentTypeError,
     ContractError,
     Violation,
@@ -45,6 +49,7 @@ from .errors import (
 )
 from .explain import explain_return
 from .markers import Where
+from .nested import mentions_array
 from .spec import CallContext, ContractOptions, ContractSpec, Dims, build_spec
 
 __all__ = ["Contract", "contract", "register_contract", "registered_contracts"]
@@ -144,7 +149,15 @@ class Contract:
         if tv:
             self.rejections += 1
             raise_violations(self.name, tv, {}, {})
-        dims, prov, violations = self.spec.explain(values, config)
+        try:
+            dims, prov, violations = self.spec.explain(values, config)
+        except ContractError:
+            raise
+        except Exception as exc:  # an object no rule foresaw: still a ContractError, never a crash
+            self.rejections += 1
+            raise_violations(self.name, [Violation(
+                ArgumentTypeError, "arguments", "arguments the contract can inspect", f"{type(exc).__name__}: {exc}",
+                hint="an argument is not what its annotation says (or a config is of the wrong kind)")], {}, {})
         if violations:
             self.rejections += 1
             raise_violations(self.name, violations, dims, prov)
@@ -305,8 +318,12 @@ def _build_wrapper(c: Contract, fixed_mode: int | None) -> Callable[..., Any]:
     for i, p in enumerate(spec.signature.parameters.values()):
         if p.default is not inspect.Parameter.empty:
             ns[n("default", i)] = p.default
+    is_async = inspect.iscoroutinefunction(c.fn)
+    body = body_uses_checks(c.fn)
+    ns[n("body")] = runner(spec.name, spec.symbols, c.fn, is_async)
     src = wrapper_source(spec, fn_name, n, has_return=spec.returns is not None,
-                         value_checks=spec.value_checks is not None, beartype_first=not c.types_in_checker)
+                         value_checks=spec.value_checks is not None, beartype_first=not c.types_in_checker,
+                         body=body, is_async=is_async)
     exec(compile(src, f"<kda_contracts wrapper for {spec.name} #{next(_ids)}>", "exec"), ns)
     wrapper = ns[fn_name]
     functools.update_wrapper(wrapper, c.fn)
@@ -370,7 +387,35 @@ def contract(
     return _decorate(fn, options)
 
 
+def _contract_class(cls: type, options: ContractOptions) -> type:
+    """Contract every method of ``cls`` whose annotations mention a tensor type (plain, static and
+    class methods); a class with none is an AnnotationError (nothing would be checked)."""
+    done = []
+    for attr, member in list(vars(cls).items()):
+        wrapper = type(member) if isinstance(member, (staticmethod, classmethod)) else None
+        fn = member.__func__ if wrapper is not None else member
+        if not inspect.isfunction(fn):
+            continue
+        try:
+            hints = typing.get_type_hints(fn, include_extras=True)
+        except Exception as exc:
+            raise AnnotationError(f"{cls.__qualname__}.{attr}: cannot read the annotations: {exc}") from exc
+        if not any(mentions_array(h) for h in hints.values()):
+            continue
+        named = dataclasses.replace(options, name=f"{options.name or cls.__qualname__}.{attr}")
+        contracted = _decorate(fn, named)
+        setattr(cls, attr, wrapper(contracted) if wrapper is not None else contracted)
+        done.append(attr)
+    if not done:
+        raise AnnotationError(f"{cls.__qualname__}: kc.contract on a class contracts its methods annotated with "
+                              "tensor types, and it has none")
+    cls.__kda_contracted__ = tuple(done)  # type: ignore[attr-defined]
+    return cls
+
+
 def _decorate(fn: Callable[..., Any], options: ContractOptions) -> Any:
+    if inspect.isclass(fn):
+        return _contract_class(fn, options)
     mode = options.mode
     fixed = modes.parse_mode(mode, f"contract(mode={mode!r})") if mode is not None else None
     spec = build_spec(fn, options)

@@ -27,7 +27,7 @@ from .facts import (
     RankMismatch,
     Unsolvable,
 )
-from .markers import CONFIG_LACKS, config_dim_source, config_dims, config_dtypes
+from .markers import CONFIG_LACKS, ConfigKindError, config_dim_source, config_dims, config_dtypes
 from .rules import (
     Contiguous,
     Disjoint,
@@ -99,7 +99,15 @@ class Explainer:
 
     def _bind(self) -> None:
         spec = self.spec
-        cfg_dims = config_dims(self.config)
+        try:
+            cfg_dims = config_dims(self.config)
+        except ConfigKindError as exc:
+            self.violations.append(Violation(
+                ArgumentTypeError, spec.config_arg or "config",
+                "a config (an object with contract_dims(), a pydantic model, a dataclass or a mapping of dims)",
+                type(self.config).__name__, hint=f"{exc}"))
+            self.config = None
+            cfg_dims = {}
         for sym in spec.symbols:
             if sym in cfg_dims:
                 self.dims[sym] = int(cfg_dims[sym])

@@ -12,6 +12,7 @@ Example::
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -157,7 +158,17 @@ class Where:
 
 
 # -- config access (KDAConfig, any object with contract_dims(), or a plain pydantic model) -------
+class ConfigKindError(TypeError):
+    """A config object the engine cannot read dims from (reported as a ContractError on a call)."""
+
+
+def _int_fields(items: Any) -> dict[str, int]:
+    return {k: v for k, v in items if isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool)}
+
+
 def config_dims(config: Any) -> Mapping[str, int]:
+    """The dims a config fixes, by symbol: ``contract_dims()`` if it has one, else the int fields
+    of a pydantic model or a dataclass, or the int values of a mapping (read fresh each time)."""
     if config is None:
         return {}
     getter = getattr(config, "contract_dims", None)
@@ -165,8 +176,23 @@ def config_dims(config: Any) -> Mapping[str, int]:
         return getter()
     fields = getattr(type(config), "model_fields", None)
     if fields is not None:  # a plain pydantic model: its int fields, by name
-        return {k: v for k in fields if isinstance(v := getattr(config, k), int) and not isinstance(v, bool)}
-    raise AnnotationError(f"config {config!r} has no contract_dims() and is not a pydantic model")
+        return _int_fields((k, getattr(config, k)) for k in fields)
+    if dataclasses.is_dataclass(config) and not isinstance(config, type):
+        return _int_fields((f.name, getattr(config, f.name)) for f in dataclasses.fields(config))
+    if isinstance(config, Mapping):
+        return _int_fields(config.items())
+    raise ConfigKindError(f"{type(config).__name__} is not a config: pass an object with contract_dims(), "
+                          "a pydantic model, a dataclass or a mapping of dims")
+
+
+def config_is_frozen(config: Any) -> bool:
+    """Whether what a config fixes cannot change (a frozen pydantic model or dataclass): only
+    then may it be cached between calls."""
+    model_config = getattr(type(config), "model_config", None)
+    if isinstance(model_config, Mapping):
+        return bool(model_config.get("frozen"))
+    params = getattr(type(config), "__dataclass_params__", None)
+    return bool(params is not None and params.frozen)
 
 
 def config_dim_source(config: Any, sym: str) -> str:

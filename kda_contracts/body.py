@@ -1,0 +1,161 @@
+"""Checks inside a contracted function's body: ``kc.check``, ``kc.dims`` and ``isinstance`` against
+jaxtyping types, all against the dims the call bound.
+
+While a contracted function whose body mentions ``check``, ``dims`` or ``isinstance`` runs, the
+call's dims are held in a context variable (so threads and asyncio tasks each see their own
+call) and handed to jaxtyping's shape memo, so ``isinstance(x, Float[Tensor, "B D"])`` means "B
+and D of this call". Other functions pay nothing for it.
+
+Example::
+
+    @kc.contract
+    def attend(q: Float[Tensor, "B H D"], k: Float[Tensor, "B H D"]) -> Float[Tensor, "B H D"]:
+        scores = q @ k.transpose(-1, -2)
+        kc.check(scores, "B H H", name="scores")      # the call's B and H
+        return scores @ k
+"""
+
+from __future__ import annotations
+
+import functools
+import types
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from .dims import parse_shape
+from .errors import AnnotationError, DtypeError, ShapeError, Violation, raise_violations
+from .nested import is_array_type, match_dims
+from .rules import dtype_name, fmt_ints
+
+__all__ = ["body_uses_checks", "check", "dims", "in_body"]
+
+_BODY_NAMES = frozenset({"check", "dims", "isinstance"})
+
+
+@dataclass
+class _Call:
+    name: str
+    env: dict[str, Any]
+    provenance: dict[str, str] = field(default_factory=dict)
+
+
+_CURRENT: ContextVar[_Call | None] = ContextVar("kda_contracts_call", default=None)
+
+
+def _code_names(code: types.CodeType) -> Iterator[str]:
+    yield from code.co_names
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            yield from _code_names(const)
+
+
+def body_uses_checks(fn: Callable[..., Any]) -> bool:
+    """Whether a function's code mentions ``check``, ``dims`` or ``isinstance`` (then its body
+    runs with the call's dims in context)."""
+    code = getattr(getattr(fn, "__wrapped__", fn), "__code__", None)
+    return code is not None and not _BODY_NAMES.isdisjoint(_code_names(code))
+
+
+def _jaxtyping_memo(env: dict[str, Any]) -> bool:
+    """Give jaxtyping's shape memo the call's dims (so isinstance agrees with the contract)."""
+    try:
+        from jaxtyping._storage import push_shape_memo
+    except ImportError:  # a jaxtyping without the memo: isinstance checks standalone
+        return False
+    single, variadic, _, _ = push_shape_memo({})
+    for k, v in env.items():
+        if isinstance(v, tuple):
+            variadic[k.removeprefix("*")] = (False, v)
+        elif isinstance(v, int):
+            single[k] = v
+    return True
+
+
+@contextmanager
+def in_body(name: str, env: dict[str, Any]) -> Iterator[None]:
+    """Run the block as the body of call ``name`` with bound dims ``env``."""
+    token = _CURRENT.set(_Call(name, env))
+    pushed = _jaxtyping_memo(env)
+    try:
+        yield
+    finally:
+        if pushed:
+            from jaxtyping._storage import pop_shape_memo
+
+            pop_shape_memo()
+        _CURRENT.reset(token)
+
+
+def runner(name: str, symbols: tuple[str, ...], fn: Callable[..., Any], is_async: bool) -> Callable[..., Any]:
+    """``fn`` called as ``runner(dims, *args, **kwargs)``: the body runs with the call's dims."""
+    if is_async:
+        async def run_async(bound: tuple[Any, ...], *args: Any, **kwargs: Any) -> Any:
+            with in_body(name, dict(zip(symbols, bound, strict=True))):
+                return await fn(*args, **kwargs)
+
+        return run_async
+
+    @functools.wraps(fn)
+    def run(bound: tuple[Any, ...], *args: Any, **kwargs: Any) -> Any:
+        if torch.compiler.is_compiling():  # traced bodies check standalone (nothing dynamo guards on)
+            return fn(*args, **kwargs)
+        with in_body(name, dict(zip(symbols, bound, strict=True))):
+            return fn(*args, **kwargs)
+
+    return run
+
+
+def dims() -> dict[str, Any]:
+    """The dims the current contracted call bound (``{}`` outside one); in-body ``kc.check``
+    calls add the dims they bind. Variadic dims appear as ``"*name"`` with a tuple of sizes.
+
+    Example::
+
+        B, D = kc.dims()["B"], kc.dims()["D"]
+    """
+    call = _CURRENT.get()
+    return dict(call.env) if call is not None else {}
+
+
+def check(t: Any, spec: Any, name: str = "tensor") -> Any:
+    """Check ``t`` against a dim string (``"B H*P"``) or a jaxtyping type (``Float[Tensor, "B D"]``),
+    with the current call's dims inside a contracted body (binding new dims for the rest of the
+    body) or on its own outside one. Returns ``t``; raises a ShapeError/DtypeError report.
+
+    Example::
+
+        y = kc.check(x @ w, "B E", name="y")
+    """
+    call = _CURRENT.get()
+    env = call.env if call is not None else {}
+    where = call.name if call is not None else "kc.check"
+    dtypes = None
+    if is_array_type(spec):
+        from .spec import array_dtypes
+
+        dim_str, dtypes = spec.dim_str, array_dtypes(spec, None, f"{where}: check({name})")
+    elif isinstance(spec, str):
+        dim_str = spec
+    else:
+        raise AnnotationError(f"kc.check: spec must be a dim string or a jaxtyping type, got {spec!r}")
+    dims_ = parse_shape(dim_str, f"{where}: check({name})")
+    problem: Violation | None = None
+    if not isinstance(t, torch.Tensor):
+        problem = Violation(ShapeError, name, f"a tensor [{dim_str}]", type(t).__name__)
+    elif dtypes is not None and t.dtype not in dtypes:
+        problem = Violation(DtypeError, name, " or ".join(sorted(dtype_name(d) for d in dtypes)),
+                            dtype_name(t.dtype))
+    else:
+        trial = dict(env)
+        why = match_dims(dims_, tuple(t.shape), trial)
+        if why is None:
+            env.update(trial)
+            return t
+        problem = Violation(ShapeError, name, f"[{dim_str}]", fmt_ints(t.shape), (why,))
+    raise_violations(where, [problem], {k: v for k, v in env.items() if isinstance(v, int)}, {})
+    return t
