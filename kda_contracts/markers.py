@@ -158,6 +158,11 @@ class Where:
 
 
 # -- config access (KDAConfig, any object with contract_dims(), or a plain pydantic model) -------
+# The dtype roles a kc.Spec(config_dtype=...) may name; a fixed config may add its own roles
+# (the keys of its contract_dtypes()).
+DTYPE_ROLES = frozenset({"activation", "state", "index", "weight", "output"})
+
+
 class ConfigKindError(TypeError):
     """A config object the engine cannot read dims from (reported as a ContractError on a call)."""
 

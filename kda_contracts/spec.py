@@ -32,7 +32,17 @@ import torch
 
 from .dims import Constraint, DimSpec, Variadic, parse_constraint, parse_shape
 from .errors import AnnotationError, Violation
-from .markers import MatchConfig, Range, Spec, Where, config_dim_source, config_dims, read_metadata
+from .markers import (
+    DTYPE_ROLES,
+    MatchConfig,
+    Range,
+    Spec,
+    Where,
+    config_dim_source,
+    config_dims,
+    config_dtypes,
+    read_metadata,
+)
 from .nested import Node, mentions_array, read_structure
 from .plan import AxisSource, Solver, VariadicSource, plan_binding
 from .rules import (
@@ -459,6 +469,13 @@ def _check_options(qualname: str, options: ContractOptions, sig: inspect.Signatu
         if other is not None and other not in tensors:
             raise AnnotationError(f"{qualname}: argument {tp.name!r}: same_dtype_as={other!r} is not a tensor "
                                   f"argument")
+    roles = set(DTYPE_ROLES) | set(config_dtypes(config)) if config is not None else set(DTYPE_ROLES)
+    for tp in tensors.values():
+        role = tp.spec.config_dtype
+        if role is not None and role not in roles:
+            raise AnnotationError(f"{qualname}: argument {tp.name!r}: config_dtype={role!r} is not a dtype role "
+                                  f"(known: {', '.join(sorted(roles))}; a fixed config adds the roles its "
+                                  "contract_dtypes() returns)")
     for b in options.bind_first:
         if b not in tensors:
             raise AnnotationError(f"{qualname}: bind_first names {b!r}, which is not a tensor argument")

@@ -112,3 +112,9 @@ def test_hostile_arguments_raise_only_contract_errors(hostile) -> None:
             f(torch.zeros(2, 4), 8, h)
         except kc.ContractError:
             pass
+
+
+def test_an_unknown_config_dtype_role_is_refused_at_decoration() -> None:
+    with pytest.raises(kc.AnnotationError, match=r"config_dtype='stat' is not a dtype role \(known: activation"):
+        @kc.contract
+        def f(x: Annotated[Float[Tensor, "B"], kc.Spec(config_dtype="stat")]) -> None: ...
