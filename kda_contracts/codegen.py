@@ -22,6 +22,7 @@ import torch
 
 from .dims import ANY, Broadcast, Expr, Sym
 from .markers import CONFIG_LACKS, config_dims
+from .plan import Derived
 from .rules import DtypeIn, MatchesConfig, Rule, SameDtype, Slots, broadcast_sizes, fits_variadic
 from .spec import ContractSpec, TensorParam, split_optional
 
@@ -110,6 +111,9 @@ CONFIG_VIEW = ("{view} = {views}.get(id({cfg}))", "if {view} is None or {view}[0
                "    {view} = {views}.make({cfg})", "{cdims}, {cdtypes}, {cmatch} = {view}[1], {view}[2], {view}[3]")
 NO_CONFIG = "{cdtypes}, {cmatch} = {nones}, None"
 CONFIG_DIM_TEST = "{cdims}[{i}] is not None and {cdims}[{i}] != {dim}"
+BIND_EQUAL = "{dim} = {expr}"
+ITEMSIZE = "{var} = {arg}.dtype.itemsize"
+IS_NONE = "{var} = {arg} is None"
 READ_DTYPE = "{dtype} = {arg}.dtype"
 READ_STRIDES = "{strides} = {arg}.stride()"
 READ_DEVICE = "{device} = {arg}.device"
@@ -189,6 +193,7 @@ class _Checker:
         self.arg = {p: n("a", i) for i, p in enumerate(params)}
         self.shape = {p: n("s", i) for i, p in enumerate(params)}
         self.dim = {s: n("d", i) for i, s in enumerate(spec.symbols)}
+        self.dim.update({f.key: n("fact", i) for i, f in enumerate(spec.facts)})  # argument facts, by key
         self.cfg = n("cfg")
         self.roles, self.matches = config_view_layout(spec)
         self.has_cfg = spec.config is not None or spec.config_arg is not None
@@ -233,9 +238,12 @@ class _Checker:
         return src, g.consts, guards is not None
 
     def bind(self) -> None:
-        """Scalars, then tensor axes (the slow path's priority), broadcastable-only dims (the
-        largest size), variadic dims, then the solvers."""
+        """Argument facts, scalars, then tensor axes (the slow path's priority), broadcastable-only
+        dims (the largest size), variadic dims, then the solvers and equality bindings."""
         spec, g, n = self.spec, self.g, self.names
+        for f in spec.facts:
+            fact = ITEMSIZE if f.kind == "itemsize" else IS_NONE
+            g.emit(fact, var=self.dim[f.key], arg=self.arg[f.arg])
         for sym, pname in spec.scalar_sources.items():
             g.emit(f"{self.dim[sym]} = {self.arg[pname]}")
         for sym, srcs in spec.sources.items():
@@ -252,7 +260,10 @@ class _Checker:
             pairs = ", ".join(f"({a}, {v.broadcast})" for a, v in zip(axes, vsrcs, strict=True))
             g.emit(f"{self.dim[key]} = {g.const(broadcast_sizes)}({pairs})")
             g.reject_if([f"{self.dim[key]} is None"])
-        for s in spec.solvers:
+        for s in spec.steps:
+            if isinstance(s, Derived):
+                g.emit(BIND_EQUAL, dim=self.dim[s.symbol], expr=s.expr.render(self.dim))
+                continue
             g.emit(*SOLVE, coef=n("coef"), rest=n("rest"), coef_expr=s.coef.render(self.dim),
                    const_expr=s.const.render(self.dim), shape=self.shape[s.param], axis=s.axis, dim=self.dim[s.symbol])
 

@@ -25,8 +25,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from .constraints import parse_constraint
 from .decorator import Contract, registered_contracts
-from .dims import BinOp, Const, Expr, parse_constraint
+from .dims import BinOp, Const, Expr
 from .markers import config_dims
 from .ops.packed_decode import adapters
 from .ops.packed_decode.config import KDAConfig

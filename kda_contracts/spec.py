@@ -30,10 +30,11 @@ from typing import Any
 
 import torch
 
-from .dims import Constraint, DimSpec, Variadic, parse_constraint, parse_shape
+from .constraints import Constraint, parse_constraint
+from .dims import ArgFact, DimSpec, Variadic, parse_shape
 from .errors import AnnotationError, Violation
 from .markers import MatchConfig, Range, Spec, Where, config_dim_source, config_dims
-from .plan import AxisSource, Solver, VariadicSource, plan_binding
+from .plan import AxisSource, Derived, Solver, VariadicSource, plan_binding
 from .rules import (
     Contiguous,
     Disjoint,
@@ -139,6 +140,8 @@ class ContractSpec:
     config_only: tuple[str, ...]  # dims bound by the fixed config alone (no argument carries them)
     options: ContractOptions
     first_tensor: str | None = None
+    steps: tuple[Solver | Derived, ...] = ()  # solvers and equality bindings, in binding order
+    facts: tuple[ArgFact, ...] = ()  # argument facts read by dims and constraints (itemsize(t), t is None)
 
     @property
     def config(self) -> Any:
@@ -169,9 +172,9 @@ class ContractSpec:
                 src = self.sources[sym][0]
                 prov[sym] = f"from {src.param}.shape[{src.axis}]"
             else:
-                for s in self.solvers:
+                for s in self.steps:
                     if s.symbol == sym:
-                        prov[sym] = f"solved from {s.param}.shape[{s.axis}] = {s.dim}"
+                        prov[sym] = derived_provenance(s)
                         break
         return prov
 
@@ -185,6 +188,13 @@ class ContractSpec:
         from .explain import Explainer  # the slow path imports this module
 
         return Explainer(self, values, config).run()
+
+
+def derived_provenance(step: Solver | Derived) -> str:
+    """Where a solved or equality-bound dim came from, as reports say it."""
+    if isinstance(step, Derived):
+        return f"from where {step.constraint}"
+    return f"solved from {step.param}.shape[{step.axis}] = {step.dim}"
 
 
 @dataclass
@@ -385,6 +395,7 @@ def build_spec(fn: Callable[..., Any], options: ContractOptions | None = None, *
         scalar_sources=plan.scalar_sources, solvers=plan.solvers, broadcast_sources=plan.broadcast_sources,
         variadic_sources=plan.variadic_sources, config_only=plan.config_only, options=options,
         first_tensor=first_tensor,
+        steps=plan.steps, facts=plan.facts,
     )
 
 

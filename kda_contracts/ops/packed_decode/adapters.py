@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from ...dims import Constraint, parse_constraint
+from ...constraints import Constraint, parse_constraint
 from ...errors import ContractError, Violation, raise_violations
 
 __all__ = ["Adapter", "DecodeCall", "available", "get", "names", "register", "select", "unregister"]
