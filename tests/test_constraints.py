@@ -414,3 +414,26 @@ def test_fast_and_slow_paths_agree_over_random_dims():
             assert dict(zip(c.spec.symbols, fast, strict=True)) == dict(dims)
         verdicts[fast is not None] += 1
     assert min(verdicts.values()) >= 40, verdicts  # both verdicts well exercised
+
+
+def test_a_backend_constraint_on_an_argument_fact_is_refused():
+    from kda_contracts.ops.packed_decode.adapters import Adapter
+
+    Adapter(name="fine", kernel="x:y", devices=("cpu",), where=("K in (64, 128) and not V > 256",))
+    with pytest.raises(kc.AnnotationError, match=r"adapter 'bad': where 'K <= 16 // itemsize\(out\)': a backend "
+                                                 r"constraint is on dims only; itemsize\(out\) is not a dim"):
+        Adapter(name="bad", kernel="x:y", devices=("cpu",), where=("K <= 16 // itemsize(out)",))
+
+
+def test_argument_facts_trace_without_graph_breaks():
+    """itemsize(t) and `t is None` are read in the traced checker (graph counts per shape class are
+    issue 11 item 1's tests)."""
+    compiled = torch.compile(paged_attention, fullgraph=True, backend="eager")
+    torch._dynamo.reset()
+    for dtype in (torch.float16, torch.float16, torch.float32):
+        compiled(*paged_args(dtype))
+    with pytest.raises(kc.ShapeError):
+        compiled(*paged_args(torch.float32, x=8))
+    compiled_update = torch.compile(update, fullgraph=True, backend="eager")
+    compiled_update(t(4, 8), t(4, 8))
+    compiled_update(t(4, 8), t(9, 8), t(4, dtype=torch.int32))
