@@ -22,12 +22,16 @@ import torch
 
 from .dims import ANY, Broadcast, Expr, Sym, broadcast_sizes, fits_variadic
 from .markers import CONFIG_LACKS, config_dims, config_is_frozen
+from .plan import Derived
 from .rules import DtypeIn, SameDtype
 from .scalar_rules import MatchesConfig
 from .snippets import (
     BIND_AXIS,
+    BIND_EQUAL,
     CONFIG_DIM_TEST,
     CONFIG_VIEW,
+    IS_NONE,
+    ITEMSIZE,
     MIN_RANK_TEST,
     NO_CONFIG,
     OPTIONAL_TYPE_TEST,
@@ -144,6 +148,7 @@ class _Checker:
         self.arg = {p: n("a", i) for i, p in enumerate(params)}
         self.shape = {p: n("s", i) for i, p in enumerate(params)}
         self.dim = {s: n("d", i) for i, s in enumerate(spec.symbols)}
+        self.dim.update({f.key: n("fact", i) for i, f in enumerate(spec.facts)})  # argument facts, by key
         self.cfg = n("cfg")
         self.roles, self.matches = config_view_layout(spec)
         self.has_cfg = spec.config is not None or spec.config_arg is not None
@@ -190,9 +195,12 @@ class _Checker:
         return src, g.consts, guards is not None
 
     def bind(self) -> None:
-        """Scalars, then tensor axes (the slow path's priority), broadcastable-only dims (the
-        largest size), variadic dims, then the solvers."""
+        """Argument facts, scalars, then tensor axes (the slow path's priority), broadcastable-only
+        dims (the largest size), variadic dims, then the solvers and equality bindings."""
         spec, g, n = self.spec, self.g, self.names
+        for f in spec.facts:
+            fact = ITEMSIZE if f.kind == "itemsize" else IS_NONE
+            g.emit(fact, var=self.dim[f.key], arg=self.arg[f.arg])
         for sym, pname in spec.scalar_sources.items():
             g.emit(f"{self.dim[sym]} = {self.arg[pname]}")
         for sym, srcs in spec.sources.items():
@@ -209,7 +217,10 @@ class _Checker:
             pairs = ", ".join(f"({a}, {v.broadcast})" for a, v in zip(axes, vsrcs, strict=True))
             g.emit(f"{self.dim[key]} = {g.const(broadcast_sizes)}({pairs})")
             g.reject_if([f"{self.dim[key]} is None"])
-        for s in spec.solvers:
+        for s in spec.steps:
+            if isinstance(s, Derived):
+                g.emit(BIND_EQUAL, dim=self.dim[s.symbol], expr=s.expr.render(self.dim))
+                continue
             g.emit(*SOLVE, coef=n("coef"), rest=n("rest"), coef_expr=s.coef.render(self.dim),
                    const_expr=s.const.render(self.dim), shape=self.shape[s.param], axis=s.axis, dim=self.dim[s.symbol])
 

@@ -2,8 +2,11 @@
 
 A dim string is what jaxtyping puts in ``Float[Tensor, "B 2*H*K+HV*V"]``: dims separated by
 whitespace, each dim an expression over integers and names with ``+ - * // %`` and parentheses
-(no spaces inside one dim, as in jaxtyping). ``_`` is a dim of any size. Constraints between dims
-(``"HV % H == 0"``, ``"pow2(K)"``) use the same expressions plus one comparison.
+(no spaces inside one dim, as in jaxtyping). ``_`` is a dim of any size. ``itemsize(t)`` is the
+element size in bytes of tensor argument ``t``'s dtype. Constraints between dims
+(``"HV % H == 0"``, ``"pow2(K)"``, ``"1 <= D <= 256 and D in (64, 128, 256)"``,
+``"N == B if idx is None"``) combine comparisons with Python's boolean syntax; see
+:func:`parse_constraint`.
 
 Nothing here ever calls ``eval`` on user text: expressions are parsed into a tiny tree, and the
 code generator (``codegen``) renders that tree itself.
@@ -28,12 +31,13 @@ from .errors import AnnotationError
 
 __all__ = [
     "ANY",
+    "ArgFact",
     "BinOp",
     "Const",
-    "Constraint",
     "Expr",
+    "ItemSize",
     "Sym",
-    "parse_constraint",
+    "arg_fact",
     "parse_dim",
     "parse_shape",
 ]
@@ -84,6 +88,52 @@ class Sym(Expr):
 
     def render(self, name: dict[str, str] | None = None) -> str:
         return name[self.name] if name is not None else self.name
+
+
+@dataclass(frozen=True)
+class ItemSize(Expr):
+    """``itemsize(arg)``: the element size in bytes of tensor argument ``arg``'s dtype (2 for
+    float16). Among an expression's symbols it is the argument fact ``"itemsize(arg)"``."""
+
+    arg: str
+
+    @property
+    def key(self) -> str:
+        return f"itemsize({self.arg})"
+
+    def evaluate(self, env: Mapping[str, int]) -> int:
+        return env[self.key]
+
+    def symbols(self) -> frozenset[str]:
+        return frozenset((self.key,))
+
+    def render(self, name: dict[str, str] | None = None) -> str:
+        return name[self.key] if name is not None else self.key
+
+
+@dataclass(frozen=True)
+class ArgFact:
+    """A fact about an argument that dims and constraints may use, named among their symbols by
+    ``key``: ``itemsize(arg)`` (``kind == "itemsize"``, an int) or ``arg is None``
+    (``kind == "none"``, a bool). A symbol that is a fact is never a dim."""
+
+    kind: str
+    arg: str
+
+    @property
+    def key(self) -> str:
+        return f"itemsize({self.arg})" if self.kind == "itemsize" else f"{self.arg} is None"
+
+
+_FACT = re.compile(r"itemsize\(([A-Za-z_][A-Za-z_0-9]*)\)|([A-Za-z_][A-Za-z_0-9]*) is None")
+
+
+def arg_fact(symbol: str) -> ArgFact | None:
+    """The argument fact a symbol names (``"itemsize(k)"``, ``"idx is None"``), None for a dim."""
+    m = _FACT.fullmatch(symbol)
+    if m is None:
+        return None
+    return ArgFact("itemsize", m.group(1)) if m.group(1) else ArgFact("none", m.group(2))
 
 
 _PREC = {"+": 1, "-": 1, "*": 2, "//": 2, "%": 2}
@@ -166,12 +216,15 @@ class Variadic:
 
 DimSpec = Expr | _Any | Broadcast | Variadic
 
-_TOKEN = re.compile(r"\s*(?:(\d+)|([A-Za-z_][A-Za-z_0-9]*)|(//|==|!=|<=|>=|[-+*%()<>,]))")
+_TOKEN = re.compile(r"\s*(?:(\d+)|([A-Za-z_][A-Za-z_0-9]*)|(//|==|!=|<=|>=|[-+*%()<>,\[\]]))")
 _CMP = ("==", "!=", "<=", ">=", "<", ">")
+_KEYWORDS = frozenset(("and", "or", "not", "in", "is", "None", "if", "else"))
 
 
-def _tokenize(text: str, where: str) -> list[str]:
+def _tokenize(text: str, where: str) -> tuple[list[str], list[int]]:
+    """The tokens of ``text`` and the position where each starts."""
     tokens: list[str] = []
+    starts: list[int] = []
     pos = 0
     text = text.rstrip()
     while pos < len(text):
@@ -182,18 +235,20 @@ def _tokenize(text: str, where: str) -> list[str]:
                 "a dim is an expression of integers and names with + - * // % and parentheses"
             )
         tokens.append(m.group(m.lastindex or 0))
+        starts.append(m.start(m.lastindex or 0))
         pos = m.end()
-    return tokens
+    return tokens, starts
 
 
 class _Parser:
     def __init__(self, text: str, where: str) -> None:
         self.text = text
         self.where = where
-        self.tokens = _tokenize(text, where)
+        self.tokens, self.starts = _tokenize(text, where)
         self.i = 0
 
-    def fail(self, why: str) -> AnnotationError:
+    def fail(self, why: str, at: int | None = None) -> AnnotationError:
+        """The error for this text; ``at``: the index of the offending token (default: the next)."""
         return AnnotationError(f"{self.where}: cannot parse {self.text!r}: {why}")
 
     def peek(self) -> str | None:
@@ -232,8 +287,19 @@ class _Parser:
         if tok[0].isalpha() or tok[0] == "_":
             if tok == "_":
                 raise self.fail("'_' (any size) must be a dim on its own, not part of an expression")
+            if tok == "itemsize" and self.peek() == "(":
+                return self.itemsize()
             return Sym(tok)
-        raise self.fail(f"unexpected {tok!r}")
+        raise self.fail(f"unexpected {tok!r}", self.i - 1)
+
+    def itemsize(self) -> ItemSize:
+        self.take()
+        arg = self.take()
+        if not arg.isidentifier() or arg in _KEYWORDS:
+            raise self.fail(f"itemsize(...) takes the name of a tensor argument, not {arg!r}", self.i - 1)
+        if self.take() != ")":
+            raise self.fail("itemsize(...) takes one argument name")
+        return ItemSize(arg)
 
     def fold(self, node: BinOp) -> Expr:
         try:
@@ -325,60 +391,6 @@ def _parse_axis(tok: str, dim_str: str, where: str) -> DimSpec:
         raise refuse("empty dim")
     expr = parse_dim(text, f"{where}: dim {tok!r}")
     return Broadcast(expr) if broadcast else expr
-
-
-@dataclass(frozen=True)
-class Constraint:
-    """A relation between dims: ``left OP right`` or ``pow2(left)`` (then ``op == "pow2"``)."""
-
-    text: str
-    op: str
-    left: Expr
-    right: Expr | None
-
-    def symbols(self) -> frozenset[str]:
-        return self.left.symbols() | (self.right.symbols() if self.right is not None else frozenset())
-
-    def holds(self, env: Mapping[str, int]) -> bool:
-        """Whether the constraint holds for ``env``: the generated checker's own test (``render``),
-        compiled once, so the two cannot disagree."""
-        return self._test(env)
-
-    @cached_property
-    def _test(self) -> Callable[[Mapping[str, int]], bool]:
-        src = self.render({s: f"env[{s!r}]" for s in self.symbols()})
-        ns: dict[str, Any] = {}
-        exec(compile(f"def holds(env):\n    return bool({src})\n", "<kda_contracts constraint>", "exec"), ns)
-        return ns["holds"]
-
-    def render(self, name: dict[str, str] | None = None) -> str:
-        """Python source of a boolean expression that is True when the constraint holds."""
-        lv = self.left.render(name)
-        if self.op == "pow2":
-            return f"(({lv}) > 0 and ({lv}) & (({lv}) - 1) == 0)"
-        assert self.right is not None
-        return f"({lv}) {self.op} ({self.right.render(name)})"
-
-
-@lru_cache(maxsize=256)
-def parse_constraint(text: str, where: str = "constraint") -> Constraint:
-    """Parse ``"HV % H == 0"``, ``"K <= 256"`` or ``"pow2(K)"`` (spaces allowed here)."""
-    stripped = text.strip()
-    m = re.fullmatch(r"pow2\((.*)\)", stripped)
-    if m:
-        p = _Parser(m.group(1), where)
-        node = p.expr()
-        p.done()
-        return Constraint(stripped, "pow2", node, None)
-    p = _Parser(stripped, where)
-    left = p.expr()
-    op = p.peek()
-    if op not in _CMP:
-        raise p.fail("expected a comparison (== != < <= > >=) or pow2(...)")
-    p.take()
-    right = p.expr()
-    p.done()
-    return Constraint(stripped, op, left, right)
 
 
 def linear_form(expr: Expr, x: str) -> tuple[Expr, Expr] | None:

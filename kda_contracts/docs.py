@@ -24,8 +24,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .constraints import parse_constraint
 from .decorator import Contract, registered_contracts
-from .dims import Expr, parse_constraint
+from .dims import Expr
 from .markers import config_dims
 from .rules import CONFIG_ABSENT, Contiguous, Disjoint, DtypeIn, InnerDense, SameDtype, concrete
 from .scalar_rules import MatchesConfig

@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from .constraints import Constraint
 from .dims import Broadcast, Expr, Sym, Variadic, broadcast_sizes, fits_variadic
 from .errors import ArgumentTypeError, DeviceError, DtypeError, LayoutError, ShapeError, Violation
 from .facts import (
@@ -28,6 +29,7 @@ from .facts import (
     Unsolvable,
 )
 from .markers import CONFIG_LACKS, ConfigKindError, config_dim_source, config_dims, config_dtypes
+from .plan import Derived
 from .rules import (
     Contiguous,
     Disjoint,
@@ -40,7 +42,7 @@ from .rules import (
     fmt_ints,
 )
 from .scalar_rules import MatchesConfig
-from .spec import CallContext, ContractSpec, TensorParam
+from .spec import CallContext, ContractSpec, TensorParam, derived_provenance
 
 __all__ = ["Explainer", "explain_return"]
 
@@ -112,6 +114,7 @@ class Explainer:
             if sym in cfg_dims:
                 self.dims[sym] = int(cfg_dims[sym])
                 self.prov[sym] = f"from config ({config_dim_source(self.config, sym)})"
+        self._facts()
         for sym, pname in spec.scalar_sources.items():
             value = self.values.get(pname)
             if sym in self.dims:
@@ -135,7 +138,10 @@ class Explainer:
             self.dims[sym] = best
             self.prov[sym] = f"from {src.param}.shape[{src.axis}]"
         self._bind_broadcast_and_variadic()
-        for s in spec.solvers:
+        for s in spec.steps:
+            if isinstance(s, Derived):
+                self._derive(s)
+                continue
             if s.symbol in self.dims or s.param not in self.usable:
                 continue
             if not (s.coef.symbols() | s.const.symbols()) <= self.dims.keys():
@@ -148,7 +154,7 @@ class Explainer:
             rest = size - const
             if coef != 0 and rest % coef == 0 and rest // coef >= 1:
                 self.dims[s.symbol] = rest // coef
-                self.prov[s.symbol] = f"solved from {s.param}.shape[{s.axis}] = {s.dim}"
+                self.prov[s.symbol] = derived_provenance(s)
                 continue
             known = ", ".join(f"{k}={self.dims[k]}" for k in sorted(s.dim.symbols() - {s.symbol}))
             frac = f"({size} - {const}) / {coef} = {rest / coef:g}" if coef else f"coefficient {s.coef} is 0"
@@ -176,6 +182,29 @@ class Explainer:
                 self.dims[sym] = env[sym]
                 self.prov[sym] = "from the first tensor inside " + next(
                     (n for n, p in self.spec.nested.items() if sym in p.node.plain_symbols()), "a container")
+
+    def _facts(self) -> None:
+        """Argument facts, among the dims by key: ``itemsize(t)`` and ``t is None``."""
+        for f in self.spec.facts:
+            value = self.values.get(f.arg)
+            if f.kind == "none":
+                self.dims[f.key] = value is None
+            elif isinstance(value, torch.Tensor):
+                self.dims[f.key] = value.dtype.itemsize
+                self.prov[f.key] = f"from {f.arg}.dtype ({dtype_name(value.dtype)})"
+
+    def _derive(self, step: Derived) -> None:
+        """A dim bound by an equality constraint, once its right side is known."""
+        if step.symbol in self.dims or not step.expr.symbols() <= self.dims.keys():
+            return
+        try:
+            self.dims[step.symbol] = step.expr.evaluate(self.dims)
+        except ZeroDivisionError:
+            c, w = next((c, w) for c, w in self.spec.where if c.text == step.constraint)
+            self.violations.append(Violation(w.kind, "dims", c.text, f"{step.expr} divides by zero with "
+                                             + self._values(c), hint=w.hint))
+            return
+        self.prov[step.symbol] = derived_provenance(step)
 
     def _bind_broadcast_and_variadic(self) -> None:
         """Dims only broadcastable axes carry take the largest size; a variadic dim takes the
@@ -275,13 +304,25 @@ class Explainer:
             except ZeroDivisionError:
                 ok = False
             if not ok:
-                got = ", ".join(f"{s}={self.dims[s]}" for s in sorted(c.symbols()))
+                names = c.dims() + [f.key for f in c.facts()]
                 self.violations.append(Violation(
-                    w.kind, "dims", c.text, got,
-                    tuple(f"{s} {self.prov[s]}" for s in sorted(c.symbols()) if s in self.prov),
+                    w.kind, "dims", c.text, self._values(c),
+                    tuple(f"{s} {self.prov[s]}" for s in names if s in self.prov),
                     hint=w.hint,
-                    facts=(ConstraintFailed(c.text, tuple((s, self.dims[s]) for s in sorted(c.symbols()))),),
+                    facts=(ConstraintFailed(c.text, tuple((s, self.dims[s]) for s in names)),),
                 ))
+
+    def _values(self, c: Constraint) -> str:
+        """The values a constraint read: its dims (sorted), then its argument facts."""
+        said = [f"{s}={self.dims[s]}" for s in c.dims() if s in self.dims]
+        for f in c.facts():
+            if f.key not in self.dims:
+                continue
+            if f.kind == "none":
+                said.append(f"{f.arg} is {'' if self.dims[f.key] else 'not '}None")
+            else:
+                said.append(f"{f.key}={self.dims[f.key]}")
+        return ", ".join(said)
 
     def _tensor_rules(self, families: tuple[type[Rule], ...]) -> None:
         """Decide each tensor's rules of these families with the rules' own tests; at most one

@@ -149,7 +149,14 @@ class MatchConfig:
 @dataclass(frozen=True)
 class Where:
     """A cross-argument constraint on dims, ``kc.Where("HV % H == 0", hint="...")``; a plain
-    string in ``where=[...]`` is the same without a hint."""
+    string in ``where=[...]`` is the same without a hint. ``expr`` is Python's boolean syntax over
+    dims (``and or not``, chained comparisons, ``in (...)``, ``pow2(...)``, ``X if arg is None``,
+    ``itemsize(t)``; see :mod:`kda_contracts.constraints`); ``kind`` is the error a failure raises.
+
+    Example::
+
+        kc.Where("N == B if state_batch_indices is None", hint="without indices, request i uses slot i")
+    """
 
     expr: str
     hint: str | None = None

@@ -4,7 +4,12 @@ Binding is order-independent: a fixed config binds first, then int
 scalars named like a dim, then tensor axes whose dim is a plain name (``bind_first`` tensors
 first, then argument order); a dim that is a linear expression with one unknown
 (``2*H*K+HV*V``) solves that unknown with a divisibility check. Everything else is a check
-against what is bound. A dim nothing can bind is an AnnotationError naming it.
+against what is bound. An unconditional equality constraint ``x == expr`` binds ``x`` when
+nothing above does and ``expr`` is known (``x == 16 // itemsize(key_cache)``); solvers and such
+equalities run to a fixpoint, each step using what earlier ones bound, so the order of the
+arguments and of the constraints does not matter. A dim nothing can bind is an AnnotationError
+naming it. Argument facts (``itemsize(t)`` of a required tensor, ``t is None``) are known from the
+start.
 
 Example::
 
@@ -18,7 +23,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from .dims import Broadcast, Constraint, DimSpec, Expr, Sym, Variadic, linear_form
+from .constraints import Constraint
+from .dims import ArgFact, Broadcast, DimSpec, Expr, Sym, Variadic, arg_fact, linear_form
 from .errors import AnnotationError
 from .markers import Where, config_dims
 
@@ -26,7 +32,7 @@ if TYPE_CHECKING:
     from .nested import Node
     from .spec import ContractOptions, ScalarParam, TensorParam
 
-__all__ = ["AxisSource", "BindingPlan", "Solver", "VariadicSource", "dim_symbols", "plan_binding"]
+__all__ = ["AxisSource", "BindingPlan", "Derived", "Solver", "VariadicSource", "dim_symbols", "plan_binding"]
 
 
 @dataclass(frozen=True)
@@ -71,6 +77,15 @@ class Solver:
 
 
 @dataclass(frozen=True)
+class Derived:
+    """``symbol = expr``, from the unconditional equality constraint ``constraint`` (its text)."""
+
+    symbol: str
+    expr: Expr
+    constraint: str
+
+
+@dataclass(frozen=True)
 class BindingPlan:
     symbols: tuple[str, ...]  # every bound dim, in the order reports list them
     sources: dict[str, tuple[AxisSource, ...]]  # plain-name axes, in priority order
@@ -80,6 +95,8 @@ class BindingPlan:
     broadcast_sources: dict[str, tuple[AxisSource, ...]]  # dims only broadcastable axes (#B) carry
     nested_only: tuple[str, ...]  # dims only tensors inside containers carry (bound by the walk)
     variadic_sources: dict[str, tuple[VariadicSource, ...]]  # *name -> the axes that carry it
+    steps: tuple[Solver | Derived, ...] = ()  # solvers and equality bindings, in binding order
+    facts: tuple[ArgFact, ...] = ()  # argument facts dims and constraints read (itemsize(t), t is None)
 
 
 def _symbols(tensors: Mapping[str, TensorParam], constraints: Iterable[tuple[Constraint, Where]],
@@ -89,10 +106,11 @@ def _symbols(tensors: Mapping[str, TensorParam], constraints: Iterable[tuple[Con
     symbols: list[str] = []
     for tp in tensors.values():
         for d in tp.dims:
-            symbols += [s for s in sorted(dim_symbols(d)) if s not in symbols]
+            symbols += [s for s in sorted(dim_symbols(d)) if s not in symbols and arg_fact(s) is None]
     used = {s for c, _ in constraints for s in c.symbols()}
     used |= {s for tp in returns for d in tp.dims for s in dim_symbols(d)}
     symbols += [s for s in sorted(static_cfg) if s not in symbols and s in used]
+    symbols += [s for c, _ in constraints for s in c.dims() if s not in symbols]  # bound by an equality
     return symbols
 
 
@@ -122,6 +140,43 @@ def _solvers(tensors: Mapping[str, TensorParam], order: list[str], known: set[st
     return solvers
 
 
+def _steps(tensors: Mapping[str, TensorParam], order: list[str], constraints: Iterable[tuple[Constraint, Where]],
+           known: set[str]) -> list[Solver | Derived]:
+    """Solvers to exhaustion, then the first equality that binds a new dim, until neither binds
+    one: the fixpoint, whatever the order of arguments and constraints."""
+    steps: list[Solver | Derived] = []
+    while True:
+        steps += _solvers(tensors, order, known)
+        new = next((Derived(x, e, c.text) for c, _ in constraints for x, e in c.equalities()
+                    if x not in known and e.symbols() <= known), None)
+        if new is None:
+            return steps
+        steps.append(new)
+        known.add(new.symbol)
+
+
+def _facts(qualname: str, tensors: Mapping[str, TensorParam], scalars: Mapping[str, ScalarParam],
+           constraints: Iterable[tuple[Constraint, Where]], returns: Iterable[TensorParam]) -> list[ArgFact]:
+    """The argument facts the contract reads; AnnotationError for one it cannot know."""
+    used = {s for c, _ in constraints for s in c.symbols()}
+    used |= {s for tp in tensors.values() for d in tp.dims for s in dim_symbols(d)}
+    facts = [f for s in sorted(used) if (f := arg_fact(s)) is not None]
+    for f in facts:
+        if f.kind == "itemsize" and (f.arg not in tensors or tensors[f.arg].optional):
+            why = "an optional tensor (it may be None)" if f.arg in tensors else "not a tensor argument"
+            raise AnnotationError(f"{qualname}: {f.key}: {f.arg!r} is {why}; itemsize() takes a required "
+                                  "tensor argument")
+        if f.kind == "none" and not ((f.arg in tensors and tensors[f.arg].optional)
+                                     or (f.arg in scalars and scalars[f.arg].optional)):
+            raise AnnotationError(f"{qualname}: where {f.key!r}: {f.arg!r} is not an argument that may be None "
+                                  "(annotate it `... | None`)")
+    for tp in returns:
+        if any(arg_fact(s) for d in tp.dims for s in dim_symbols(d)):
+            raise AnnotationError(f"{qualname}: {tp.name}: itemsize() cannot be used in the return annotation; "
+                                  "bind a dim with a constraint (where=['x == 16 // itemsize(k)']) and use it")
+    return facts
+
+
 def plan_binding(qualname: str, tensors: Mapping[str, TensorParam], scalars: Mapping[str, ScalarParam],
                  constraints: tuple[tuple[Constraint, Where], ...], returns: tuple[TensorParam, ...] | None,
                  options: ContractOptions, nested: Mapping[str, Node] | None = None) -> BindingPlan:
@@ -149,8 +204,10 @@ def plan_binding(qualname: str, tensors: Mapping[str, TensorParam], scalars: Map
     direct = set(sources) | set(scalar_sources) | static_cfg
     bsources = {k: v for k, v in bsources.items() if k not in direct}
     config_only = [s for s in symbols if s in static_cfg and s not in sources and s not in scalar_sources]
-    solvers = _solvers(tensors, order, direct | set(bsources))
-    known = direct | set(bsources) | set(vsources) | {s.symbol for s in solvers}
+    facts = _facts(qualname, tensors, scalars, constraints, returns or ())
+    steps = _steps(tensors, order, constraints, direct | set(bsources) | set(vsources) | {f.key for f in facts})
+    solvers = [s for s in steps if isinstance(s, Solver)]
+    known = direct | set(bsources) | set(vsources) | {s.symbol for s in steps} | {f.key for f in facts}
     nested = nested or {}
     nested_only = sorted({s for node in nested.values() for s in node.plain_symbols()} - known)
     symbols += [s for s in nested_only if s not in symbols]
@@ -170,10 +227,11 @@ def plan_binding(qualname: str, tensors: Mapping[str, TensorParam], scalars: Map
             where_used.append(f"{s!r} (in {', '.join(users) or 'a constraint or the return'})")
         raise AnnotationError(
             f"{qualname}: cannot bind dim {', '.join(where_used)}: no required tensor has it as a plain dim, "
-            "no config or int argument provides it, and no dim is linear in it alone. Add an argument "
+            "no config or int argument provides it, no dim is linear in it alone, and no constraint "
+            "equates it to known dims. Add an argument "
             "that carries it, pass a config that fixes it, or rewrite the expression."
         )
     return BindingPlan(tuple(symbols), {k: tuple(v) for k, v in sources.items()}, scalar_sources,
                        tuple(solvers), tuple(config_only), {k: tuple(v) for k, v in bsources.items()},
                        tuple(nested_only),
-                       {k: tuple(v) for k, v in vsources.items()})
+                       {k: tuple(v) for k, v in vsources.items()}, tuple(steps), tuple(facts))

@@ -48,6 +48,9 @@ CONFIG_VIEW = ("{view} = {views}.get(id({cfg}))", "if {view} is None or {view}[0
                "    {view} = {views}.make({cfg})", "{cdims}, {cdtypes}, {cmatch} = {view}[1], {view}[2], {view}[3]")
 NO_CONFIG = "{cdtypes}, {cmatch} = {nones}, None"
 CONFIG_DIM_TEST = "{cdims}[{i}] is not None and {cdims}[{i}] != {dim}"
+BIND_EQUAL = "{dim} = {expr}"
+ITEMSIZE = "{var} = {arg}.dtype.itemsize"
+IS_NONE = "{var} = {arg} is None"
 READ_DTYPE = "{dtype} = {arg}.dtype"
 READ_STRIDES = "{strides} = {arg}.stride()"
 READ_DEVICE = "{device} = {arg}.device"

@@ -30,7 +30,8 @@ from typing import Any
 
 import torch
 
-from .dims import Constraint, DimSpec, Variadic, parse_constraint, parse_shape
+from .constraints import Constraint, parse_constraint
+from .dims import ArgFact, DimSpec, Variadic, parse_shape
 from .errors import AnnotationError, Violation
 from .markers import (
     DTYPE_ROLES,
@@ -44,7 +45,7 @@ from .markers import (
     read_metadata,
 )
 from .nested import Node, mentions_array, read_structure
-from .plan import AxisSource, Solver, VariadicSource, plan_binding
+from .plan import AxisSource, Derived, Solver, VariadicSource, plan_binding
 from .rules import (
     Contiguous,
     Disjoint,
@@ -161,6 +162,8 @@ class ContractSpec:
     config_only: tuple[str, ...]  # dims bound by the fixed config alone (no argument carries them)
     options: ContractOptions
     first_tensor: str | None = None
+    steps: tuple[Solver | Derived, ...] = ()  # solvers and equality bindings, in binding order
+    facts: tuple[ArgFact, ...] = ()  # argument facts read by dims and constraints (itemsize(t), t is None)
 
     @property
     def config(self) -> Any:
@@ -191,9 +194,9 @@ class ContractSpec:
                 src = self.sources[sym][0]
                 prov[sym] = f"from {src.param}.shape[{src.axis}]"
             else:
-                for s in self.solvers:
+                for s in self.steps:
                     if s.symbol == sym:
-                        prov[sym] = f"solved from {s.param}.shape[{s.axis}] = {s.dim}"
+                        prov[sym] = derived_provenance(s)
                         break
         return prov
 
@@ -207,6 +210,13 @@ class ContractSpec:
         from .explain import Explainer  # the slow path imports this module
 
         return Explainer(self, values, config).run()
+
+
+def derived_provenance(step: Solver | Derived) -> str:
+    """Where a solved or equality-bound dim came from, as reports say it."""
+    if isinstance(step, Derived):
+        return f"from where {step.constraint}"
+    return f"solved from {step.param}.shape[{step.axis}] = {step.dim}"
 
 
 @dataclass
@@ -419,6 +429,7 @@ def build_spec(fn: Callable[..., Any], options: ContractOptions | None = None, *
         nested_only=plan.nested_only,
         variadic_sources=plan.variadic_sources, config_only=plan.config_only, options=options,
         first_tensor=first_tensor,
+        steps=plan.steps, facts=plan.facts,
     )
 
 

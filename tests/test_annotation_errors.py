@@ -91,9 +91,10 @@ def _constraint_with_assignment() -> Any:
     return kc.contract(where=["D = 2"])(f)
 
 
-def _chained_comparison() -> Any:
+def _dangling_chained_comparison() -> Any:
+    # "1 < D < 4" is valid (a chained comparison, as in Python); a chain missing its end is not
     def f(x: Float[Tensor, "B D"]) -> None: ...
-    return kc.contract(where=["1 < D < 4"])(f)
+    return kc.contract(where=["1 < D <"])(f)
 
 
 def _tree_path_dim() -> Any:
@@ -240,7 +241,9 @@ CASES: dict[str, tuple[Callable[[], Any], str]] = {
                                         r"f: where 'D % 2': cannot parse 'D % 2': expected a comparison "
                                         r"\(== != < <= > >=\) or pow2\(\.\.\.\)"),
     "a constraint with '='": (_constraint_with_assignment, r"f: where 'D = 2': cannot parse 'D = 2' at position 1"),
-    "a chained comparison": (_chained_comparison, r"f: where '1 < D < 4': cannot parse '1 < D < 4': unexpected '<'"),
+    "a chained comparison missing its end": (_dangling_chained_comparison,
+                                             r"f: where '1 < D <': cannot parse '1 < D <': unexpected end, "
+                                             r"at position 7 \(the end\)$"),
     # jaxtyping's modifiers, used wrongly (jaxtyping itself refuses two variadics and #_)
     "a PyTree path dim": (_tree_path_dim, r"f: argument 'x': dim '\?B' in '\?B D': '\?' \(a dim that depends on a "
                                           r"PyTree path\) is not supported"),

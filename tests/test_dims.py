@@ -2,6 +2,7 @@
 
 import pytest
 
+from kda_contracts.constraints import parse_constraint
 from kda_contracts.dims import (
     ANY,
     BinOp,
@@ -10,7 +11,6 @@ from kda_contracts.dims import (
     Sym,
     Variadic,
     linear_form,
-    parse_constraint,
     parse_dim,
     parse_shape,
 )

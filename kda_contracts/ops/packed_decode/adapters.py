@@ -23,8 +23,8 @@ from typing import Any
 
 import torch
 
-from ...dims import Constraint, parse_constraint
-from ...errors import ContractError, Violation, raise_violations
+from ...constraints import Constraint, parse_constraint
+from ...errors import AnnotationError, ContractError, Violation, raise_violations
 
 __all__ = ["Adapter", "DecodeCall", "available", "get", "names", "register", "select_cached", "unregister"]
 
@@ -76,6 +76,10 @@ class Adapter:
     def __post_init__(self) -> None:
         object.__setattr__(self, "_constraints", tuple(parse_constraint(w, f"adapter {self.name!r}")
                                                        for w in self.where))
+        for c in self._constraints:
+            if c.facts():  # a backend sees the call's dims, not its arguments: never skip silently
+                raise AnnotationError(f"adapter {self.name!r}: where {c.text!r}: a backend constraint is on dims "
+                                      f"only; {', '.join(f.key for f in c.facts())} is not a dim")
 
     def available(self) -> tuple[bool, str]:
         """``(True, "")`` when this backend can load here, else ``(False, why)``. Cached: the
