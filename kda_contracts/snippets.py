@@ -59,21 +59,45 @@ OPTIONAL_TYPE_TEST = "({arg} is not None and not isinstance({arg}, {types}))"
 
 
 class Gen:
-    """Accumulates the lines of a generated function and the constants it refers to."""
+    """Accumulates the lines of a generated function and the constants it refers to.
+
+    Consecutive rejections are merged into one ``if a or b or ...: return None`` (same verdict:
+    ``or`` keeps their order and short-circuits, and fewer branches run on the happy path)."""
 
     def __init__(self, names: Names) -> None:
         self.names = names
-        self.lines: list[str] = []
+        self._lines: list[str] = []
         self.consts: dict[str, Any] = {}
-        self.indent = 1
+        self._indent = 1
+        self._pending: list[str] = []
+
+    @property
+    def indent(self) -> int:
+        return self._indent
+
+    @indent.setter
+    def indent(self, value: int) -> None:
+        self._flush()
+        self._indent = value
+
+    @property
+    def lines(self) -> list[str]:
+        self._flush()
+        return self._lines
+
+    def _flush(self) -> None:
+        if self._pending:
+            conds = self._pending if len(self._pending) == 1 else [f"({c})" for c in self._pending]
+            self._pending = []
+            self.emit("if " + " or ".join(conds) + ":", "    " + REJECT)
 
     def emit(self, *lines: str, **fields: Any) -> None:
+        self._flush()
         for line in lines:
-            self.lines.append("    " * self.indent + (line.format(**fields) if fields else line))
+            self._lines.append("    " * self._indent + (line.format(**fields) if fields else line))
 
     def reject_if(self, conds: Sequence[str]) -> None:
-        if conds:
-            self.emit("if " + " or ".join(conds) + ":", "    " + REJECT)
+        self._pending += conds
 
     def const(self, value: Any) -> str:
         for k, v in self.consts.items():
