@@ -121,8 +121,18 @@ class Contract:
         self.check_types: Callable[..., None] = beartype(conf=_BEARTYPE_CONF)(shim)
         self._provenance: dict[bool, dict[str, str]] = {}
         # Usage counters (for the pytest plugin's summary): checked calls and rejected calls.
+        # Under torch.compile ``calls`` counts traces: each is advanced by code dynamo runs at
+        # trace time and never traces or guards on (see modes.counting_mode), so the compiled
+        # code's runs do not count (they run no Python; dynamo's guards hold them to the shapes
+        # the contract accepted when tracing).
         self.calls = 0
         self.rejections = 0
+        # the mode in force, counting a call unless it is off (for entry points like packed_decode)
+        self.enter: Callable[[], int] = modes.counting_mode(self)
+        self._count = modes.counting_mode(self, modes.CHECK)
+        modes.mark_constant_result(self.check_types)
+        self._reject = _outside_compile(self._reject_positional)
+        self._strict_checks = _outside_compile(self._strict_positional)
 
     # -- the slow paths ----------------------------------------------------------------------
     def _bind_values(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> dict[str, Any]:
@@ -183,8 +193,15 @@ class Contract:
 
     def enforce(self, vals: Sequence[Any], config: Any, mode: int = modes.CHECK) -> tuple[int, ...]:
         """Run the checks of ``mode`` on arguments given positionally (every checked parameter, in
-        signature order); return the bound dims in ``spec.symbols`` order or raise."""
-        self.calls += 1
+        signature order); return the bound dims in ``spec.symbols`` order or raise. Counts a call."""
+        self._count()
+        return self.run_checks(vals, config, mode)
+
+    def run_checks(self, vals: Sequence[Any], config: Any, mode: int = modes.CHECK) -> tuple[int, ...]:
+        """:meth:`enforce` without counting, for a caller that counted with :attr:`enter`.
+
+        Traceable by torch.compile with ``fullgraph=True``: the checker's compares become guards,
+        everything else (beartype, the report, strict value checks) runs at trace time only."""
         try:
             if not self.types_in_checker:
                 self.check_types(*vals)
@@ -192,19 +209,29 @@ class Contract:
         except BeartypeCallHintParamViolation:
             dims = None
         if dims is None:
-            values = dict(zip(self._param_names, vals, strict=True))
-            self.fail(values, config)
-            env, _, _ = self.spec.explain(values, config)
-            dims = tuple(env[s] for s in self.spec.symbols)
+            dims = self._reject(*vals, config)
         if mode == modes.STRICT and self.spec.value_checks is not None:
-            env = dict(zip(self.spec.symbols, dims, strict=True))
-            self.run_value_checks(dict(zip(self._param_names, vals, strict=True)), config, env,
-                                  self.provenance(config))
+            self._strict_checks(dims, *vals, config)
         return dims
+
+    def _reject_positional(self, *vals_and_config: Any) -> tuple[int, ...]:
+        """Raise the report of a call the fast checker rejected (arguments positionally, then the
+        config); returns the dims only if the full check accepts the call after all."""
+        config = vals_and_config[-1]
+        values = dict(zip(self._param_names, vals_and_config[:-1], strict=True))
+        self.fail(values, config)
+        env, _, _ = self.spec.explain(values, config)
+        return tuple(env[s] for s in self.spec.symbols)
+
+    def _strict_positional(self, dims: tuple[int, ...], *vals_and_config: Any) -> None:
+        config = vals_and_config[-1]
+        values = dict(zip(self._param_names, vals_and_config[:-1], strict=True))
+        self.run_value_checks(values, config, dict(zip(self.spec.symbols, dims, strict=True)),
+                              self.provenance(config))
 
     def validate_values(self, values: Mapping[str, Any], config: Any = None, *, strict: bool = False) -> Dims:
         """Check arguments given by name; ``strict`` adds the contract's value checks."""
-        vals = tuple(values.get(n) for n in self._param_names)
+        vals = tuple(map(values.get, self._param_names))
         dims = self.enforce(vals, config, modes.STRICT if strict else modes.CHECK)
         return Dims(dict(zip(self.spec.symbols, dims, strict=True)), self.provenance(config))
 
@@ -301,8 +328,7 @@ def _build_wrapper(c: Contract, fixed_mode: int | None) -> Callable[..., Any]:
         fn_name = "wrapper"
     n = Names([*(p for p in spec.signature.parameters), fn_name])
     ns: dict[str, Any] = {
-        n("current_mode"): modes.current_mode,
-        n("fixed_mode"): fixed_mode,
+        n("enter"): modes.counting_mode(c, fixed_mode),
         n("types"): modes.mark_constant_result(c.check_types),
         n("TypeViolation"): BeartypeCallHintParamViolation,
         n("fail_types"): _outside_compile(fail_types),
@@ -313,7 +339,6 @@ def _build_wrapper(c: Contract, fixed_mode: int | None) -> Callable[..., Any]:
         n("check_return"): c._check_return,
         n("fail_return"): c.fail_return,
         n("static_cfg"): spec.config,
-        n("self"): c,
     }
     for i, p in enumerate(spec.signature.parameters.values()):
         if p.default is not inspect.Parameter.empty:
