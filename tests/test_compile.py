@@ -80,11 +80,13 @@ def test_contract_checks_cause_no_graph_break():
     assert report.graph_break_count == 0 and report.graph_count == 1
 
 
-def test_a_contracted_function_compiles_with_inductor():
+def test_a_contracted_function_compiles_with_inductor_once_for_every_batch_size():
     f = fresh()
-    cf = torch.compile(f, fullgraph=True)  # inductor
-    x, w = torch.randn(4, 3), torch.randn(3, 2)
+    cf = compile_as(f, "dynamic=True", backend="inductor")
+    w = torch.randn(3, 2)
+    x = torch.randn(4, 3)
     torch.testing.assert_close(cf(x, w), _mm(x, w))
+    assert graphs_over_sizes(cf, lambda b: (torch.randn(b, 3), w)) == 1
     with pytest.raises(kc.ShapeError):
         cf(torch.randn(4, 3), torch.randn(2, 2))
 
@@ -176,6 +178,20 @@ def test_a_per_call_config_compiles_once_per_shape_class(how):
     assert graphs_over_sizes(cf, lambda b: (batch(b, how, 4), W, cfg)) == GRAPHS[how]
 
 
+def test_the_kimi_linear_layer_decode_compiles_once_per_shape_class():
+    from pathlib import Path
+
+    from kda_contracts.models.kimi_linear import KimiDeltaAttention, random_weights
+
+    cfg = kc.KDAConfig.from_hf_config(Path(__file__).parent / "data" / "kimi_linear_tiny_config.json")
+    layer = KimiDeltaAttention(cfg, tp_rank=0, backend="torch")  # the layer is its contracts' config
+    layer.load_weights(**random_weights(cfg, seed=0, rank=0))
+    ssm, conv = layer.new_state_pools(16)
+    decode = torch.compile(layer.decode, fullgraph=True, backend="eager")
+    graphs = graphs_over_sizes(decode, lambda b: (torch.randn(b, cfg.hidden_size), ssm, conv, torch.randperm(16)[:b]))
+    assert graphs == GRAPHS["automatic"]
+
+
 def test_config_views_used_eagerly_meanwhile_do_not_recompile():
     @kc.contract(config_arg="cfg", register=False)
     def f(x: Float[Tensor, "B D"], w: Float[Tensor, "D E"], cfg: Dims) -> Float[Tensor, "B E"]:
@@ -187,6 +203,16 @@ def test_config_views_used_eagerly_meanwhile_do_not_recompile():
         cf(torch.randn(SIZES[i % len(SIZES)], 4), W, cfg)
         f(torch.randn(2, 4), W, Dims(D=4, E=5))  # eager calls with other configs fill the view cache
     assert counters["stats"]["unique_graphs"] == 1
+
+
+def test_without_fullgraph_nothing_falls_back_to_eager():
+    @kc.contract(config=FrozenDims(D=4, E=5), register=False)
+    def f(x: Float[Tensor, "B D"], w: Float[Tensor, "D E"]) -> Float[Tensor, "B E"]:
+        return x @ w
+
+    cf = torch.compile(f, backend="eager")  # graph breaks would be silent here
+    assert graphs_over_sizes(cf, lambda b: (torch.randn(b, 4), W)) == GRAPHS["automatic"]
+    assert not counters["graph_break"]
 
 
 # -- bad calls after warm-up ---------------------------------------------------------------------
