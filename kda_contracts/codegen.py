@@ -481,7 +481,7 @@ def wrapper_source(spec: ContractSpec, fn_name: str, names: Names, *, has_return
     if has_return:
         lines += [
             f"        if not {n('check_return')}({res}, {dims}):",
-            f"            {n('fail_return')}({res}, {dims})",
+            f"            {n('fail_return')}({res}{', ' if plain else ''}{plain})",
         ]
     if body or has_return:
         lines.append(f"        return {res}")

@@ -318,6 +318,12 @@ def _build_wrapper(c: Contract, fixed_mode: int | None) -> Callable[..., Any]:
         c.rejections += 1
         raise_violations(c.name, c.type_violations(values), {}, {})
 
+    def fail_return(res: Any, *vals: Any) -> None:
+        # the dims again, from the arguments: under torch.compile the traced ones may be symbolic
+        dims = c._check(*vals, c._config_for(as_values(*vals)))
+        if dims is not None:
+            c.fail_return(res, dims)
+
     def strict(dims: tuple[int, ...], *vals: Any) -> None:
         values = as_values(*vals)
         config = c._config_for(values)
@@ -337,7 +343,7 @@ def _build_wrapper(c: Contract, fixed_mode: int | None) -> Callable[..., Any]:
         n("strict"): _outside_compile(strict),
         n("fn"): c.fn,
         n("check_return"): c._check_return,
-        n("fail_return"): c.fail_return,
+        n("fail_return"): _outside_compile(fail_return),
         n("static_cfg"): spec.config,
     }
     for i, p in enumerate(spec.signature.parameters.values()):
