@@ -205,6 +205,18 @@ def test_config_views_used_eagerly_meanwhile_do_not_recompile():
     assert counters["stats"]["unique_graphs"] == 1
 
 
+@pytest.mark.filterwarnings("ignore:Dynamo detected a call to a `functools.lru_cache`")  # kc.check's parser
+def test_a_body_with_kc_check_compiles_once_per_shape_class_and_still_rejects():
+    @kc.contract(register=False)
+    def f(x: Float[Tensor, "B D"], w: Float[Tensor, "D E"]) -> Float[Tensor, "B E"]:
+        return kc.check(x @ w, "B 5", name="y")  # standalone under compile: B binds from y
+
+    cf = compile_as(f, "automatic")
+    assert graphs_over_sizes(cf, lambda b: (torch.randn(b, 4), W)) == GRAPHS["automatic"]
+    with pytest.raises(kc.ShapeError, match=r"\[1\] y: ShapeError"):
+        cf(torch.randn(3, 4), torch.randn(4, 6))
+
+
 def test_without_fullgraph_nothing_falls_back_to_eager():
     @kc.contract(config=FrozenDims(D=4, E=5), register=False)
     def f(x: Float[Tensor, "B D"], w: Float[Tensor, "D E"]) -> Float[Tensor, "B E"]:
