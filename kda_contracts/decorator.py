@@ -132,7 +132,7 @@ class Contract:
         self._count = modes.counting_mode(self, modes.CHECK)
         modes.mark_constant_result(self.check_types)
         self._reject = _outside_compile(self._reject_positional)
-        self._strict_checks = _outside_compile(self._strict_positional)
+        self._strict_checks = eager_value_checks(self._strict_positional, self.name)
 
     # -- the slow paths ----------------------------------------------------------------------
     def _bind_values(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> dict[str, Any]:
@@ -302,6 +302,31 @@ def _outside_compile(fn: Callable[..., Any]) -> Callable[..., Any]:
     return modes.mark_constant_result(run)
 
 
+def eager_value_checks(fn: Callable[..., Any], name: str) -> Callable[..., Any]:
+    """``fn`` (strict mode's value checks, which read tensor values) in eager code; inside
+    torch.compile a warning at trace time instead, since reading values would break the graph
+    (and a check run while tracing would judge only the traced call's values): compiled code
+    is held to ``check`` mode. Costs the strict path one call; ``check`` mode nothing.
+
+    Example::
+
+        value_checks = eager_value_checks(run_value_checks, "my_op")
+    """
+    def warn() -> None:
+        warnings.warn(f"kda_contracts: {name}: strict mode's value checks read tensor values and cannot run inside "
+                      "torch.compile; the compiled code is checked as in check mode", RuntimeWarning, stacklevel=2)
+
+    inside = modes.mark_constant_result(warn)
+
+    @functools.wraps(fn)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        if torch.compiler.is_compiling():  # a constant under dynamo: the branch is not traced
+            return inside()
+        return fn(*args, **kwargs)
+
+    return run
+
+
 def _build_wrapper(c: Contract, fixed_mode: int | None) -> Callable[..., Any]:
     spec = c.spec
     names = c._param_names
@@ -340,7 +365,7 @@ def _build_wrapper(c: Contract, fixed_mode: int | None) -> Callable[..., Any]:
         n("fail_types"): _outside_compile(fail_types),
         n("check"): c._check,
         n("fail"): _outside_compile(fail),
-        n("strict"): _outside_compile(strict),
+        n("strict"): eager_value_checks(strict, c.name),
         n("fn"): c.fn,
         n("check_return"): c._check_return,
         n("fail_return"): _outside_compile(fail_return),

@@ -423,6 +423,32 @@ def test_packed_decode_under_compile_counts_one_call_per_trace():
     assert c.calls - before == graphs == 2
 
 
+@pytest.mark.kda_contracts("strict")
+def test_in_strict_mode_compiled_code_is_checked_as_in_check_mode_and_says_so():
+    calls = small_calls(SMALL, "automatic")
+    cs = compile_as(decode_step, "automatic")
+    with pytest.warns(RuntimeWarning, match="strict mode's value checks .* cannot run inside torch.compile"):
+        assert graphs_over_sizes(cs, lambda b: (calls[b], SMALL)) == GRAPHS["automatic"]
+    duplicate_slots = dict(calls[3], ssm_state_indices=torch.tensor([0, 0, 1], dtype=torch.int32))
+    with pytest.raises(kc.ValueRangeError):  # eager code still runs them
+        decode_step(duplicate_slots, SMALL)
+
+
+@pytest.mark.kda_contracts("strict")
+def test_a_contract_with_value_checks_compiles_in_strict_mode():
+    def positive(ctx):
+        return [] if bool((ctx.values["x"] > 0).all()) else [kc.Violation(kc.ValueRangeError, "x", "> 0", "not")]
+
+    @kc.contract(value_checks=positive, register=False)
+    def f(x: Float[Tensor, "B D"]) -> Float[Tensor, "B D"]:
+        return x * 2
+
+    with pytest.warns(RuntimeWarning, match="cannot run inside torch.compile"):
+        assert graphs_over_sizes(compile_as(f, "automatic"), lambda b: (torch.rand(b, 4) + 1,)) == 2
+    with pytest.raises(kc.ValueRangeError):
+        f(-torch.rand(2, 4) - 1)
+
+
 def test_a_backend_with_dim_constraints_is_refused_under_compile_not_judged_on_one_size(monkeypatch):
     from kda_contracts.ops.packed_decode import adapters
 

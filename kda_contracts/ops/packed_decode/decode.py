@@ -17,7 +17,7 @@ from typing import Any, Literal
 from torch import Tensor
 
 from ... import modes
-from ...decorator import _outside_compile
+from ...decorator import _outside_compile, eager_value_checks
 from ...errors import Violation, raise_violations
 from ...spec import Dims
 from . import adapters
@@ -71,6 +71,9 @@ def _dims_unchecked(mixed_qkv: Tensor, initial_state: Tensor, layout: str) -> tu
     found = {"B": mixed_qkv.shape[0], "H": (mixed_qkv.shape[1] - HV * V) // (2 * K), "HV": HV, "K": K, "V": V,
              "N": N}
     return tuple(found[s] for s in SYMBOLS)
+
+
+_check_outputs = eager_value_checks(check_outputs, "packed_decode")  # strict mode, after the kernel
 
 
 # -- backend selection, in eager code and under torch.compile -------------------------------------
@@ -166,7 +169,7 @@ def packed_decode(
                    num_heads=d[_H], use_qk_l2norm=use_qk_l2norm_in_kernel, lower_bound=lower_bound,
                    state_layout=layout)
     if m == modes.STRICT:
-        check_outputs(adapter.name, out, initial_state, ssm_state_indices)
+        _check_outputs(adapter.name, out, initial_state, ssm_state_indices)
     return out, initial_state
 
 
