@@ -28,7 +28,16 @@ from typing import Any
 import torch
 
 from .dims import parse_shape
-from .errors import AnnotationError, DtypeError, ShapeError, Violation, raise_violations
+from .errors import (
+    AnnotationError,
+    ContractError,
+    DtypeError,
+    ShapeError,
+    Violation,
+    passthrough_for_compile,
+    raise_violations,
+)
+from .modes import mark_constant_result
 from .nested import is_array_type, match_dims
 from .rules import dtype_name, fmt_ints
 
@@ -45,6 +54,11 @@ class _Call:
 
 
 _CURRENT: ContextVar[_Call | None] = ContextVar("kda_contracts_call", default=None)
+
+
+@mark_constant_result  # dynamo cannot trace ContextVar.get: it reads the call when tracing (None
+def _current() -> _Call | None:  # there: traced bodies check standalone, see runner)
+    return _CURRENT.get()
 
 
 def _code_names(code: types.CodeType) -> Iterator[str]:
@@ -118,7 +132,7 @@ def dims() -> dict[str, Any]:
 
         B, D = kc.dims()["B"], kc.dims()["D"]
     """
-    call = _CURRENT.get()
+    call = _current()
     return dict(call.env) if call is not None else {}
 
 
@@ -131,7 +145,7 @@ def check(t: Any, spec: Any, name: str = "tensor") -> Any:
 
         y = kc.check(x @ w, "B E", name="y")
     """
-    call = _CURRENT.get()
+    call = _current()
     env = call.env if call is not None else {}
     where = call.name if call is not None else "kc.check"
     dtypes = None
@@ -144,18 +158,32 @@ def check(t: Any, spec: Any, name: str = "tensor") -> Any:
     else:
         raise AnnotationError(f"kc.check: spec must be a dim string or a jaxtyping type, got {spec!r}")
     dims_ = parse_shape(dim_str, f"{where}: check({name})")
-    problem: Violation | None = None
-    if not isinstance(t, torch.Tensor):
-        problem = Violation(ShapeError, name, f"a tensor [{dim_str}]", type(t).__name__)
-    elif dtypes is not None and t.dtype not in dtypes:
-        problem = Violation(DtypeError, name, " or ".join(sorted(dtype_name(d) for d in dtypes)),
-                            dtype_name(t.dtype))
-    else:
+    if isinstance(t, torch.Tensor) and (dtypes is None or t.dtype in dtypes):
         trial = dict(env)
-        why = match_dims(dims_, tuple(t.shape), trial)
-        if why is None:
+        if match_dims(dims_, tuple(t.shape), trial) is None:
             env.update(trial)
             return t
-        problem = Violation(ShapeError, name, f"[{dim_str}]", fmt_ints(t.shape), (why,))
-    raise_violations(where, [problem], {k: v for k, v in env.items() if isinstance(v, int)}, {})
+    _reject(t, dim_str, dtypes, name, where, env)
     return t
+
+
+def _reject_impl(t: Any, dim_str: str, dtypes: Any, name: str, where: str, env: dict[str, Any]) -> None:
+    """Raise the report of a failed ``kc.check`` (under torch.compile: at trace time, on the real
+    tensor, never traced, as a class dynamo lets through; see decorator._outside_compile)."""
+    try:
+        if not isinstance(t, torch.Tensor):
+            problem = Violation(ShapeError, name, f"a tensor [{dim_str}]", type(t).__name__)
+        elif dtypes is not None and t.dtype not in dtypes:
+            problem = Violation(DtypeError, name, " or ".join(sorted(dtype_name(d) for d in dtypes)),
+                                dtype_name(t.dtype))
+        else:
+            why = match_dims(parse_shape(dim_str, f"{where}: check({name})"), tuple(t.shape), dict(env))
+            problem = Violation(ShapeError, name, f"[{dim_str}]", fmt_ints(t.shape), (why or "",))
+        raise_violations(where, [problem], {k: v for k, v in env.items() if isinstance(v, int)}, {})
+    except ContractError as err:
+        if torch.compiler.is_compiling():
+            raise passthrough_for_compile(err) from None
+        raise
+
+
+_reject = mark_constant_result(_reject_impl)

@@ -22,6 +22,7 @@ import torch
 
 from .dims import ANY, Broadcast, Expr, Sym, broadcast_sizes, fits_variadic
 from .markers import CONFIG_LACKS, config_dims, config_is_frozen
+from .modes import mark_constant_result
 from .plan import Derived
 from .rules import DtypeIn, SameDtype
 from .scalar_rules import MatchesConfig
@@ -71,6 +72,13 @@ class ConfigViews:
     Keyed by ``id``; the entry holds a weak reference to its config (a strong one only for
     objects that refuse weak references), so a recycled id is detected and a cached view never
     keeps a model layer alive. Bounded.
+
+    Under torch.compile ``get`` and ``make`` run at trace time and are never traced (dynamo
+    calls them on the real config and takes the view as a constant, guarding only on the
+    config's identity): the config is flattened before the trace sees it, so a cold first call
+    compiles, and later eager use of the cache does not recompile anything. Compiled code
+    therefore keeps the view of the trace: a mutable config changed afterwards is seen by eager
+    calls, not by compiled code until it is traced again.
     """
 
     MAX = 64
@@ -80,9 +88,11 @@ class ConfigViews:
         self.roles, self.matches = config_view_layout(spec)
         self._views: dict[int, tuple[Any, ...]] = {}
 
+    @mark_constant_result
     def get(self, key: int) -> tuple[Any, ...] | None:
         return self._views.get(key)
 
+    @mark_constant_result
     def make(self, cfg: Any) -> tuple[Any, ...]:
         dims = config_dims(cfg)
         dts = _config_dtypes(cfg) or {}
@@ -442,9 +452,9 @@ def wrapper_source(spec: ContractSpec, fn_name: str, names: Names, *, has_return
     mode, dims, res = n("mode"), n("dims"), n("res")
     lines = [
         f"def {fn_name}({', '.join(parts)}):",
-        f"    {mode} = {n('current_mode')}() if {n('fixed_mode')} is None else {n('fixed_mode')}",
+        # the mode (and the call count): read once per trace under torch.compile, never guarded on
+        f"    {mode} = {n('enter')}()",
         f"    if {mode}:",
-        f"        {n('self')}.calls += 1",
     ]
     if beartype_first:  # hints the generated checker cannot decide with isinstance
         lines += [
@@ -471,7 +481,7 @@ def wrapper_source(spec: ContractSpec, fn_name: str, names: Names, *, has_return
     if has_return:
         lines += [
             f"        if not {n('check_return')}({res}, {dims}):",
-            f"            {n('fail_return')}({res}, {dims})",
+            f"            {n('fail_return')}({res}{', ' if plain else ''}{plain})",
         ]
     if body or has_return:
         lines.append(f"        return {res}")

@@ -121,8 +121,18 @@ class Contract:
         self.check_types: Callable[..., None] = beartype(conf=_BEARTYPE_CONF)(shim)
         self._provenance: dict[bool, dict[str, str]] = {}
         # Usage counters (for the pytest plugin's summary): checked calls and rejected calls.
+        # Under torch.compile ``calls`` counts traces: each is advanced by code dynamo runs at
+        # trace time and never traces or guards on (see modes.counting_mode), so the compiled
+        # code's runs do not count (they run no Python; dynamo's guards hold them to the shapes
+        # the contract accepted when tracing).
         self.calls = 0
         self.rejections = 0
+        # the mode in force, counting a call unless it is off (for entry points like packed_decode)
+        self.enter: Callable[[], int] = modes.counting_mode(self)
+        self._count = modes.counting_mode(self, modes.CHECK)
+        modes.mark_constant_result(self.check_types)
+        self._reject = _outside_compile(self._reject_positional)
+        self._strict_checks = eager_value_checks(self._strict_positional, self.name)
 
     # -- the slow paths ----------------------------------------------------------------------
     def _bind_values(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> dict[str, Any]:
@@ -183,8 +193,15 @@ class Contract:
 
     def enforce(self, vals: Sequence[Any], config: Any, mode: int = modes.CHECK) -> tuple[int, ...]:
         """Run the checks of ``mode`` on arguments given positionally (every checked parameter, in
-        signature order); return the bound dims in ``spec.symbols`` order or raise."""
-        self.calls += 1
+        signature order); return the bound dims in ``spec.symbols`` order or raise. Counts a call."""
+        self._count()
+        return self.run_checks(vals, config, mode)
+
+    def run_checks(self, vals: Sequence[Any], config: Any, mode: int = modes.CHECK) -> tuple[int, ...]:
+        """:meth:`enforce` without counting, for a caller that counted with :attr:`enter`.
+
+        Traceable by torch.compile with ``fullgraph=True``: the checker's compares become guards,
+        everything else (beartype, the report, strict value checks) runs at trace time only."""
         try:
             if not self.types_in_checker:
                 self.check_types(*vals)
@@ -192,19 +209,29 @@ class Contract:
         except BeartypeCallHintParamViolation:
             dims = None
         if dims is None:
-            values = dict(zip(self._param_names, vals, strict=True))
-            self.fail(values, config)
-            env, _, _ = self.spec.explain(values, config)
-            dims = tuple(env[s] for s in self.spec.symbols)
+            dims = self._reject(*vals, config)
         if mode == modes.STRICT and self.spec.value_checks is not None:
-            env = dict(zip(self.spec.symbols, dims, strict=True))
-            self.run_value_checks(dict(zip(self._param_names, vals, strict=True)), config, env,
-                                  self.provenance(config))
+            self._strict_checks(dims, *vals, config)
         return dims
+
+    def _reject_positional(self, *vals_and_config: Any) -> tuple[int, ...]:
+        """Raise the report of a call the fast checker rejected (arguments positionally, then the
+        config); returns the dims only if the full check accepts the call after all."""
+        config = vals_and_config[-1]
+        values = dict(zip(self._param_names, vals_and_config[:-1], strict=True))
+        self.fail(values, config)
+        env, _, _ = self.spec.explain(values, config)
+        return tuple(env[s] for s in self.spec.symbols)
+
+    def _strict_positional(self, dims: tuple[int, ...], *vals_and_config: Any) -> None:
+        config = vals_and_config[-1]
+        values = dict(zip(self._param_names, vals_and_config[:-1], strict=True))
+        self.run_value_checks(values, config, dict(zip(self.spec.symbols, dims, strict=True)),
+                              self.provenance(config))
 
     def validate_values(self, values: Mapping[str, Any], config: Any = None, *, strict: bool = False) -> Dims:
         """Check arguments given by name; ``strict`` adds the contract's value checks."""
-        vals = tuple(values.get(n) for n in self._param_names)
+        vals = tuple(map(values.get, self._param_names))
         dims = self.enforce(vals, config, modes.STRICT if strict else modes.CHECK)
         return Dims(dict(zip(self.spec.symbols, dims, strict=True)), self.provenance(config))
 
@@ -275,6 +302,31 @@ def _outside_compile(fn: Callable[..., Any]) -> Callable[..., Any]:
     return modes.mark_constant_result(run)
 
 
+def eager_value_checks(fn: Callable[..., Any], name: str) -> Callable[..., Any]:
+    """``fn`` (strict mode's value checks, which read tensor values) in eager code; inside
+    torch.compile a warning at trace time instead, since reading values would break the graph
+    (and a check run while tracing would judge only the traced call's values): compiled code
+    is held to ``check`` mode. Costs the strict path one call; ``check`` mode nothing.
+
+    Example::
+
+        value_checks = eager_value_checks(run_value_checks, "my_op")
+    """
+    def warn() -> None:
+        warnings.warn(f"kda_contracts: {name}: strict mode's value checks read tensor values and cannot run inside "
+                      "torch.compile; the compiled code is checked as in check mode", RuntimeWarning, stacklevel=2)
+
+    inside = modes.mark_constant_result(warn)
+
+    @functools.wraps(fn)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        if torch.compiler.is_compiling():  # a constant under dynamo: the branch is not traced
+            return inside()
+        return fn(*args, **kwargs)
+
+    return run
+
+
 def _build_wrapper(c: Contract, fixed_mode: int | None) -> Callable[..., Any]:
     spec = c.spec
     names = c._param_names
@@ -291,6 +343,12 @@ def _build_wrapper(c: Contract, fixed_mode: int | None) -> Callable[..., Any]:
         c.rejections += 1
         raise_violations(c.name, c.type_violations(values), {}, {})
 
+    def fail_return(res: Any, *vals: Any) -> None:
+        # the dims again, from the arguments: under torch.compile the traced ones may be symbolic
+        dims = c._check(*vals, c._config_for(as_values(*vals)))
+        if dims is not None:
+            c.fail_return(res, dims)
+
     def strict(dims: tuple[int, ...], *vals: Any) -> None:
         values = as_values(*vals)
         config = c._config_for(values)
@@ -301,19 +359,17 @@ def _build_wrapper(c: Contract, fixed_mode: int | None) -> Callable[..., Any]:
         fn_name = "wrapper"
     n = Names([*(p for p in spec.signature.parameters), fn_name])
     ns: dict[str, Any] = {
-        n("current_mode"): modes.current_mode,
-        n("fixed_mode"): fixed_mode,
+        n("enter"): modes.counting_mode(c, fixed_mode),
         n("types"): modes.mark_constant_result(c.check_types),
         n("TypeViolation"): BeartypeCallHintParamViolation,
         n("fail_types"): _outside_compile(fail_types),
         n("check"): c._check,
         n("fail"): _outside_compile(fail),
-        n("strict"): _outside_compile(strict),
+        n("strict"): eager_value_checks(strict, c.name),
         n("fn"): c.fn,
         n("check_return"): c._check_return,
-        n("fail_return"): c.fail_return,
+        n("fail_return"): _outside_compile(fail_return),
         n("static_cfg"): spec.config,
-        n("self"): c,
     }
     for i, p in enumerate(spec.signature.parameters.values()):
         if p.default is not inspect.Parameter.empty:

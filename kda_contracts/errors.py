@@ -175,16 +175,17 @@ _PASSTHROUGH: dict[type[ContractError], type[ContractError]] = {}
 
 
 def passthrough_for_compile(err: ContractError) -> ContractError:
-    """The same error as a class that also derives from AssertionError.
+    """The same error as a class that also derives from AssertionError and IndexError.
 
     torch.compile re-wraps any exception raised while tracing into an InternalTorchDynamoError,
-    except a few kinds (AssertionError among them) that it lets through unchanged; this keeps
-    ``except kc.ShapeError`` working around a compiled function.
+    except a few kinds (AssertionError among them) that it lets through unchanged, and any
+    exception of a fake (meta) kernel into a TorchRuntimeError, except an IndexError; this keeps
+    ``except kc.ShapeError`` working around a compiled function and a compiled custom op.
     """
     base = type(err)
     cls = _PASSTHROUGH.get(base)
     if cls is None:
-        cls = _PASSTHROUGH[base] = type(base.__name__, (base, AssertionError),
+        cls = _PASSTHROUGH[base] = type(base.__name__, (base, AssertionError, IndexError),
                                         {"kind_name": base.kind_name, "__module__": __name__})
     return cls(str(err), function=err.function, violations=err.violations, dims=err.dims,
                provenance=err.provenance)

@@ -142,7 +142,12 @@ class MatchConfig:
         if value is None or want is None:
             return value is None and want is None
         if isinstance(value, (int, float)) and isinstance(want, (int, float)):
-            return math.isclose(value, want, rel_tol=self.rel_tol, abs_tol=0.0)
+            # math.isclose(value, want, rel_tol=self.rel_tol) in arithmetic torch.compile can trace
+            # (a float argument is a SymFloat under dynamic=True)
+            if value == want:
+                return True
+            diff = abs(value - want)
+            return diff < math.inf and (diff <= self.rel_tol * abs(want) or diff <= self.rel_tol * abs(value))
         return bool(value == want)
 
 

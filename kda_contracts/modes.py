@@ -19,7 +19,7 @@ import functools
 import os
 from collections.abc import Callable
 from contextvars import ContextVar
-from typing import Literal, TypeVar
+from typing import Any, Literal, TypeVar
 
 __all__ = ["CHECK", "OFF", "STRICT", "ModeName", "current_mode", "get_mode", "mode", "set_default_mode"]
 
@@ -68,6 +68,43 @@ def mark_constant_result(fn: F) -> F:
 
 # let dynamo evaluate the mode at trace time instead of tracing ContextVar.get
 current_mode = mark_constant_result(current_mode)
+
+
+def counting_mode(counter: Any, fixed: int | None = None) -> Callable[[], int]:
+    """A per-contract :func:`current_mode` (or ``fixed``, a pinned mode) that also advances
+    ``counter.calls`` whenever the mode is not ``off``: a contract's mode read and call count in
+    one call, so counting costs no extra call on the eager hot path.
+
+    Under torch.compile it is read like :func:`current_mode` (once, when the function is
+    traced; dynamo neither traces nor guards on it), so ``calls`` counts traces there: one per
+    compiled shape class, never one per run of the compiled code. Keep in step with
+    :func:`current_mode`.
+
+    Example::
+
+        enter = counting_mode(contract)
+        if enter():           # the mode, and contract.calls += 1 unless it is off
+            ...
+    """
+    if fixed is not None:
+        pinned = fixed
+
+        def enter_pinned() -> int:
+            counter.calls += 1
+            return pinned
+
+        return mark_constant_result(enter_pinned)
+    local = _local
+
+    def enter() -> int:
+        m = local.get()
+        if m is None:
+            m = _default
+        if m:
+            counter.calls += 1
+        return m
+
+    return mark_constant_result(enter)
 
 
 def get_mode() -> ModeName:

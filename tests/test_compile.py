@@ -1,8 +1,17 @@
 """torch.compile and torch.library: contracts are traced as guards, not graph breaks, and still
-reject bad calls; the packed-decode custom op's fake implementation is the contract."""
+reject bad calls; the packed-decode custom op's fake implementation is the contract.
+
+One compile per shape class however many calls: each case below calls a compiled function
+``CALLS`` times over ``len(SIZES)`` batch sizes with ``fullgraph=True`` and counts the graphs
+dynamo built (``torch._dynamo.utils.counters``). By default dynamo compiles the first size
+statically and, on the second, one graph with a dynamic batch (2 graphs); with
+``dynamic=True`` or ``torch._dynamo.mark_dynamic`` it builds one.
+"""
 
 import pytest
 import torch
+from pydantic import BaseModel, ConfigDict
+from torch._dynamo.utils import counters
 
 import kda_contracts as kc
 from kda_contracts import Float, Tensor
@@ -18,6 +27,37 @@ def _mm(x: Float[Tensor, "B D"], w: Float[Tensor, "D E"]) -> Float[Tensor, "B E"
 def fresh():
     torch._dynamo.reset()
     return kc.contract(mode="check", register=False)(_mm)
+
+
+SIZES = tuple(range(2, 13))  # 11 batch sizes
+CALLS = 22
+GRAPHS = {"automatic": 2, "dynamic=True": 1, "mark_dynamic": 1}  # graphs dynamo builds for SIZES
+
+
+@pytest.fixture(autouse=True)
+def _fresh_dynamo():
+    torch._dynamo.reset()
+    counters.clear()
+    yield
+    torch._dynamo.reset()
+
+
+def compile_as(fn, how, backend="eager"):
+    return torch.compile(fn, fullgraph=True, backend=backend, dynamic=True if how == "dynamic=True" else None)
+
+
+def batch(b, how, *trailing):
+    x = torch.randn(b, *trailing)
+    if how == "mark_dynamic":
+        torch._dynamo.mark_dynamic(x, 0)
+    return x
+
+
+def graphs_over_sizes(cf, make_args):
+    """Call ``cf`` CALLS times, cycling through SIZES; the number of graphs dynamo built."""
+    for i in range(CALLS):
+        cf(*make_args(SIZES[i % len(SIZES)]))
+    return counters["stats"]["unique_graphs"]
 
 
 @pytest.mark.parametrize("backend", ["eager", "aot_eager"])
@@ -40,11 +80,13 @@ def test_contract_checks_cause_no_graph_break():
     assert report.graph_break_count == 0 and report.graph_count == 1
 
 
-def test_a_contracted_function_compiles_with_inductor():
+def test_a_contracted_function_compiles_with_inductor_once_for_every_batch_size():
     f = fresh()
-    cf = torch.compile(f, fullgraph=True)  # inductor
-    x, w = torch.randn(4, 3), torch.randn(3, 2)
+    cf = compile_as(f, "dynamic=True", backend="inductor")
+    w = torch.randn(3, 2)
+    x = torch.randn(4, 3)
     torch.testing.assert_close(cf(x, w), _mm(x, w))
+    assert graphs_over_sizes(cf, lambda b: (torch.randn(b, 3), w)) == 1
     with pytest.raises(kc.ShapeError):
         cf(torch.randn(4, 3), torch.randn(2, 2))
 
@@ -54,6 +96,203 @@ def test_the_compiled_function_counts_as_exercised():
     c = f.__kda_contract__
     torch.compile(f, fullgraph=True, backend="eager")(torch.randn(2, 3), torch.randn(3, 4))
     assert c.calls >= 1
+
+
+# -- one compile per shape class -----------------------------------------------------------------
+W = torch.randn(4, 5)
+
+
+@pytest.mark.parametrize("how", GRAPHS)
+def test_a_contracted_function_compiles_once_per_shape_class(how):
+    f = fresh()
+    cf = compile_as(f, how)
+    assert graphs_over_sizes(cf, lambda b: (batch(b, how, 4), W)) == GRAPHS[how]
+
+
+@pytest.mark.parametrize("how", GRAPHS)
+def test_a_contracted_method_compiles_once_per_shape_class(how):
+    class Projection:
+        def __init__(self):
+            self.w = torch.randn(4, 4)
+
+        @kc.contract(register=False)
+        def apply(self, x: Float[Tensor, "B D"]) -> Float[Tensor, "B D"]:
+            return x @ self.w
+
+    cf = compile_as(Projection().apply, how)
+    assert graphs_over_sizes(cf, lambda b: (batch(b, how, 4),)) == GRAPHS[how]
+
+
+class Layer(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.randn(4, 4))
+
+    @kc.contract(register=False)
+    def forward(self, x: Float[Tensor, "B D"]) -> Float[Tensor, "B D"]:
+        return torch.relu(x @ self.w)
+
+
+@pytest.mark.parametrize("how", GRAPHS)
+def test_a_compiled_module_with_a_contracted_forward_compiles_once_per_shape_class(how):
+    cm = compile_as(Layer(), how, backend="aot_eager")
+    assert graphs_over_sizes(cm, lambda b: (batch(b, how, 4),)) == GRAPHS[how]
+
+
+def test_module_compile_in_place_compiles_once_per_shape_class():
+    m = Layer()
+    m.compile(fullgraph=True, backend="eager")
+    assert graphs_over_sizes(m, lambda b: (torch.randn(b, 4),)) == GRAPHS["automatic"]
+
+
+class Dims(BaseModel):  # a mutable pydantic model
+    D: int
+    E: int
+
+
+class FrozenDims(BaseModel):
+    model_config = ConfigDict(frozen=True)
+    D: int
+    E: int
+
+
+@pytest.mark.parametrize("model", [Dims, FrozenDims])
+@pytest.mark.parametrize("how", GRAPHS)
+def test_a_static_config_compiles_on_a_cold_first_call_once_per_shape_class(model, how):
+    @kc.contract(config=model(D=4, E=5), register=False)
+    def f(x: Float[Tensor, "B D"], w: Float[Tensor, "D E"]) -> Float[Tensor, "B E"]:
+        return x @ w
+
+    cf = compile_as(f, how)  # never called eagerly: its config is first read while tracing
+    assert graphs_over_sizes(cf, lambda b: (batch(b, how, 4), W)) == GRAPHS[how]
+
+
+@pytest.mark.parametrize("how", GRAPHS)
+def test_a_per_call_config_compiles_once_per_shape_class(how):
+    @kc.contract(config_arg="cfg", register=False)
+    def f(x: Float[Tensor, "B D"], w: Float[Tensor, "D E"], cfg: Dims) -> Float[Tensor, "B E"]:
+        return x @ w
+
+    cfg = Dims(D=4, E=5)
+    cf = compile_as(f, how)
+    assert graphs_over_sizes(cf, lambda b: (batch(b, how, 4), W, cfg)) == GRAPHS[how]
+
+
+def test_the_kimi_linear_layer_decode_compiles_once_per_shape_class():
+    from pathlib import Path
+
+    from kda_contracts.models.kimi_linear import KimiDeltaAttention, random_weights
+
+    cfg = kc.KDAConfig.from_hf_config(Path(__file__).parent / "data" / "kimi_linear_tiny_config.json")
+    layer = KimiDeltaAttention(cfg, tp_rank=0, backend="torch")  # the layer is its contracts' config
+    layer.load_weights(**random_weights(cfg, seed=0, rank=0))
+    ssm, conv = layer.new_state_pools(16)
+    decode = torch.compile(layer.decode, fullgraph=True, backend="eager")
+    graphs = graphs_over_sizes(decode, lambda b: (torch.randn(b, cfg.hidden_size), ssm, conv, torch.randperm(16)[:b]))
+    assert graphs == GRAPHS["automatic"]
+
+
+def test_config_views_used_eagerly_meanwhile_do_not_recompile():
+    @kc.contract(config_arg="cfg", register=False)
+    def f(x: Float[Tensor, "B D"], w: Float[Tensor, "D E"], cfg: Dims) -> Float[Tensor, "B E"]:
+        return x @ w
+
+    cfg = Dims(D=4, E=5)
+    cf = compile_as(f, "dynamic=True")
+    for i in range(CALLS):
+        cf(torch.randn(SIZES[i % len(SIZES)], 4), W, cfg)
+        f(torch.randn(2, 4), W, Dims(D=4, E=5))  # eager calls with other configs fill the view cache
+    assert counters["stats"]["unique_graphs"] == 1
+
+
+@pytest.mark.filterwarnings("ignore:Dynamo detected a call to a `functools.lru_cache`")  # kc.check's parser
+def test_a_body_with_kc_check_compiles_once_per_shape_class_and_still_rejects():
+    @kc.contract(register=False)
+    def f(x: Float[Tensor, "B D"], w: Float[Tensor, "D E"]) -> Float[Tensor, "B E"]:
+        return kc.check(x @ w, "B 5", name="y")  # standalone under compile: B binds from y
+
+    cf = compile_as(f, "automatic")
+    assert graphs_over_sizes(cf, lambda b: (torch.randn(b, 4), W)) == GRAPHS["automatic"]
+    with pytest.raises(kc.ShapeError, match=r"\[1\] y: ShapeError"):
+        cf(torch.randn(3, 4), torch.randn(4, 6))
+
+
+def test_without_fullgraph_nothing_falls_back_to_eager():
+    @kc.contract(config=FrozenDims(D=4, E=5), register=False)
+    def f(x: Float[Tensor, "B D"], w: Float[Tensor, "D E"]) -> Float[Tensor, "B E"]:
+        return x @ w
+
+    cf = torch.compile(f, backend="eager")  # graph breaks would be silent here
+    assert graphs_over_sizes(cf, lambda b: (torch.randn(b, 4), W)) == GRAPHS["automatic"]
+    assert not counters["graph_break"]
+
+
+# -- bad calls after warm-up ---------------------------------------------------------------------
+def warm(cf, make_args):
+    graphs_over_sizes(cf, make_args)
+    return cf
+
+
+@pytest.mark.parametrize("how", GRAPHS)
+def test_a_bad_shape_after_warm_up_raises_shape_error(how):
+    cf = warm(compile_as(fresh(), how), lambda b: (batch(b, how, 3), torch.randn(3, 4)))
+    with pytest.raises(kc.ShapeError, match=r"dim 0 \(D\): expected 3") as info:
+        cf(torch.randn(7, 3), torch.randn(5, 4))
+    assert not isinstance(info.value, torch._dynamo.exc.TorchDynamoException)
+
+
+@pytest.mark.parametrize("how", GRAPHS)
+def test_a_bad_dtype_after_warm_up_raises_dtype_error(how):
+    cf = warm(compile_as(fresh(), how), lambda b: (batch(b, how, 3), torch.randn(3, 4)))
+    with pytest.raises(kc.DtypeError):
+        cf(torch.randn(7, 3), torch.randn(3, 4).int())
+
+
+@pytest.mark.parametrize("how", GRAPHS)
+def test_a_bad_result_after_warm_up_raises_shape_error(how):
+    @kc.contract(register=False)
+    def f(x: Float[Tensor, "B D"]) -> Float[Tensor, "B D"]:
+        return x[:, :-1] if x.shape[0] == 99 else x  # drops a column for one batch size
+
+    cf = warm(compile_as(f, how), lambda b: (batch(b, how, 4),))
+    with pytest.raises(kc.ShapeError, match=r"(?s)\[1\] return: ShapeError.*got +\[99, 3\]"):
+        cf(torch.randn(99, 4))
+
+
+def test_a_call_against_a_static_config_after_warm_up_raises_shape_error():
+    @kc.contract(config=FrozenDims(D=4, E=5), register=False)
+    def f(x: Float[Tensor, "B D"], w: Float[Tensor, "D E"]) -> Float[Tensor, "B E"]:
+        return x @ w
+
+    cf = warm(compile_as(f, "automatic"), lambda b: (torch.randn(b, 4), W))
+    with pytest.raises(kc.ShapeError, match=r"E from config \(FrozenDims.E=5\)"):
+        cf(torch.randn(3, 4), torch.randn(4, 6))
+
+
+def test_a_bad_call_to_a_compiled_module_after_warm_up_raises_shape_error():
+    cm = warm(compile_as(Layer(), "automatic"), lambda b: (torch.randn(b, 4),))
+    with pytest.raises(kc.ShapeError, match="rank 2"):
+        cm(torch.randn(3, 4, 1))
+
+
+# -- what "calls" counts under compile -----------------------------------------------------------
+def test_under_compile_calls_counts_the_traces_one_per_graph():
+    f = fresh()
+    c = f.__kda_contract__
+    graphs = graphs_over_sizes(compile_as(f, "automatic"), lambda b: (torch.randn(b, 3), torch.randn(3, 4)))
+    assert c.calls == graphs == 2  # runs of the compiled code execute no Python; dynamo's guards hold them
+    f(torch.randn(2, 3), torch.randn(3, 4))
+    assert c.calls == 3  # an eager call counts one
+
+
+def test_under_compile_a_rejected_trace_counts_a_call_and_a_rejection():
+    f = fresh()
+    c = f.__kda_contract__
+    cf = warm(compile_as(f, "dynamic=True"), lambda b: (torch.randn(b, 3), torch.randn(3, 4)))
+    calls, rejections = c.calls, c.rejections
+    with pytest.raises(kc.ShapeError):
+        cf(torch.randn(2, 3), torch.randn(5, 4))
+    assert (c.calls - calls, c.rejections - rejections) == (1, 1)
 
 
 # -- the custom op -------------------------------------------------------------------------------
@@ -101,19 +340,122 @@ def test_the_fake_implementation_is_the_contract(ops):
             torch.ops.kda_contracts.packed_decode(*op_args(bad))
 
 
-def test_a_compiled_step_around_the_op_rejects_a_bad_call(ops):
-    torch._dynamo.reset()
+def small_calls(cfg, how):
+    """A valid packed-decode call for each batch size of SIZES (one pool shared by all)."""
+    calls = {b: make_decode_call(cfg, b, 16, activation_dtype=torch.float32) for b in SIZES}
+    if how == "mark_dynamic":
+        for call in calls.values():
+            for name in ("mixed_qkv", "a", "b", "out", "ssm_state_indices"):
+                torch._dynamo.mark_dynamic(call[name], 0)
+    return calls
 
-    def step(*args):
-        torch.ops.kda_contracts.packed_decode(*args)
-        return args[7] * 2
 
-    cs = torch.compile(step, fullgraph=True, backend="aot_eager")
-    call = small_call()
-    assert cs(*op_args(call)).shape == (3, 1, 4, 16)
+SMALL = kc.KDAConfig(num_heads=2, num_v_heads=4, head_k_dim=8, head_v_dim=16)
+
+
+def op_step(*args):
+    torch.ops.kda_contracts.packed_decode(*args)
+    return args[7] * 2
+
+
+@pytest.mark.parametrize("how", GRAPHS)
+def test_a_compiled_step_around_the_op_compiles_once_per_shape_class(ops, how):
+    calls = small_calls(SMALL, how)
+    cs = compile_as(op_step, how, backend="aot_eager")
+    assert graphs_over_sizes(cs, lambda b: op_args(calls[b])) == GRAPHS[how]
+
+
+def test_a_compiled_step_around_the_op_matches_eager(ops):
+    call, ref = small_call(), small_call()
+    out = compile_as(op_step, "automatic", backend="aot_eager")(*op_args(call))
+    kc.packed_decode(**ref, backend="torch")
+    torch.testing.assert_close(out, ref["out"] * 2)
+    torch.testing.assert_close(call["initial_state"], ref["initial_state"])
+
+
+def test_a_bad_call_to_the_op_after_warm_up_raises_shape_error(ops):
+    calls = small_calls(SMALL, "automatic")
+    cs = warm(compile_as(op_step, "automatic", backend="aot_eager"), lambda b: op_args(calls[b]))
     bad = op_args(small_call())
     bad[1] = bad[1].view(3, 4, 8)
-    # dynamo re-wraps errors of fake (meta) kernels; the contract's report is in the message
-    with pytest.raises(torch._dynamo.exc.TorchRuntimeError, match=r"(?s)got ShapeError\('packed_decode\(\): 1 contract "
-                                                                   r"violation.*`a` looks unflattened"):
+    with pytest.raises(kc.ShapeError, match=r"(?s)packed_decode\(\): 1 contract violation.*`a` looks unflattened") \
+            as info:
         cs(*bad)
+    assert not isinstance(info.value, torch._dynamo.exc.TorchDynamoException)
+
+
+# -- kc.packed_decode in compiled code -------------------------------------------------------------
+def decode_step(call, config):
+    kc.packed_decode(**call, config=config, backend="auto")
+    return call["out"] * 2
+
+
+@pytest.mark.parametrize("with_config", [False, True], ids=["no config", "KDAConfig"])
+@pytest.mark.parametrize("how", GRAPHS)
+def test_packed_decode_compiles_once_per_shape_class(how, with_config):
+    calls = small_calls(SMALL, how)
+    cs = compile_as(decode_step, how)
+    assert graphs_over_sizes(cs, lambda b: (calls[b], SMALL if with_config else None)) == GRAPHS[how]
+
+
+def test_packed_decode_compiled_matches_eager():
+    call, ref = small_call(), small_call()
+    out = compile_as(decode_step, "automatic", backend="aot_eager")(call, SMALL)
+    kc.packed_decode(**ref, config=SMALL, backend="torch")
+    torch.testing.assert_close(out, ref["out"] * 2)
+    torch.testing.assert_close(call["initial_state"], ref["initial_state"])
+
+
+def test_a_bad_packed_decode_call_after_warm_up_raises_shape_error():
+    calls = small_calls(SMALL, "automatic")
+    cs = warm(compile_as(decode_step, "automatic"), lambda b: (calls[b], SMALL))
+    bad = dict(small_call())
+    bad["a"] = bad["a"].view(3, 4, 8)
+    with pytest.raises(kc.ShapeError, match="`a` looks unflattened"):
+        cs(bad, SMALL)
+
+
+def test_packed_decode_under_compile_counts_one_call_per_trace():
+    c = kc.packed_decode_contract("VK")
+    calls = small_calls(SMALL, "automatic")
+    before = c.calls
+    graphs = graphs_over_sizes(compile_as(decode_step, "automatic"), lambda b: (calls[b], SMALL))
+    assert c.calls - before == graphs == 2
+
+
+@pytest.mark.kda_contracts("strict")
+def test_in_strict_mode_compiled_code_is_checked_as_in_check_mode_and_says_so():
+    calls = small_calls(SMALL, "automatic")
+    cs = compile_as(decode_step, "automatic")
+    with pytest.warns(RuntimeWarning, match="strict mode's value checks .* cannot run inside torch.compile"):
+        assert graphs_over_sizes(cs, lambda b: (calls[b], SMALL)) == GRAPHS["automatic"]
+    duplicate_slots = dict(calls[3], ssm_state_indices=torch.tensor([0, 0, 1], dtype=torch.int32))
+    with pytest.raises(kc.ValueRangeError):  # eager code still runs them
+        decode_step(duplicate_slots, SMALL)
+
+
+@pytest.mark.kda_contracts("strict")
+def test_a_contract_with_value_checks_compiles_in_strict_mode():
+    def positive(ctx):
+        return [] if bool((ctx.values["x"] > 0).all()) else [kc.Violation(kc.ValueRangeError, "x", "> 0", "not")]
+
+    @kc.contract(value_checks=positive, register=False)
+    def f(x: Float[Tensor, "B D"]) -> Float[Tensor, "B D"]:
+        return x * 2
+
+    with pytest.warns(RuntimeWarning, match="cannot run inside torch.compile"):
+        assert graphs_over_sizes(compile_as(f, "automatic"), lambda b: (torch.rand(b, 4) + 1,)) == 2
+    with pytest.raises(kc.ValueRangeError):
+        f(-torch.rand(2, 4) - 1)
+
+
+def test_a_backend_with_dim_constraints_is_refused_under_compile_not_judged_on_one_size(monkeypatch):
+    from kda_contracts.ops.packed_decode import adapters
+
+    torch_backend = adapters.get("torch")
+    monkeypatch.setitem(adapters._REGISTRY, "even", adapters.Adapter(
+        name="even", kernel=torch_backend.kernel, devices=("cpu",), priority=10_000, where=("B % 2 == 0",)))
+    monkeypatch.setattr(adapters, "_SELECTED", {})
+    call = small_call()
+    with pytest.raises(kc.ContractError, match=r"'even', which needs B % 2 == 0"):
+        compile_as(decode_step, "automatic")(call, None)

@@ -17,6 +17,8 @@ import contextlib
 import difflib
 import io
 import re
+import sys
+import types
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -93,7 +95,16 @@ def isolated(monkeypatch):
 def run_markdown(path: Path) -> int:
     """Run the python blocks of ``path`` in order, checking each ``<!-- output -->`` block;
     return how many blocks ran. Raises AssertionError on a mismatch."""
-    namespace: dict[str, object] = {"__name__": f"doc_{path.stem.replace('-', '_')}"}
+    # a real (temporary) module, as user code is: torch.compile imports the module of what it inlines
+    module = types.ModuleType(f"doc_{path.stem.replace('-', '_')}")
+    sys.modules[module.__name__] = module
+    try:
+        return _run_blocks(path, module.__dict__)
+    finally:
+        del sys.modules[module.__name__]
+
+
+def _run_blocks(path: Path, namespace: dict[str, object]) -> int:
     printed: str | None = None
     ran = 0
     for block in parse_blocks(path):

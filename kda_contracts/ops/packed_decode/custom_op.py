@@ -18,6 +18,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from ...errors import ContractError, passthrough_for_compile
 from .decode import packed_decode as _packed_decode
 from .decode import validate_packed_decode
 
@@ -40,7 +41,12 @@ def _(*args: Any) -> None:
     # The contract is the meta function: tracing a call that breaks it raises the same
     # ContractError an eager call would, before any graph is built. The dispatcher passes the
     # op's arguments in its schema order: the eleven of packed_decode, state_layout, backend.
-    # Under torch.compile, dynamo reports a failure here as a TorchRuntimeError whose message
-    # carries the full contract report.
+    # Under torch.compile it raises as a class dynamo lets through unwrapped (see
+    # passthrough_for_compile), so ``except kc.ShapeError`` works around compiled code too.
     *call, state_layout, _backend = args
-    validate_packed_decode(*call, state_layout=state_layout)
+    try:
+        validate_packed_decode(*call, state_layout=state_layout)
+    except ContractError as err:
+        if torch.compiler.is_compiling():
+            raise passthrough_for_compile(err) from None
+        raise
