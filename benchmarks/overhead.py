@@ -60,6 +60,7 @@ paths within a round.
 
 import argparse
 import ast
+import contextvars
 import datetime
 import gc
 import importlib.metadata
@@ -700,6 +701,10 @@ FS = frozenset({torch.bfloat16, torch.float32, torch.float16})
 e0, e1, e2, e3 = sz
 tz = tuple(sz)
 A12 = (x,) * 12
+cm, cv = _CM, _CV
+class Counter:
+    calls = 0
+ctr = Counter()
 def f12(a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11):
     return None
 """
@@ -740,6 +745,9 @@ PRIMITIVES = (  # (kind, label, statement)
     ("python", "`t.dtype == torch.float32` (module attribute)", "x.dtype == torch.float32"),
     ("python", "call of a 12-parameter function, 12 positional args", "f12(x, x, x, x, x, x, x, x, x, x, x, x)"),
     ("python", "the same call as `f12(*args)`", "f12(*A12)"),
+    ("wrapper", "`kc.modes.current_mode()` (the wrapper's mode read)", "cm()"),
+    ("wrapper", "`ContextVar.get()` inlined", "cv.get()"),
+    ("wrapper", "`contract.calls += 1` (the call counter)", "ctr.calls += 1"),
 )
 
 
@@ -772,7 +780,8 @@ def time_stmts(stmts: Sequence[TimedStmt], base: TimedStmt, rounds: int, n: int)
 
 def primitives(ctx: dict[str, Any], rounds: int, n: int) -> list[tuple[str, str, float]]:
     call = ctx["call"]
-    glb = {"torch": torch, "_X": call["mixed_qkv"], "_Y": call["a"], "_Z": call["initial_state"]}
+    glb = {"torch": torch, "_X": call["mixed_qkv"], "_Y": call["a"], "_Z": call["initial_state"],
+           "_CM": kc.modes.current_mode, "_CV": contextvars.ContextVar("bench", default=None)}
     base, *rest = [TimedStmt(label, stmt, PRIMITIVE_SETUP, glb) for _, label, stmt in PRIMITIVES]
     got = time_stmts(rest, base, rounds, n)
     return [(kind, label, got[label]) for kind, label, _ in PRIMITIVES[1:]]
@@ -954,7 +963,9 @@ def render(paths: list[TimedPath], pieces: list[TimedPath], repeats: int, comman
     if user_lines:
         lines += render_user_lines(user_lines)
     if where is not None and prims is not None:
-        lines += render_where(where, prims)
+        pc = {p.key: p for p in pieces}
+        wrapper_us = pc["wrapper"].median_us - pc["checker_direct"].median_us if pc else None
+        lines += render_where(where, prims, wrapper_us)
     return "\n".join(lines) + "\n"
 
 
@@ -1029,7 +1040,8 @@ def _short(line: str, width: int = 110) -> str:
     return line if len(line) <= width else line[: width - 1] + "…"
 
 
-def render_where(where: dict[str, Any], prims: list[tuple[str, str, float]]) -> list[str]:
+def render_where(where: dict[str, Any], prims: list[tuple[str, str, float]], wrapper_us: float | None = None
+                 ) -> list[str]:
     gen, hand, full, whole = where["gen"], where["hand"], where["full"], where["whole"]
     kinds = [k for k, _ in LINE_KINDS]
     tg, th, tf = kind_totals(gen), kind_totals(hand), kind_totals(full)
@@ -1062,6 +1074,23 @@ def render_where(where: dict[str, Any], prims: list[tuple[str, str, float]]) -> 
     lines += [f"| {ns:.0f} | `{_short(line)}` |" for line, ns in sorted(gen, key=lambda r: -r[1])[:14]]
     attr_floor = (8 * p["`t.shape` (a new torch.Size)"] + 8 * p["`t.dtype` (a cached object)"]
                   + dev_read + 7 * dev_cmp + 4 * p["`t.stride()` (a new tuple)"] + 4 * p["`t.is_contiguous()`"])
+    full_us, hand_us = whole["full"] / 1e3, whole["hand"] / 1e3
+    mode_read = p["`kc.modes.current_mode()` (the wrapper's mode read)"]
+    lines += [
+        "", f"Is the limit attribute access? The hand-written validator making every check the contract makes, "
+        f"written for speed, costs {full_us:.2f} µs called directly, {full_us / hand_us:.2f}× the 27-check one "
+        f"({hand_us:.2f} µs); about {attr_floor / 1e3:.2f} µs of it is the tensor-attribute reads (and device "
+        "compares) those checks need (below), which no Python spelling of the same checks avoids. So check "
+        "mode at ≤ 1.0× the 27-check validator needs the generated code to beat a careful hand-written "
+        "validator making the same checks, "
+        "and the wrapper on top"
+        + (f" ({wrapper_us:.2f} µs)" if wrapper_us else "")
+        + ". Recommendations 1-3 and 5 below are what `hand_written_full` does (it has the generated checker's verdict "
+        "on every test call): they bring the checker to about that validator's cost, not below the 27-check "
+        "one. What would go further: fewer reads (no device read where no kernel needs it), or reading the "
+        "metadata in C (a small extension reading sizes, strides, dtype and device from the TensorImpl without "
+        "creating Python objects).",
+    ]
     lines += [
         "", "Reading: the checker's tensor-attribute reads alone (8 `.shape`, 8 `.dtype`, 8 `.device` with 7 "
         f"compares, 4 `stride()`, 4 `is_contiguous()`) cost ≈ {attr_floor / 1e3:.2f} µs with these primitives; "
@@ -1104,7 +1133,13 @@ def render_where(where: dict[str, Any], prims: list[tuple[str, str, float]]) -> 
         f"(`tuple(s)`: {p['`tuple(s)` (torch.Size to tuple)']:.0f} ns): write `s[:-3]`, and where a tensor's "
         "shape is sliced more than once or several batch slices are compared, convert once or compare the "
         "batch dims element by element after a length check.",
-        f"7. Keep: `len(s)` ({p['`len(shape) != 2`']:.0f} ns) over `t.ndim` ({p['`t.ndim`']:.0f} ns), "
+        "7. The wrapper around the checker costs "
+        + (f"{wrapper_us:.2f} µs here (whole wrapper minus the checker called directly): " if wrapper_us else "")
+        + f"the mode read {mode_read:.0f} ns "
+        f"(a Python call around `ContextVar.get()`, {p['`ContextVar.get()` inlined']:.0f} ns inlined), the call "
+        f"counter {p['`contract.calls += 1` (the call counter)']:.0f} ns, and passing the arguments twice "
+        "(wrapper, then checker).",
+        f"8. Keep: `len(s)` ({p['`len(shape) != 2`']:.0f} ns) over `t.ndim` ({p['`t.ndim`']:.0f} ns), "
         f"`t.stride()` + subscript over `t.stride(-1)` ({p['`t.stride(-1)` (argument parsing)']:.0f} ns), "
         f"dtype set membership ({p['`dtype in frozenset` (3 dtypes)']:.0f} ns) over "
         f"`t.dtype == torch.float32` ({p['`t.dtype == torch.float32` (module attribute)']:.0f} ns incl. the read). "
