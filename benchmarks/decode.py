@@ -137,21 +137,21 @@ def candidate_configs(layout: str, sdt: torch.dtype) -> dict[str, Any]:
     from kda_kernels.triton_decode import DecodeConfig as C
 
     v3, h3, mask, noev = dict(grid="v_fastest"), dict(grid="head_fastest"), dict(guard="mask"), dict(state_eviction="")
+    el = dict(act_eviction="evict_last")
     if layout == "KV":
         return {"kv16w1": C(16, 1), "kv32w1": C(32, 1), "kv64w1": C(64, 1), "kv64w2": C(64, 2), "kv64w4": C(64, 4),
                 "kv128w4": C(128, 4), "kv128w8": C(128, 8), "kv64w4-mask": C(64, 4, **mask),
-                "kv32w1-v3": C(32, 1, **v3), "kv64w4-v3": C(64, 4, **v3)}
+                "kv32w1-el": C(32, 1, **el), "kv64w4-el": C(64, 4, **el)}
     if sdt.itemsize >= 4:
-        return {"bv4": C(4, 1), "bv4-v3": C(4, 1, **v3), "bv4-h3": C(4, 1, **h3), "bv4-mask-v3": C(4, 1, **mask, **v3),
-                "bv8-noev": C(8, 1, **noev), "bv8-noev-v3": C(8, 1, **noev, **v3),
-                "bv8-noev-h3": C(8, 1, **noev, **h3), "bv8-noev-mask-v3": C(8, 1, **noev, **mask, **v3),
-                "bv8-t2-v3": C(8, 1, tiles=2, num_stages=2, **v3),
-                "bv8-noev-t2": C(8, 1, tiles=2, num_stages=2, **noev)}
+        return {"bv4": C(4, 1), "bv4-v3": C(4, 1, **v3), "bv4-h3": C(4, 1, **h3), "bv4-el": C(4, 1, **el),
+                "bv4-mask-v3": C(4, 1, **mask, **v3), "bv8-noev": C(8, 1, **noev), "bv8-noev-v3": C(8, 1, **noev, **v3),
+                "bv8-noev-h3": C(8, 1, **noev, **h3), "bv8-noev-el": C(8, 1, **noev, **el), "bv8-el": C(8, 1, **el),
+                "bv8-t2-v3": C(8, 1, tiles=2, num_stages=2, **v3)}
     return {"bv16-mask": C(16, 1, **mask), "bv16-mask-v3": C(16, 1, **mask, **v3),
-            "bv16-mask-h3": C(16, 1, **mask, **h3),
-            "bv16-v3": C(16, 1, **v3), "bv16-h3": C(16, 1, **h3), "bv4-v3": C(4, 1, **v3), "bv4-mask": C(4, 1, **mask),
-            "bv8-mask-h3": C(8, 1, **mask, **h3), "bv16-mask-cg": C(16, 1, load_cache=".cg", **mask),
-            "bv16-mask-t2-v3": C(16, 1, tiles=2, num_stages=2, **mask, **v3)}
+            "bv16-mask-h3": C(16, 1, **mask, **h3), "bv16-mask-el": C(16, 1, **mask, **el),
+            "bv16-mask-h3-el": C(16, 1, **mask, **h3, **el), "bv16-el": C(16, 1, **el), "bv16-h3": C(16, 1, **h3),
+            "bv4": C(4, 1), "bv4-el": C(4, 1, **el), "bv8-mask-h3": C(8, 1, **mask, **h3),
+            "bv16-mask-cg": C(16, 1, load_cache=".cg", **mask)}
 
 
 def backends(layout: str, sdt: torch.dtype, peers: dict[str, Binder], candidates: bool) -> dict[str, Binder]:

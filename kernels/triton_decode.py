@@ -84,6 +84,9 @@ class DecodeConfig(NamedTuple):
     #: by integer division); "v_fastest": a 3-D grid (V tile, head, request); "head_fastest": a
     #: 3-D grid (head, V tile, request). 3-D grids need B <= 65535 (else "flat" is used).
     grid: str = "flat"
+    #: eviction hint for the activation loads (q, k, v, gate inputs): "" or "evict_last" (each is
+    #: read by every V tile of its head, while the state streams past once)
+    act_eviction: str = ""
 
 
 def pick_config(
@@ -152,12 +155,14 @@ if triton is not None:
         scale,
         lower_bound,
         N,
-        stride_qkv,
-        stride_a,
-        stride_b,
-        stride_state,
-        H,
-        HV,
+        # Head counts and strides are compile-time constants (a model has one set of each): index
+        # arithmetic folds into immediates, divisions by HV or H become multiplies.
+        H: tl.constexpr,
+        HV: tl.constexpr,
+        stride_qkv: tl.constexpr,
+        stride_a: tl.constexpr,
+        stride_b: tl.constexpr,
+        stride_state: tl.constexpr,
         K: tl.constexpr,
         V: tl.constexpr,
         BK: tl.constexpr,
@@ -174,6 +179,7 @@ if triton is not None:
         STORE_CACHE: tl.constexpr,
         GRID: tl.constexpr,
         WIDE: tl.constexpr,
+        ACT_EVICTION: tl.constexpr,
     ):
         # GRID 0: 1-D, request-major, then value head, then group of V tiles (a request's programs
         # are adjacent, and the grid has no 65535 limit on B). 1: 3-D (V group, head, request).
@@ -204,12 +210,13 @@ if triton is not None:
         slot = tl.load(indices + i_b).to(tl.int64)
         valid = (slot >= 0) & (slot < N)
         row = qkv + i_b * stride_qkv
-        b_q = tl.load(row + i_h * K + o_k, mask=mask_k, other=0.0).to(tl.float32)
-        b_k = tl.load(row + (H + i_h) * K + o_k, mask=mask_k, other=0.0).to(tl.float32)
-        b_x = tl.load(a + i_b * stride_a + i_hv * K + o_k, mask=mask_k, other=0.0).to(tl.float32)
-        b_x += tl.load(dt_bias + i_hv * K + o_k, mask=mask_k, other=0.0)
-        b_A = tl.exp(tl.load(A_log + i_hv).to(tl.float32))
-        b_beta = tl.sigmoid(tl.load(b + i_b * stride_b + i_hv).to(tl.float32))
+        ev: tl.constexpr = ACT_EVICTION
+        b_q = tl.load(row + i_h * K + o_k, mask=mask_k, other=0.0, eviction_policy=ev).to(tl.float32)
+        b_k = tl.load(row + (H + i_h) * K + o_k, mask=mask_k, other=0.0, eviction_policy=ev).to(tl.float32)
+        b_x = tl.load(a + i_b * stride_a + i_hv * K + o_k, mask=mask_k, other=0.0, eviction_policy=ev).to(tl.float32)
+        b_x += tl.load(dt_bias + i_hv * K + o_k, mask=mask_k, other=0.0, eviction_policy=ev)
+        b_A = tl.exp(tl.load(A_log + i_hv, eviction_policy=ev).to(tl.float32))
+        b_beta = tl.sigmoid(tl.load(b + i_b * stride_b + i_hv, eviction_policy=ev).to(tl.float32))
         if MASK_GUARD:
             # No branch: the pool is addressed through slot 0 and every pool access is masked off
             # unless the index is valid (a masked-off lane touches no memory).
@@ -218,7 +225,7 @@ if triton is not None:
                 row + 2 * H * K + i_hv * V, out + (i_b * HV + i_hv) * V, i_v0,
                 b_q, b_k, b_x, b_A, b_beta, scale, lower_bound, o_k, mask_k,
                 K, V, BV, STATE_KV, USE_L2NORM, BOUNDED_GATE, TILES, STAGES, STATE_EVICTION,
-                LOAD_CACHE, STORE_CACHE,
+                LOAD_CACHE, STORE_CACHE, ACT_EVICTION,
             )
         else:
             if valid:
@@ -227,7 +234,7 @@ if triton is not None:
                     row + 2 * H * K + i_hv * V, out + (i_b * HV + i_hv) * V, i_v0,
                     b_q, b_k, b_x, b_A, b_beta, scale, lower_bound, o_k, mask_k,
                     K, V, BV, STATE_KV, USE_L2NORM, BOUNDED_GATE, TILES, STAGES, STATE_EVICTION,
-                    LOAD_CACHE, STORE_CACHE,
+                    LOAD_CACHE, STORE_CACHE, ACT_EVICTION,
                 )
             else:
                 # padding (< 0) or out of range (>= N): zero output, no pool access
@@ -269,15 +276,16 @@ if triton is not None:
         STATE_EVICTION: tl.constexpr,
         LOAD_CACHE: tl.constexpr,
         STORE_CACHE: tl.constexpr,
+        ACT_EVICTION: tl.constexpr,
     ):
         if BOUNDED_GATE:
             b_g = lower_bound * tl.sigmoid(b_A * b_x)
         else:
             # softplus with torch's threshold: x above 20 is returned as is
             b_g = -b_A * tl.where(b_x > 20.0, b_x, tl.log(1.0 + tl.exp(tl.minimum(b_x, 20.0))))
-        if USE_L2NORM:
-            b_q = b_q / tl.sqrt(tl.sum(b_q * b_q) + 1e-6)
-            b_k = b_k / tl.sqrt(tl.sum(b_k * b_k) + 1e-6)
+        if USE_L2NORM:  # one scalar reciprocal per vector, then multiplies
+            b_q = b_q * (1.0 / tl.sqrt(tl.sum(b_q * b_q) + 1e-6))
+            b_k = b_k * (1.0 / tl.sqrt(tl.sum(b_k * b_k) + 1e-6))
         b_q = b_q * scale
         b_decay = tl.exp(b_g)
         for t in tl.range(0, TILES, num_stages=STAGES):
@@ -293,7 +301,7 @@ if triton is not None:
                 b_s = tl.load(p_s, mask=mask_s, other=0.0, eviction_policy=STATE_EVICTION).to(tl.float32)
             else:  # a cache modifier (".cg": L2 only) cannot be combined with an eviction hint
                 b_s = tl.load(p_s, mask=mask_s, other=0.0, cache_modifier=LOAD_CACHE).to(tl.float32)
-            b_v = tl.load(v_row + o_v, mask=mask_v, other=0.0).to(tl.float32)
+            b_v = tl.load(v_row + o_v, mask=mask_v, other=0.0, eviction_policy=ACT_EVICTION).to(tl.float32)
 
             b_s = b_s * b_decay[None, :]
             b_u = b_beta * (b_v - tl.sum(b_s * b_k[None, :], axis=1))
@@ -373,14 +381,14 @@ def packed_decode(
         float(scale),
         float(lower_bound) if lower_bound is not None else 0.0,
         num_slots,
+    )
+    constexprs = (
+        num_heads,  # H
+        num_v_heads,  # HV
         mixed_qkv.stride(0),
         a.stride(0),
         b.stride(0),
         state.stride(0),
-        num_heads,  # H
-        num_v_heads,  # HV
-    )
-    constexprs = (
         head_k_dim,  # K
         head_v_dim,  # V
         triton.next_power_of_2(head_k_dim),  # BK
@@ -397,6 +405,7 @@ def packed_decode(
         cfg.store_cache,  # STORE_CACHE
         grid_kind,  # GRID
         wide,  # WIDE
+        cfg.act_eviction,  # ACT_EVICTION
     )
     key = _launch_key(args, constexprs, cfg.num_warps) if _fast_launch["enabled"] else None
     error = None
@@ -425,9 +434,9 @@ def packed_decode(
 # read from the environment at launch (TRITON_DEBUG, instrumentation modes): set them before the
 # first call, or set KDA_TRITON_FAST_LAUNCH=0 (read at import) to always launch with kernel[grid].
 
-_N_RUNTIME_ARGS = 18
-_N_CONSTEXPRS = 16
-_INT_ARGS = slice(11, 18)  # N, the four strides, H, HV
+_N_RUNTIME_ARGS = 12
+_N_CONSTEXPRS = 23
+_INT_ARGS = slice(11, 12)  # N (head counts and strides are constexprs)
 _fast_launch: dict = {
     "enabled": os.environ.get("KDA_TRITON_FAST_LAUNCH", "1") not in ("", "0") and triton is not None,
     "cache": {},  # key -> (compiled kernel, launcher, function handle, packed metadata)
