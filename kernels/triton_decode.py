@@ -113,12 +113,15 @@ def pick_config(
         else:
             cfg = DecodeConfig(block_v=32, num_warps=1)
     elif state_dtype.itemsize >= 4:
-        cfg = DecodeConfig(block_v=4, num_warps=1) if work < 4096 else DecodeConfig(8, 1, state_eviction="")
+        if work < 4096:
+            cfg = DecodeConfig(block_v=4, num_warps=1, guard="mask", grid="v_fastest")
+        else:
+            cfg = DecodeConfig(block_v=8, num_warps=1, state_eviction="", act_eviction="evict_last")
     else:
         rows = 16
         while rows > 4 and work * -(-head_v_dim // rows) < 1024:
             rows //= 2
-        cfg = DecodeConfig(block_v=rows, num_warps=1, guard="mask")
+        cfg = DecodeConfig(block_v=rows, num_warps=1, act_eviction="evict_last")
     return cfg._replace(block_v=min(cfg.block_v, limit))
 
 
