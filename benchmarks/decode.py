@@ -137,19 +137,19 @@ def candidate_configs(layout: str, sdt: torch.dtype) -> dict[str, Any]:
     from kda_kernels.triton_decode import DecodeConfig as C
 
     v3, h3, mask, noev = dict(grid="v_fastest"), dict(grid="head_fastest"), dict(guard="mask"), dict(state_eviction="")
-    el, cg = dict(act_eviction="evict_last"), dict(load_cache=".cg")
+    el, cg, grp = dict(act_eviction="evict_last"), dict(load_cache=".cg"), dict(grid="grouped")
+    st0 = dict(store_eviction="")
     if layout == "KV":
-        return {"kv16w1": C(16, 1), "kv32w1": C(32, 1), "kv32w2": C(32, 2), "kv64w2": C(64, 2), "kv64w4": C(64, 4),
-                "kv64w8": C(64, 8), "kv64w2-mask-h3": C(64, 2, **mask, **h3), "kv64w2-el": C(64, 2, **el)}
+        return {"kv16w1": C(16, 1), "kv32w1": C(32, 1), "kv64w2": C(64, 2), "kv64w4": C(64, 4)}
     if sdt.itemsize >= 4:
-        return {"bv4": C(4, 1), "bv4-v3": C(4, 1, **v3), "bv4-mask-v3": C(4, 1, **mask, **v3),
-                "bv8-noev": C(8, 1, **noev), "bv8-noev-el": C(8, 1, **noev, **el),
-                "bv8-noev-el-h3": C(8, 1, **noev, **el, **h3),
-                "bv8-noev-el-mask": C(8, 1, **noev, **el, **mask), "bv16w2-noev-el": C(16, 2, **noev, **el)}
-    return {"bv16-el": C(16, 1, **el), "bv16-h3": C(16, 1, **h3), "bv16-mask-cg": C(16, 1, **mask, **cg),
-            "bv16-h3-el": C(16, 1, **h3, **el), "bv16-h3-cg": C(16, 1, **h3, **cg), "bv16w2-mask": C(16, 2, **mask),
-            "bv16w2-h3": C(16, 2, **h3), "bv8-t2-h3": C(8, 1, tiles=2, **h3), "bv8-t2-mask": C(8, 1, tiles=2, **mask),
-            "bv16-mask-v3": C(16, 1, **mask, **v3), "bv4": C(4, 1)}
+        return {"bv4-v3": C(4, 1, **v3), "bv4-mask-v3": C(4, 1, **mask, **v3), "bv4-grp": C(4, 1, **grp),
+                "bv8-noev-el": C(8, 1, **noev, **el), "bv8-noev-el-grp": C(8, 1, **noev, **el, **grp),
+                "bv8-el-st0": C(8, 1, **el, **st0), "bv8-noev-el-mask": C(8, 1, **noev, **el, **mask)}
+    return {"bv16-el": C(16, 1, **el), "bv16-el-st0": C(16, 1, **el, **st0), "bv16-el-grp": C(16, 1, **el, **grp),
+            "bv16-el-grp-st0": C(16, 1, **el, **grp, **st0), "bv16-grp": C(16, 1, **grp),
+            "bv16-h3": C(16, 1, **h3), "bv16-h3-st0": C(16, 1, **h3, **st0), "bv8-t2-mask": C(8, 1, tiles=2, **mask),
+            "bv8-t2-mask-st0": C(8, 1, tiles=2, **mask, **st0), "bv16-mask-cg": C(16, 1, **mask, **cg),
+            "bv16-noev-el": C(16, 1, **noev, **el)}
 
 
 def backends(layout: str, sdt: torch.dtype, peers: dict[str, Binder], candidates: bool) -> dict[str, Binder]:

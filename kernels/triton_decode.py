@@ -82,8 +82,12 @@ class DecodeConfig(NamedTuple):
     store_cache: str = ""
     #: program order. "flat": a 1-D grid, request-major, then value head, then V tile (ids split
     #: by integer division); "v_fastest": a 3-D grid (V tile, head, request); "head_fastest": a
-    #: 3-D grid (head, V tile, request). 3-D grids need B <= 65535 (else "flat" is used).
+    #: 3-D grid (head, V tile, request); "grouped": 1-D, within a request heads in groups of 16
+    #: fastest, then V tile, then head group (HV % 16 == 0, else "flat"). 3-D grids need
+    #: B <= 65535 (else "flat" is used).
     grid: str = "flat"
+    #: eviction hint of the state store (None: the same as ``state_eviction``)
+    store_eviction: str | None = None
     #: eviction hint for the activation loads (q, k, v, gate inputs): "" or "evict_last" (each is
     #: read by every V tile of its head, while the state streams past once)
     act_eviction: str = ""
@@ -183,6 +187,7 @@ if triton is not None:
         GRID: tl.constexpr,
         WIDE: tl.constexpr,
         ACT_EVICTION: tl.constexpr,
+        STORE_EVICTION: tl.constexpr,
     ):
         # GRID 0: 1-D, request-major, then value head, then group of V tiles (a request's programs
         # are adjacent, and the grid has no 65535 limit on B). 1: 3-D (V group, head, request).
@@ -193,6 +198,12 @@ if triton is not None:
             i_b = pid // (HV * NG)
             i_hv = (pid // NG) % HV
             i_v0 = (pid % NG) * TILES
+        elif GRID == 3:  # groups of 16 heads fastest, then V group, then head group
+            pid = tl.program_id(0)
+            i_b = pid // (HV * NG)
+            r = pid % (HV * NG)
+            i_hv = (r // (16 * NG)) * 16 + r % 16
+            i_v0 = ((r % (16 * NG)) // 16) * TILES
         elif GRID == 1:
             i_v0 = tl.program_id(0) * TILES
             i_hv = tl.program_id(1)
@@ -228,7 +239,7 @@ if triton is not None:
                 row + 2 * H * K + i_hv * V, out + (i_b * HV + i_hv) * V, i_v0,
                 b_q, b_k, b_x, b_A, b_beta, scale, lower_bound, o_k, mask_k,
                 K, V, BV, STATE_KV, USE_L2NORM, BOUNDED_GATE, TILES, STAGES, STATE_EVICTION,
-                LOAD_CACHE, STORE_CACHE, ACT_EVICTION,
+                LOAD_CACHE, STORE_CACHE, ACT_EVICTION, STORE_EVICTION,
             )
         else:
             if valid:
@@ -237,7 +248,7 @@ if triton is not None:
                     row + 2 * H * K + i_hv * V, out + (i_b * HV + i_hv) * V, i_v0,
                     b_q, b_k, b_x, b_A, b_beta, scale, lower_bound, o_k, mask_k,
                     K, V, BV, STATE_KV, USE_L2NORM, BOUNDED_GATE, TILES, STAGES, STATE_EVICTION,
-                    LOAD_CACHE, STORE_CACHE, ACT_EVICTION,
+                    LOAD_CACHE, STORE_CACHE, ACT_EVICTION, STORE_EVICTION,
                 )
             else:
                 # padding (< 0) or out of range (>= N): zero output, no pool access
@@ -280,6 +291,7 @@ if triton is not None:
         LOAD_CACHE: tl.constexpr,
         STORE_CACHE: tl.constexpr,
         ACT_EVICTION: tl.constexpr,
+        STORE_EVICTION: tl.constexpr,
     ):
         if BOUNDED_GATE:
             b_g = lower_bound * tl.sigmoid(b_A * b_x)
@@ -313,7 +325,7 @@ if triton is not None:
 
             tl.store(o_row + o_v, b_o.to(o_row.dtype.element_ty), mask=mask_v)
             if STORE_CACHE == "":
-                tl.store(p_s, b_s.to(base.dtype.element_ty), mask=mask_s, eviction_policy=STATE_EVICTION)
+                tl.store(p_s, b_s.to(base.dtype.element_ty), mask=mask_s, eviction_policy=STORE_EVICTION)
             else:  # a cache modifier (".cs": streaming) cannot be combined with an eviction hint
                 tl.store(p_s, b_s.to(base.dtype.element_ty), mask=mask_s, cache_modifier=STORE_CACHE)
 
@@ -364,8 +376,11 @@ def packed_decode(
 
     cfg = config if config is not None else pick_config(batch, num_v_heads, head_v_dim, state.dtype, state_layout)
     groups = triton.cdiv(head_v_dim, cfg.block_v * cfg.tiles)
-    grid_kind = {"flat": 0, "v_fastest": 1, "head_fastest": 2}[cfg.grid] if batch <= 65535 else 0
-    grid = ((batch * num_v_heads * groups, 1, 1), (groups, num_v_heads, batch), (num_v_heads, groups, batch))[grid_kind]
+    grid_kind = {"flat": 0, "v_fastest": 1, "head_fastest": 2, "grouped": 3}[cfg.grid]
+    if (grid_kind in (1, 2) and batch > 65535) or (grid_kind == 3 and num_v_heads % 16):
+        grid_kind = 0
+    flat = (batch * num_v_heads * groups, 1, 1)
+    grid = (flat, (groups, num_v_heads, batch), (num_v_heads, groups, batch), flat)[grid_kind]
     # The largest activation/output element offset a program forms, in elements.
     widest = batch * max(mixed_qkv.stride(0), a.stride(0), b.stride(0), num_v_heads * head_v_dim)
     wide = widest >= 2**31 - 1
@@ -409,6 +424,7 @@ def packed_decode(
         grid_kind,  # GRID
         wide,  # WIDE
         cfg.act_eviction,  # ACT_EVICTION
+        cfg.state_eviction if cfg.store_eviction is None else cfg.store_eviction,  # STORE_EVICTION
     )
     key = _launch_key(args, constexprs, cfg.num_warps) if _fast_launch["enabled"] else None
     error = None
@@ -438,7 +454,7 @@ def packed_decode(
 # first call, or set KDA_TRITON_FAST_LAUNCH=0 (read at import) to always launch with kernel[grid].
 
 _N_RUNTIME_ARGS = 12
-_N_CONSTEXPRS = 23
+_N_CONSTEXPRS = 24
 _INT_ARGS = slice(11, 12)  # N (head counts and strides are constexprs)
 _fast_launch: dict = {
     "enabled": os.environ.get("KDA_TRITON_FAST_LAUNCH", "1") not in ("", "0") and triton is not None,

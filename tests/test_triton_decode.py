@@ -113,12 +113,20 @@ def test_matches_reference_when_dims_are_not_powers_of_two() -> None:
         DecodeConfig(block_v=4, num_warps=1, tiles=2, num_stages=2, guard="mask", load_cache=".cg", store_cache=".cs"),
         DecodeConfig(block_v=8, num_warps=1, guard="mask", grid="v_fastest"),
         DecodeConfig(block_v=4, num_warps=2, tiles=2, grid="head_fastest"),
+        DecodeConfig(block_v=8, num_warps=1, act_eviction="evict_last", store_eviction=""),
     ],
     ids=lambda c: f"bv{c.block_v}-t{c.tiles}-s{c.num_stages}-{c.guard}{c.load_cache}{c.store_cache}-{c.grid}",
 )
 def test_matches_reference_for_launch_configs(config: DecodeConfig) -> None:
     # V=16 split into several tiles and tile groups, including a group that runs past V.
     _assert_matches_reference(_case(head_v_dim=16, indices=[6, -1, 2]), config)
+
+
+@pytest.mark.parametrize("num_v_heads", [16, 32])
+def test_grouped_grid_visits_every_head_and_tile_once(num_v_heads: int) -> None:
+    # groups of 16 heads: one group (HV=16) and two (HV=32), with GVA and padding
+    case = _case(num_heads=4, num_v_heads=num_v_heads, head_v_dim=8, indices=[3, -1])
+    _assert_matches_reference(case, DecodeConfig(block_v=4, num_warps=1, grid="grouped"))
 
 
 def test_matches_reference_at_production_head_dims_with_the_picked_configs() -> None:
