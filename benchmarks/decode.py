@@ -152,11 +152,15 @@ def candidate_configs(layout: str, sdt: torch.dtype) -> dict[str, Any]:
             "bv16-noev-el": C(16, 1, **noev, **el)}
 
 
+SKIP: set[str] = set()  # backends left out (--skip)
+SAME_SIZE_COPY: dict[tuple[int, str, int], float] = {}  # (H, state, B) -> TB/s of a copy of the state's bytes
+
+
 def backends(layout: str, sdt: torch.dtype, peers: dict[str, Binder], candidates: bool) -> dict[str, Binder]:
     """Ours (every registered CUDA backend that can be graph-captured), candidates, then peers."""
     out: dict[str, Binder] = {}
     for name, (ok, _why) in kc.adapters.available().items():
-        if name in ("torch", "fla"):  # the reference; fla's adapter compacts on the host (no graph)
+        if name in ("torch", "fla") or name in SKIP:  # the reference; fla's adapter compacts on the host
             continue
         if not ok:
             continue
@@ -169,7 +173,7 @@ def backends(layout: str, sdt: torch.dtype, peers: dict[str, Binder], candidates
         for cname, cfg in candidate_configs(layout, sdt).items():
             out[f"{OURS}:{cname}"] = our_binder(triton_decode.packed_decode, config=cfg)
     if layout == "VK":
-        out.update(peers)
+        out.update({n: b for n, b in peers.items() if n not in SKIP})
     return out
 
 
@@ -261,12 +265,12 @@ def time_interleaved(graphs: dict[str, tuple[torch.cuda.CUDAGraph, int]]) -> dic
     return {n: statistics.median(v) for n, v in samples.items()}
 
 
-def copy_bandwidth(device: torch.device, warm_s: float = 0.0) -> float:
-    """Device-to-device copy (``dst.copy_(src)``, 2 GiB, eager launches timed with CUDA events), read +
+def copy_bandwidth(device: torch.device, warm_s: float = 0.0, nbytes: int = 2 << 30) -> float:
+    """Device-to-device copy (``dst.copy_(src)`` of ``nbytes``, eager launches timed with CUDA events), read +
     write counted, in TB/s: the median of SAMPLES timings of 10 copies, after ``warm_s`` seconds of
     copying (an idle GPU starts at a low clock). Not in a graph: there torch's copy becomes a memcpy
     node, which measured ~2.8 TB/s against ~4.2 for the copy kernel eager launches run."""
-    n = 1 << 29  # 2 GiB of fp32
+    n = nbytes // 4  # fp32 elements
     src = torch.empty(n, dtype=torch.float32, device=device).uniform_()
     dst = torch.empty_like(src)
     t0 = time.time()
@@ -331,6 +335,9 @@ def sweep(device: torch.device, batches: list[int], heads: list[int], states: li
                     good = {n: b for n, b in binders.items() if checks[n][2] is not None}
                     times = time_row(good, H, sdt, B, layout, device, l2)
                     nbytes = traffic_bytes(B, H, H, sdt.itemsize, 2)
+                    if B >= 256 and layout == "VK":  # a copy of the state's bytes: the ceiling at this size
+                        state_bytes = B * H * V * K * sdt.itemsize
+                        SAME_SIZE_COPY[(H, str(sdt)[6:], B)] = copy_bandwidth(device, nbytes=state_bytes)
                     for variant in ("hot", "cold"):
                         for name in binders:
                             e_out, e_st, ok, note = checks[name]
@@ -400,6 +407,9 @@ def add_ratios(rows: list[Row], copy_tbps: float) -> list[dict[str, Any]]:
     for r in rows:
         d = asdict(r)
         d["pct_copy"] = None if r.tbps is None else 100 * r.tbps / copy_tbps
+        same = SAME_SIZE_COPY.get((r.H, r.state, r.B))
+        d["same_size_copy_tbps"] = same
+        d["pct_same_size_copy"] = None if r.tbps is None or same is None else 100 * r.tbps / same
         group = by_key[key(r)]
         peer_us = [group[p].us for p in peers if p in group and group[p].us is not None]
         vk = by_key.get((r.variant, "VK", r.H, r.state, r.B), {}).get(r.backend)
@@ -427,6 +437,19 @@ def summary(data: list[dict[str, Any]]) -> list[str]:
              f"{worst['state']}, B={worst['B']})."]
     if big:
         lines.append(f"Ours at B ≥ 256 with fp32 state: {min(big):.1f}–{max(big):.1f} % of copy.")
+        lines += ["", "fp32 state, B ≥ 256 (cold): ours and sglang-helion against the 2 GiB copy and against a copy "
+                  "of the same number of state bytes (timed the same way, right after the row):", "",
+                  "| H | B | ours TB/s | ours % of copy | sgl-helion % of copy | same-size copy TB/s | "
+                  "ours % of same-size copy |", "|---|---|---|---|---|---|---|"]
+        peers = {(d["H"], d["B"], d["variant"]): d for d in data
+                 if d["backend"] == "sglang-helion" and d["layout"] == "VK" and d["state"] == "float32"}
+        for d in ours:
+            if d["B"] >= 256 and d["state"] == "float32" and d["variant"] == "cold":
+                sh = peers.get((d["H"], d["B"], "cold"), {})
+                lines.append(f"| {d['H']} | {d['B']} | {fmt(d['tbps'], '.2f')} | {fmt(d['pct_copy'], '.1f')} | "
+                             f"{fmt(sh.get('pct_copy'), '.1f')} | {fmt(d['same_size_copy_tbps'], '.2f')} | "
+                             f"{fmt(d['pct_same_size_copy'], '.1f')} |")
+        lines.append("")
     kv = [d["kv_vs_vk"] for d in data if d["backend"] == OURS and d["kv_vs_vk"]]
     if kv:
         lines.append(f"Ours, KV layout / VK layout speed (same rows): {min(kv):.3f}–{max(kv):.3f}×.")
@@ -541,6 +564,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--heads", default="32,16,4")
     p.add_argument("--batches", default="1,8,64,256,1024")
     p.add_argument("--states", default="float32,bfloat16")
+    p.add_argument("--skip", default="", help="comma-separated backends or peers to leave out")
     p.add_argument("--plot", nargs=2, metavar=("JSON", "PNG"), help="draw the picture from a --json file and exit")
     p.add_argument("--dry", action="store_true", help="CPU smoke test of this script (tiny sizes, no timing)")
     args = p.parse_args(argv)
@@ -560,19 +584,23 @@ def main(argv: list[str] | None = None) -> int:
     print(f"# copy bandwidth {copy_tbps:.2f} TB/s", file=sys.stderr)
     cmd = "python " + " ".join(sys.argv)
 
-    def save(rows: list[Row], eager: list[tuple[str, float]] | None = None) -> None:
+    SKIP.update(filter(None, args.skip.split(",")))
+    eager = [] if args.no_eager else eager_overhead(device)
+    for label, us in eager:
+        print(f"# eager: {label}: {us:.1f} µs", file=sys.stderr)
+
+    def save(rows: list[Row]) -> None:
         if args.json:
             doc = dict(device=torch.cuda.get_device_name(), copy_tbps=copy_tbps, command=cmd,
-                       rows=add_ratios(rows, copy_tbps), eager=eager or [])
+                       rows=add_ratios(rows, copy_tbps), eager=eager)
             Path(args.json).write_text(json.dumps(doc, indent=1))
 
     states = [getattr(torch, name) for name in args.states.split(",")]
     rows = sweep(device, batches, heads, states, layouts, args.candidates, save)
-    copy_after = copy_bandwidth(device)
+    copy_after = copy_bandwidth(device, warm_s=0.5)
     print(f"# copy bandwidth after the sweep {copy_after:.2f} TB/s", file=sys.stderr)
     copy_tbps = max(copy_tbps, copy_after)  # the ceiling: the better of the two
-    eager = [] if args.no_eager else eager_overhead(device)
-    save(rows, eager)
+    save(rows)
     text = render(add_ratios(rows, copy_tbps), copy_tbps, eager, cmd)
     print(text)
     if args.out:

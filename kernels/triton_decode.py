@@ -93,6 +93,11 @@ class DecodeConfig(NamedTuple):
     act_eviction: str = ""
 
 
+# Activation bytes per call above which the evict_last hint on them hurts 16-bit-state calls: kept in
+# L2 they crowd out the streaming state (H200, 60 MB of L2; measured at B=1024, H=32).
+_ACT_L2_BUDGET = 16 << 20
+
+
 def pick_config(
     batch: int, num_v_heads: int, head_v_dim: int, state_dtype: torch.dtype, state_layout: str = "VK"
 ) -> DecodeConfig:
@@ -100,10 +105,13 @@ def pick_config(
 
     VK: one-warp programs won at every batch size: a single warp keeps every reduction in shuffles
     (no shared-memory round trips or barriers), and many small programs keep enough loads in
-    flight. fp32 state: 4 rows (2 KB) while B * HV < 4096, then 8 rows without eviction hints.
-    16-bit state: 16 rows (4 KB) with the masked guard; when that leaves fewer than ~1024 programs
-    (B * HV < 128 at V = 128) the tile shrinks to 4 rows so that small batches still spread over
-    all 132 SMs. KV (contiguous along V): wide tiles along V so that each row read is whole lines.
+    flight. fp32 state: 4 rows (2 KB) while B * HV < 4096, then 8 rows with no hint on the state and
+    evict_last on the activations. 16-bit state: 16 rows (4 KB); when that leaves fewer than ~1024
+    programs (B * HV < 128 at V = 128) the tile shrinks to 8 or 4 rows so that small batches still
+    spread over all 132 SMs; by B * HV the activations are kept in L2 (evict_last) or the state is
+    read through L2 only (.cg), and with large activations groups of 16 heads go first instead.
+    Measured per regime against sglang's Helion kernel: see docs/kernels.md. KV (contiguous along
+    V): tiles of 16 to 64 V columns (whole lines per row), wider as the batch grows.
 
     Example::
 
@@ -111,21 +119,38 @@ def pick_config(
     """
     limit = triton.next_power_of_2(head_v_dim) if triton is not None else 128
     work = batch * num_v_heads
+    wide_state = state_dtype.itemsize >= 4
     if state_layout == "KV":
-        if state_dtype.itemsize >= 4:
-            cfg = DecodeConfig(block_v=16, num_warps=1) if work <= 32 else DecodeConfig(block_v=64, num_warps=4)
-        else:
+        if work <= 32:
+            cfg = DecodeConfig(block_v=16, num_warps=1)
+        elif work <= 256:
             cfg = DecodeConfig(block_v=32, num_warps=1)
-    elif state_dtype.itemsize >= 4:
+        else:
+            cfg = DecodeConfig(block_v=64, num_warps=4 if wide_state else 2)
+    elif wide_state:
         if work < 4096:
             cfg = DecodeConfig(block_v=4, num_warps=1, guard="mask", grid="v_fastest")
         else:
-            cfg = DecodeConfig(block_v=8, num_warps=1, state_eviction="", act_eviction="evict_last")
+            cfg = DecodeConfig(8, 1, state_eviction="", act_eviction="evict_last", guard="mask")
     else:
         rows = 16
         while rows > 4 and work * -(-head_v_dim // rows) < 1024:
             rows //= 2
-        cfg = DecodeConfig(block_v=rows, num_warps=1, act_eviction="evict_last")
+        act_bytes = batch * num_v_heads * head_v_dim * 2 * 4  # ~q, k, v, gate inputs (16-bit, K = V)
+        keep_acts = dict(act_eviction="evict_last")
+        if rows < 16:  # a few hundred programs: plain
+            cfg = DecodeConfig(block_v=rows, num_warps=1)
+        elif act_bytes > _ACT_L2_BUDGET:  # large activations: no evict_last, groups of 16 heads first
+            cfg = DecodeConfig(block_v=rows, num_warps=1, grid="grouped")
+        elif work >= 8192:
+            cfg = DecodeConfig(block_v=rows, num_warps=1, state_eviction="", **keep_acts)
+        elif work >= 4096 or (work < 1024 and num_v_heads < 16):
+            # the state read through L2 only (.cg), masked guard
+            cfg = DecodeConfig(block_v=rows, num_warps=1, guard="mask", load_cache=".cg")
+        elif work < 1024:
+            cfg = DecodeConfig(block_v=rows, num_warps=1, guard="mask", **keep_acts)
+        else:
+            cfg = DecodeConfig(block_v=rows, num_warps=1, **keep_acts)
     return cfg._replace(block_v=min(cfg.block_v, limit))
 
 
