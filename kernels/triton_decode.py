@@ -88,6 +88,9 @@ class DecodeConfig(NamedTuple):
     grid: str = "flat"
     #: eviction hint of the state store (None: the same as ``state_eviction``)
     store_eviction: str | None = None
+    #: register cap per thread (ptxas maxrregcount), or None: fewer registers, more programs resident
+    #: per SM (a 16-row bf16 tile uses 128 registers, 16 warps per SM; 96 allows 21)
+    max_registers: int | None = None
     #: eviction hint for the activation loads (q, k, v, gate inputs): "" or "evict_last" (each is
     #: read by every V tile of its head, while the state streams past once)
     act_eviction: str = ""
@@ -96,6 +99,9 @@ class DecodeConfig(NamedTuple):
 # Activation bytes per call above which the evict_last hint on them hurts 16-bit-state calls: kept in
 # L2 they crowd out the streaming state (H200, 60 MB of L2; measured at B=1024, H=32).
 _ACT_L2_BUDGET = 16 << 20
+# Register cap for 16-row 16-bit tiles: 128 registers (16 one-warp programs per SM) down to 96 (21),
+# at the price of 40 bytes of spills per thread.
+_TILE16_MAX_REGISTERS = 96
 
 
 def pick_config(
@@ -151,6 +157,8 @@ def pick_config(
             cfg = DecodeConfig(block_v=rows, num_warps=1, guard="mask", **keep_acts)
         else:
             cfg = DecodeConfig(block_v=rows, num_warps=1, **keep_acts)
+        if rows == 16:
+            cfg = cfg._replace(max_registers=_TILE16_MAX_REGISTERS)
     return cfg._replace(block_v=min(cfg.block_v, limit))
 
 
@@ -168,7 +176,7 @@ def picked_configs(head_v_dim: int = 128) -> list[DecodeConfig]:
         for dtype in (torch.float32, torch.bfloat16, torch.float16)
         for layout in ("VK", "KV")
     }
-    return sorted(found)
+    return sorted(found, key=repr)
 
 
 if triton is not None:
@@ -451,7 +459,10 @@ def packed_decode(
         cfg.act_eviction,  # ACT_EVICTION
         cfg.state_eviction if cfg.store_eviction is None else cfg.store_eviction,  # STORE_EVICTION
     )
-    key = _launch_key(args, constexprs, cfg.num_warps) if _fast_launch["enabled"] else None
+    options = {"num_warps": cfg.num_warps}
+    if cfg.max_registers is not None:
+        options["maxnreg"] = cfg.max_registers
+    key = _launch_key(args, constexprs, (cfg.num_warps, cfg.max_registers)) if _fast_launch["enabled"] else None
     error = None
     if key is not None:
         entry = _fast_launch["cache"].get(key)
@@ -459,7 +470,7 @@ def packed_decode(
             launched, error = _launch_compiled(entry, key[0], grid, args, constexprs)
             if launched:
                 return
-    compiled = _packed_decode_kernel[grid](*args, *constexprs, num_warps=cfg.num_warps)
+    compiled = _packed_decode_kernel[grid](*args, *constexprs, **options)
     if error is not None:  # the normal launch worked where the compiled kernel's launcher failed
         _disable_fast_launch(f"the compiled kernel's launcher failed ({error!r})")
     elif key is not None:
@@ -508,7 +519,7 @@ def _int_spec(x: int) -> int:
     return spec
 
 
-def _launch_key(args: tuple, constexprs: tuple, num_warps: int) -> tuple | None:
+def _launch_key(args: tuple, constexprs: tuple, options: tuple) -> tuple | None:
     """The specialization key of a launch: the device, the constexprs and options, each pointer's
     dtype and 16-byte alignment, and each int's :func:`_int_spec` (floats are never specialized).
     None when the fast launch cannot be used."""
@@ -531,7 +542,7 @@ def _launch_key(args: tuple, constexprs: tuple, num_warps: int) -> tuple | None:
     )
     return (
         env[0](),
-        num_warps,
+        options,
         constexprs,
         (q.dtype, a.dtype, b.dtype, A.dtype, d.dtype, s.dtype, o.dtype, i.dtype, c.dtype),
         tuple([(p & 15) == 0 for p in ptrs]),

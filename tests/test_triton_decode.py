@@ -13,7 +13,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 from kda_kernels import reference, triton_decode
-from kda_kernels.triton_decode import DecodeConfig, is_available, packed_decode, pick_config
+from kda_kernels.triton_decode import DecodeConfig, is_available, packed_decode, pick_config, picked_configs
 from kda_oracle import (
     DecodeCase,
     assert_close_to_oracle,
@@ -114,6 +114,7 @@ def test_matches_reference_when_dims_are_not_powers_of_two() -> None:
         DecodeConfig(block_v=8, num_warps=1, guard="mask", grid="v_fastest"),
         DecodeConfig(block_v=4, num_warps=2, tiles=2, grid="head_fastest"),
         DecodeConfig(block_v=8, num_warps=1, act_eviction="evict_last", store_eviction=""),
+        DecodeConfig(block_v=16, num_warps=1, max_registers=96),
     ],
     ids=lambda c: f"bv{c.block_v}-t{c.tiles}-s{c.num_stages}-{c.guard}{c.load_cache}{c.store_cache}-{c.grid}",
 )
@@ -129,16 +130,14 @@ def test_grouped_grid_visits_every_head_and_tile_once(num_v_heads: int) -> None:
     _assert_matches_reference(case, DecodeConfig(block_v=4, num_warps=1, grid="grouped"))
 
 
-def test_matches_reference_at_production_head_dims_with_the_picked_configs() -> None:
-    # K = V = 128 as in Kimi-Linear; every launch shape pick_config can choose, on one request.
-    configs = {
-        pick_config(batch, 32, 128, dtype)
-        for batch in (1, 8, 64, 256, 512)
-        for dtype in (torch.float32, torch.bfloat16)
-    }
-    case = make_decode_case(batch=1, num_heads=1, num_v_heads=1, head_k_dim=128, head_v_dim=128)
-    for config in sorted(configs):
-        _assert_matches_reference(case, config)
+def test_matches_reference_at_production_head_dims_with_every_picked_config() -> None:
+    # K = V = 128 as in Kimi-Linear; every launch shape pick_config can choose (both layouts), on one
+    # request. (The grouped order needs HV % 16 == 0 and falls back to flat here; see the grouped test.)
+    for layout in ("VK", "KV"):
+        case = make_decode_case(batch=1, num_heads=1, num_v_heads=1, head_k_dim=128, head_v_dim=128,
+                                state_layout=layout)
+        for config in picked_configs():
+            _assert_matches_reference(case, config)
 
 
 # --- memory safety ------------------------------------------------------------------------------
