@@ -88,8 +88,9 @@ class DecodeConfig(NamedTuple):
     grid: str = "flat"
     #: eviction hint of the state store (None: the same as ``state_eviction``)
     store_eviction: str | None = None
-    #: register cap per thread (ptxas maxrregcount), or None: fewer registers, more programs resident
-    #: per SM (a 16-row bf16 tile uses 128 registers, 16 warps per SM; 96 allows 21)
+    #: register cap per thread (ptxas maxrregcount), or None. Fewer registers let more programs
+    #: reside per SM, but the spills cost more: on the H200 a 16-row bf16 tile (128 registers)
+    #: capped at 96 ran 13% slower at B=1024, at 80 20% slower. Kept for tuning; the table uses none.
     max_registers: int | None = None
     #: eviction hint for the activation loads (q, k, v, gate inputs): "" or "evict_last" (each is
     #: read by every V tile of its head, while the state streams past once)
@@ -99,9 +100,6 @@ class DecodeConfig(NamedTuple):
 # Activation bytes per call above which the evict_last hint on them hurts 16-bit-state calls: kept in
 # L2 they crowd out the streaming state (H200, 60 MB of L2; measured at B=1024, H=32).
 _ACT_L2_BUDGET = 16 << 20
-# Register cap for 16-row 16-bit tiles: 128 registers (16 one-warp programs per SM) down to 96 (21),
-# at the price of 40 bytes of spills per thread.
-_TILE16_MAX_REGISTERS = 96
 
 
 def pick_config(
@@ -157,8 +155,6 @@ def pick_config(
             cfg = DecodeConfig(block_v=rows, num_warps=1, guard="mask", **keep_acts)
         else:
             cfg = DecodeConfig(block_v=rows, num_warps=1, **keep_acts)
-        if rows == 16:
-            cfg = cfg._replace(max_registers=_TILE16_MAX_REGISTERS)
     return cfg._replace(block_v=min(cfg.block_v, limit))
 
 
