@@ -27,11 +27,8 @@ flash-linear-attention's in-place ``fused_recurrent_kda`` kernel (``pip install 
 from __future__ import annotations
 
 import argparse
-import datetime
-import io
 import json
 import math
-import platform
 import statistics
 import sys
 import time
@@ -44,12 +41,11 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import decode_peers
+from decode_report import OURS, SECTION, plot, render
 
 import kda_contracts as kc
 from kda_contracts.demo import make_decode_call
 
-SECTION = "## Packed decode kernels (GPU)"
-OURS = "triton"  # what backend="auto" runs on CUDA
 HOT_CALLS = 20  # calls per hot graph
 COLD_MIN_SETS = 16
 COLD_L2_MULTIPLE = 4  # the cold slot sets together span at least this many L2s
@@ -57,6 +53,18 @@ COLD_MAX_SETS = 2048
 SAMPLES = 5  # medians over this many timings per backend, interleaved across backends
 MIN_SAMPLE_MS = 10.0
 K = V = 128
+
+
+def method_text() -> str:
+    """How the rows were measured (the paragraph under the run facts in the report)."""
+    return (
+        "K = V = 128, HV = H, bf16 activations, l2norm on, softplus gate. µs = median per call over CUDA-graph "
+        f"replay (CUDA events, {SAMPLES} samples of ≥ {MIN_SAMPLE_MS:.0f} ms, backends interleaved). hot: "
+        f"{HOT_CALLS} calls on one random set of B slots; cold: each graph rotates through ≥ {COLD_MIN_SETS} "
+        f"disjoint random slot sets spanning ≥ {COLD_L2_MULTIPLE}× the L2. TB/s = (state read + write + "
+        "activations) / time. vs peer = best peer's time / ours (> 1: ours faster); vs sgl-helion likewise. ok = "
+        "output and used slots within tolerance of the PyTorch reference and all other slots bit-identical.")
+
 
 Launch = Callable[[torch.Tensor], None]
 Binder = Callable[[dict[str, Any]], Launch]
@@ -417,121 +425,6 @@ def add_ratios(rows: list[Row], copy_tbps: float) -> list[dict[str, Any]]:
     return out
 
 
-def fmt(x: float | None, spec: str) -> str:
-    return "—" if x is None else format(x, spec)
-
-
-def summary(data: list[dict[str, Any]]) -> list[str]:
-    ours = [d for d in data if d["backend"] == OURS and d["layout"] == "VK" and d["vs_sglang_helion"]]
-    if not ours:
-        return []
-    worst = min(ours, key=lambda d: d["vs_sglang_helion"])
-    geo = math.exp(statistics.fmean(math.log(d["vs_sglang_helion"]) for d in ours))
-    big = [d["pct_copy"] for d in ours if d["B"] >= 256 and d["state"] == "float32"]
-    lines = [f"Ours ({OURS}) / sglang-helion over {len(ours)} rows (hot and cold): geometric mean "
-             f"**{geo:.3f}×**, worst **{worst['vs_sglang_helion']:.3f}×** ({worst['variant']}, H={worst['H']}, "
-             f"{worst['state']}, B={worst['B']})."]
-    if big:
-        lines.append(f"Ours at B ≥ 256 with fp32 state: {min(big):.1f}–{max(big):.1f} % of copy.")
-        lines += ["", "fp32 state, B ≥ 256 (cold): ours and sglang-helion against the 2 GiB copy and against a copy "
-                  "of the same number of state bytes (timed the same way, right after the row):", "",
-                  "| H | B | ours TB/s | ours % of copy | sgl-helion % of copy | same-size copy TB/s | "
-                  "ours % of same-size copy |", "|---|---|---|---|---|---|---|"]
-        peers = {(d["H"], d["B"], d["variant"]): d for d in data
-                 if d["backend"] == "sglang-helion" and d["layout"] == "VK" and d["state"] == "float32"}
-        for d in ours:
-            if d["B"] >= 256 and d["state"] == "float32" and d["variant"] == "cold":
-                sh = peers.get((d["H"], d["B"], "cold"), {})
-                lines.append(f"| {d['H']} | {d['B']} | {fmt(d['tbps'], '.2f')} | {fmt(d['pct_copy'], '.1f')} | "
-                             f"{fmt(sh.get('pct_copy'), '.1f')} | {fmt(d['same_size_copy_tbps'], '.2f')} | "
-                             f"{fmt(d['pct_same_size_copy'], '.1f')} |")
-        lines.append("")
-    kv = [d["kv_vs_vk"] for d in data if d["backend"] == OURS and d["kv_vs_vk"]]
-    if kv:
-        lines.append(f"Ours, KV layout / VK layout speed (same rows): {min(kv):.3f}–{max(kv):.3f}×.")
-    return lines
-
-
-def render(data: list[dict[str, Any]], copy_tbps: float, eager: list[tuple[str, float]], cmd: str) -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
-    versions = [f"torch {torch.__version__}"]
-    for dist in ("triton", "helion", "fla-core"):
-        try:
-            versions.append(f"{dist} {version(dist)}")
-        except PackageNotFoundError:
-            pass
-    lines = [
-        SECTION, "",
-        f"Run {datetime.date.today().isoformat()} on {torch.cuda.get_device_name()} · {', '.join(versions)} · "
-        f"Python {platform.python_version()}", f"Command: `{cmd}`", "",
-        f"Device-to-device copy measured in the same run (read + write; the better of before and after the "
-        f"sweep): **{copy_tbps:.2f} TB/s**. K = V = 128, "
-        "HV = H, bf16 activations, l2norm on, softplus gate. µs = median per call over CUDA-graph replay "
-        f"(CUDA events, {SAMPLES} samples of ≥ {MIN_SAMPLE_MS:.0f} ms, backends interleaved). hot: {HOT_CALLS} calls "
-        f"on one random set of B slots; cold: each graph rotates through ≥ {COLD_MIN_SETS} disjoint random slot "
-        f"sets spanning ≥ {COLD_L2_MULTIPLE}× the L2. TB/s = (state read + write + activations) / time. "
-        "vs peer = best peer's time / ours (> 1: ours faster); vs sgl-helion likewise. ok = output and used "
-        "slots within tolerance of the PyTorch reference and all other slots bit-identical.", "",
-    ]
-    lines += [*summary(data), ""]
-    lines += ["| variant | layout | backend | H | state | B | µs | TB/s | % of copy | vs peer | vs sgl-helion | "
-              "err out | err state | ok | note |", "|" + "---|" * 15]
-    for d in data:
-        lines.append(
-            f"| {d['variant']} | {d['layout']} | {d['backend']} | {d['H']} | {d['state']} | {d['B']} | "
-            f"{fmt(d['us'], '.1f')} | {fmt(d['tbps'], '.2f')} | {fmt(d['pct_copy'], '.0f')} | "
-            f"{fmt(d['vs_best_peer'], '.3f')} | {fmt(d['vs_sglang_helion'], '.3f')} | {fmt(d['err_out'], '.1e')} | "
-            f"{fmt(d['err_state'], '.1e')} | {'—' if d['correct'] is None else ('✓' if d['correct'] else '✗')} | "
-            f"{d['note']} |")
-    if eager:
-        lines += ["", "Eager path at B = 1, H = 32, fp32 state (µs per call, wall clock, median of 3 interleaved "
-                  "rounds of 7×300 calls):", "", "| path | µs/call |", "|---|---|"]
-        lines += [f"| {label} | {us:.1f} |" for label, us in eager]
-    return "\n".join(lines) + "\n"
-
-
-def plot(json_path: Path, png: Path) -> None:
-    """% of copy against B, one line per backend and peer (VK), hot and cold panels, ceiling drawn."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    doc = json.loads(json_path.read_text())
-    rows = [d for d in doc["rows"] if d["layout"] == "VK" and d["us"] and ":" not in d["backend"]]
-    combos = sorted({(d["H"], d["state"]) for d in rows}, key=lambda c: (-c[0], c[1]))
-    fig, axes = plt.subplots(len(combos), 2, figsize=(9, 2.3 * len(combos)), sharex=True, sharey=True, squeeze=False)
-    names = sorted({d["backend"] for d in rows}, key=lambda n: (n != OURS, n))
-    for i, (H, st) in enumerate(combos):
-        for j, variant in enumerate(("hot", "cold")):
-            ax = axes[i][j]
-            ax.axhline(100, color="k", lw=0.8, ls="--")
-            for n in names:
-                pts = sorted((d["B"], 100 * d["tbps"] / doc["copy_tbps"]) for d in rows
-                             if d["backend"] == n and d["H"] == H and d["state"] == st and d["variant"] == variant)
-                if pts:
-                    ours = n == OURS
-                    ax.plot(*zip(*pts, strict=False), marker="o", ms=3 if ours else 2, lw=3 if ours else 1, label=n,
-                            zorder=1 if ours else 2)
-            ax.set_xscale("log", base=2)
-            ax.set_title(f"{variant}, H={H}, {st} state", fontsize=8)
-            ax.tick_params(labelsize=7)
-            if j == 0:
-                ax.set_ylabel("% of copy", fontsize=7)
-    axes[-1][0].set_xlabel("B (requests)", fontsize=7)
-    axes[-1][1].set_xlabel("B (requests)", fontsize=7)
-    axes[0][1].legend(fontsize=6, loc="lower right")
-    fig.suptitle(f"KDA packed decode on {doc['device']}: effective bandwidth / copy ({doc['copy_tbps']:.2f} TB/s, "
-                 "dashed)", fontsize=9)
-    fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, dpi=72)
-    from PIL import Image  # matplotlib's own dependency: a 64-colour palette keeps the file small
-
-    Image.open(buf).convert("RGB").quantize(colors=64).save(png, optimize=True)
-
-
 def dry_run() -> int:
     """Exercise the sweep's code paths on the CPU: CUDA timing and graphs are replaced by stubs."""
     global SAMPLES
@@ -546,10 +439,11 @@ def dry_run() -> int:
     globals().update(capture=lambda launch, sets: launch(sets[0]), time_interleaved=fake_time)
     globals()["K"] = globals()["V"] = 8
     kc.adapters.refresh()
+    SKIP.add("helion")  # its pinned configs do not run under the CPU interpreter
     rows = sweep(torch.device("cpu"), [1, 2], [2], [torch.float32, torch.bfloat16], ["VK", "KV"], True,
                  lambda rows: None)
     data = add_ratios(rows, 1.0)
-    print(render(data, 1.0, [("dry", 0.0)], "dry"))
+    print(render(data, 1.0, [("dry", 0.0)], "dry", method_text()))
     bad = [d for d in data if d["correct"] is False]
     print(f"dry run: {len(data)} rows, {len(bad)} incorrect", file=sys.stderr)
     return 1 if bad else 0
@@ -603,7 +497,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"# copy bandwidth after the sweep {copy_after:.2f} TB/s", file=sys.stderr)
     copy_tbps = max(copy_tbps, copy_after)  # the ceiling: the better of the two
     save(rows)
-    text = render(add_ratios(rows, copy_tbps), copy_tbps, eager, cmd)
+    text = render(add_ratios(rows, copy_tbps), copy_tbps, eager, cmd, method_text())
     print(text)
     if args.out:
         from markdown_sections import replace_section
