@@ -1,218 +1,363 @@
-"""Packed-decode kernels side by side: correctness on the device, then speed.
+"""Packed-decode kernels side by side with their peers: correctness on the device, then speed.
 
-For Kimi-Linear sizes (K = V = 128; H = HV = 32 and 16; fp32 and bf16 state; B = 1, 8, 64, 256)
-every available backend runs in one process on the same inputs: a pool of ``max(8*B, 64)`` slots
-indexed by a random permutation (so the state is not L2-resident), timed with CUDA events over
-CUDA-graph replay (kernel time) and eagerly (kernel + launch), reported as µs per call and
-effective TB/s against the device-to-device copy bandwidth measured in the same run. Also the
-host overhead of ``kc.packed_decode`` at B = 1 (validation + dispatch + launch, no graph).
+For Kimi-Linear sizes (K = V = 128; H = HV = 32, 16, 4 i.e. TP1/TP2/TP8; fp32 and bf16 state;
+B = 1, 8, 64, 256, 1024) every available backend and peer runs in one process on the same inputs:
 
-    python benchmarks/decode.py --out docs/benchmarks.md      # on a CUDA machine
-    python benchmarks/decode.py --quick                       # a smaller sweep
+* correctness first, per row: output and used slots against the PyTorch reference, every other
+  slot bit-identical;
+* then speed: CUDA events over CUDA-graph replay, the backends interleaved sample by sample, over a
+  pool of many more slots than B with random slots. "hot" replays one slot set (at small B it stays
+  in L2, as when a layer is timed alone); "cold" rotates through at least 16 disjoint slot sets per
+  graph, together at least 4x the L2, so every call reads its slots from DRAM, as a layer does
+  between the other layers of a model.
 
-Peers: flash-linear-attention's ``fused_recurrent_kda`` kernel (its in-place continuous-batching
-path, with q/k/v already dense: kernel time only) when ``fla-core`` is installed.
+Reported per row: µs per call, effective TB/s (state read + write + activations), % of the
+device-to-device copy bandwidth measured in the same run, and ours / best peer (time ratio
+inverted: > 1 means ours is faster). "ours" is the backend ``backend="auto"`` runs (triton).
+
+    python benchmarks/decode.py --out docs/benchmarks.md --json OUT.json   # on a CUDA machine
+    python benchmarks/decode.py --quick                                    # a smaller sweep
+    python benchmarks/decode.py --plot OUT.json docs/decode.png            # the picture (CPU is fine)
+
+Peers, when importable: sglang's Helion and Triton KDA packed-decode kernels (bring them in with
+``benchmarks/fetch_peers.sh DEST`` and put DEST on PYTHONPATH; see docs/kernels.md) and
+flash-linear-attention's in-place ``fused_recurrent_kda`` kernel (``pip install fla-core``).
 """
 
 from __future__ import annotations
 
 import argparse
-import datetime
-import platform
+import json
+import math
 import statistics
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import decode_peers
+from decode_report import OURS, SECTION, plot, render
+
 import kda_contracts as kc
 from kda_contracts.testing import make_decode_call
 
-SECTION = "## Packed decode kernels (GPU)"
-GRAPH_CALLS = 20  # kernel launches captured in one graph
-REPLAYS = 10
-SAMPLES = 7  # medians over this many timings
+HOT_CALLS = 20  # calls per hot graph
+COLD_MIN_SETS = 16
+COLD_L2_MULTIPLE = 4  # the cold slot sets together span at least this many L2s
+COLD_MAX_SETS = 2048
+SAMPLES = 5  # medians over this many timings per backend, interleaved across backends
+MIN_SAMPLE_MS = 10.0
+K = V = 128
+
+
+def method_text() -> str:
+    """How the rows were measured (the paragraph under the run facts in the report)."""
+    return (
+        "K = V = 128, HV = H, bf16 activations, l2norm on, softplus gate. µs = median per call over CUDA-graph "
+        f"replay (CUDA events, {SAMPLES} samples of ≥ {MIN_SAMPLE_MS:.0f} ms, backends interleaved). hot: "
+        f"{HOT_CALLS} calls on one random set of B slots; cold: each graph rotates through ≥ {COLD_MIN_SETS} "
+        f"disjoint random slot sets spanning ≥ {COLD_L2_MULTIPLE}× the L2. TB/s = (state read + write + "
+        "activations) / time. vs peer = best peer's time / ours (> 1: ours faster); vs sgl-helion likewise. ok = "
+        "output and used slots within tolerance of the PyTorch reference and all other slots bit-identical.")
+
+
+Launch = Callable[[torch.Tensor], None]
+Binder = Callable[[dict[str, Any]], Launch]
 
 
 @dataclass
 class Row:
+    variant: str  # hot | cold
+    layout: str
     backend: str
     H: int
     state: str
     B: int
-    graph_us: float | None
-    eager_us: float | None
+    us: float | None
     tbps: float | None
-    max_err_out: float | None
-    max_err_state: float | None
+    pct_copy: float | None
+    err_out: float | None
+    err_state: float | None
+    correct: bool | None
     note: str = ""
 
 
-def traffic_bytes(B: int, H: int, HV: int, K: int, V: int, state_bytes: int, act_bytes: int) -> int:
+def traffic_bytes(B: int, H: int, HV: int, state_bytes: int, act_bytes: int) -> int:
     state = 2 * B * HV * V * K * state_bytes
     acts = B * (2 * H * K + HV * V + HV * K + HV) * act_bytes + B * HV * V * act_bytes
     return state + acts
 
 
-def time_events(fn: Callable[[], None], reps: int) -> float:
-    """Median µs per ``fn`` call over SAMPLES timings of ``reps`` calls each."""
+# --- inputs ---------------------------------------------------------------------------------------
+
+
+def device_inputs(H: int, B: int, N: int, sdt: torch.dtype, layout: str, device: torch.device,
+                  seed: int = 0) -> dict[str, Any]:
+    """Random valid inputs made on the device (a pool of tens of GB is too slow to make on the host)."""
+    g = torch.Generator(device=device).manual_seed(seed)
+    HV, act = H, torch.bfloat16
+
+    def rnd(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, device=device, generator=g)
+
+    shape = (N, HV, V, K) if layout == "VK" else (N, HV, K, V)
+    state = torch.empty(shape, device=device, dtype=sdt)
+    for chunk in state.split(max(1, (1 << 28) // (HV * V * K))):  # 1 GiB of fp32 noise at a time
+        chunk.copy_(0.1 * torch.randn(chunk.shape, device=device, generator=g))
+    return dict(mixed_qkv=rnd(B, 2 * H * K + HV * V).to(act), a=rnd(B, HV * K).to(act), b=rnd(B, HV).to(act),
+                A_log=(1 + 15 * torch.rand(HV, device=device, generator=g)).log(), dt_bias=0.5 * rnd(HV * K),
+                scale=K**-0.5, state=state, out=torch.zeros(B, 1, HV, V, device=device, dtype=act), H=H,
+                layout=layout)
+
+
+def slot_sets(N: int, B: int, sets: int, device: torch.device, seed: int = 1) -> torch.Tensor:
+    """``sets`` disjoint random sets of B slots out of N, as int32 ``[sets, B]``."""
+    g = torch.Generator().manual_seed(seed)
+    return torch.randperm(N, generator=g)[: sets * B].view(sets, B).to(torch.int32).to(device)
+
+
+def cold_sets(B: int, H: int, state_bytes: int, l2_bytes: int) -> int:
+    per_set = B * H * V * K * state_bytes
+    return min(COLD_MAX_SETS, max(COLD_MIN_SETS, math.ceil(COLD_L2_MULTIPLE * l2_bytes / per_set)))
+
+
+# --- backends -------------------------------------------------------------------------------------
+
+
+def our_binder(kernel: Callable[..., None], **extra: Any) -> Binder:
+    def bind(x: dict[str, Any]) -> Launch:
+        def launch(indices: torch.Tensor) -> None:
+            kernel(x["mixed_qkv"], x["a"], x["b"], x["A_log"], x["dt_bias"], x["scale"], x["state"], x["out"],
+                   indices, num_heads=x["H"], use_qk_l2norm=True, lower_bound=None, state_layout=x["layout"],
+                   **extra)
+
+        return launch
+
+    return bind
+
+
+def candidate_configs(layout: str, sdt: torch.dtype) -> dict[str, Any]:
+    """Extra Triton launch shapes timed with --candidates (named ``triton:NAME`` in the rows): the
+    16-bit-state tiles of the regime table without the register cap, and with a tighter one."""
+    from kda_kernels.triton_decode import DecodeConfig as C
+
+    if layout == "KV" or sdt.itemsize >= 4:
+        return {}
+    mask, noev, el = dict(guard="mask"), dict(state_eviction=""), dict(act_eviction="evict_last")
+    cg, grp = dict(load_cache=".cg"), dict(grid="grouped")
+    return {"bv16-el": C(16, 1, **el), "bv16-mask-el": C(16, 1, **mask, **el),
+            "bv16-mask-cg": C(16, 1, **mask, **cg), "bv16-noev-el": C(16, 1, **noev, **el), "bv16-grp": C(16, 1, **grp),
+            "bv16-grp-r80": C(16, 1, max_registers=80, **grp),
+            "bv16-noev-el-r80": C(16, 1, max_registers=80, **noev, **el)}
+
+
+SKIP: set[str] = set()  # backends left out (--skip)
+SAME_SIZE_COPY: dict[tuple[int, str, int], float] = {}  # (H, state, B) -> TB/s of a copy of the state's bytes
+
+
+def backends(layout: str, sdt: torch.dtype, peers: dict[str, Binder], candidates: bool) -> dict[str, Binder]:
+    """Ours (every registered CUDA backend that can be graph-captured), candidates, then peers."""
+    out: dict[str, Binder] = {}
+    for name, (ok, _why) in kc.adapters.available().items():
+        if name in ("torch", "fla") or name in SKIP:  # the reference; fla's adapter compacts on the host
+            continue
+        if not ok:
+            continue
+        if layout == "KV" and name != OURS:
+            continue
+        out[name] = our_binder(kc.adapters.get(name).load())
+    if candidates:
+        from kda_kernels import triton_decode
+
+        for cname, cfg in candidate_configs(layout, sdt).items():
+            out[f"{OURS}:{cname}"] = our_binder(triton_decode.packed_decode, config=cfg)
+    if layout == "VK":
+        out.update({n: b for n, b in peers.items() if n not in SKIP})
+    return out
+
+
+# --- correctness ----------------------------------------------------------------------------------
+
+
+def tolerances(sdt: torch.dtype) -> tuple[tuple[float, float], tuple[float, float]]:
+    """(atol, rtol) for out and for the state. out is bf16 here, so one bf16 ulp (at most 2^-7
+    relative) on top of the spec's 1e-4 (fp32 state) / 2e-3 (bf16 state): two fp32 results a rounding
+    apart may land on neighbouring bf16 values. The state: 1e-5 (fp32), or 2e-3 plus one ulp (bf16)."""
+    if sdt == torch.float32:
+        return (1e-4, 2**-7), (1e-5, 1e-5)
+    return (2e-3, 2**-7), (2e-3, 2**-7)
+
+
+def check(binders: dict[str, Binder], H: int, sdt: torch.dtype, B: int, layout: str,
+          device: torch.device) -> dict[str, tuple[float | None, float | None, bool | None, str]]:
+    """Each backend on a fresh copy of one small pool: max errors vs the reference, and whether the
+    slots it should not touch are bit-identical."""
+    from kda_kernels import reference
+
+    N = 2 * B + 8
+    x = device_inputs(H, B, N, sdt, layout, device, seed=B + H)
+    idx = slot_sets(N, B, 1, device, seed=7)[0]
+    pristine = x["state"].clone()
+    ref = dict(x, out=x["out"].clone())
+    our_binder(reference.packed_decode)(ref)(idx)
+    used = torch.zeros(N, dtype=torch.bool, device=device)
+    used[idx.long()] = True
+    (oa, orr), (sa, sr) = tolerances(sdt)
+    results = {}
+    for name, bind in binders.items():
+        x["state"].copy_(pristine)
+        x["out"].fill_(float("nan"))
+        try:
+            bind(x)(idx)
+            torch.cuda.synchronize()
+        except Exception as exc:
+            results[name] = (None, None, False, f"failed: {type(exc).__name__}: {str(exc)[:100]}")
+            continue
+        out, st = x["out"].float(), x["state"][used].float()
+        r_out, r_st = ref["out"].float(), ref["state"][used].float()
+        e_out = (out - r_out).abs().max().item()
+        e_st = (st - r_st).abs().max().item()
+        ok = bool(torch.isclose(out, r_out, atol=oa, rtol=orr).all()) and \
+            bool(torch.isclose(st, r_st, atol=sa, rtol=sr).all()) and \
+            torch.equal(x["state"][~used].view(torch.uint8), pristine[~used].view(torch.uint8))
+        results[name] = (e_out, e_st, ok, "" if ok else "MISMATCH")
+    del x, ref, pristine
+    return results
+
+
+# --- timing ---------------------------------------------------------------------------------------
+
+
+def capture(launch: Launch, index_sets: list[torch.Tensor]) -> torch.cuda.CUDAGraph:
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for idx in index_sets[:3]:
+            launch(idx)
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for idx in index_sets:
+            launch(idx)
+    g.replay()
+    torch.cuda.synchronize()
+    return g
+
+
+def replay_ms(g: torch.cuda.CUDAGraph, reps: int) -> float:
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(reps):
+        g.replay()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / reps
+
+
+def time_interleaved(graphs: dict[str, tuple[torch.cuda.CUDAGraph, int]]) -> dict[str, float]:
+    """Median µs per call for each graph (of ``calls`` calls), sampled round-robin."""
+    reps = {n: max(1, math.ceil(MIN_SAMPLE_MS / replay_ms(g, 1))) for n, (g, _) in graphs.items()}
+    samples: dict[str, list[float]] = {n: [] for n in graphs}
+    for _ in range(SAMPLES):
+        for n, (g, calls) in graphs.items():
+            samples[n].append(replay_ms(g, reps[n]) * 1e3 / calls)
+    return {n: statistics.median(v) for n, v in samples.items()}
+
+
+def copy_bandwidth(device: torch.device, warm_s: float = 0.0, nbytes: int = 2 << 30) -> float:
+    """Device-to-device copy (``dst.copy_(src)`` of ``nbytes``, eager launches timed with CUDA events), read +
+    write counted, in TB/s: the median of SAMPLES timings of 10 copies, after ``warm_s`` seconds of
+    copying (an idle GPU starts at a low clock). Not in a graph: there torch's copy becomes a memcpy
+    node, which measured ~2.8 TB/s against ~4.2 for the copy kernel eager launches run."""
+    n = nbytes // 4  # fp32 elements
+    src = torch.empty(n, dtype=torch.float32, device=device).uniform_()
+    dst = torch.empty_like(src)
+    t0 = time.time()
+    while True:
+        dst.copy_(src)
+        torch.cuda.synchronize()
+        if time.time() - t0 >= warm_s:
+            break
     times = []
     for _ in range(SAMPLES):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
-        for _ in range(reps):
-            fn()
+        for _ in range(10):
+            dst.copy_(src)
         end.record()
         end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3 / reps)
-    return statistics.median(times)
-
-
-def time_graph(fn: Callable[[], None]) -> float:
-    """Median µs per call under CUDA-graph replay (GRAPH_CALLS calls per graph)."""
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(GRAPH_CALLS):
-            fn()
-    g.replay()
-    torch.cuda.synchronize()
-    return time_events(g.replay, REPLAYS) / GRAPH_CALLS
-
-
-def copy_bandwidth(device: torch.device) -> float:
-    """Device-to-device copy, read + write counted, in TB/s."""
-    n = 1 << 29  # 2 GiB of fp32
-    src = torch.empty(n, dtype=torch.float32, device=device).uniform_()
-    dst = torch.empty_like(src)
-    us = time_events(lambda: dst.copy_(src), 5)
+        times.append(start.elapsed_time(end) / 10)
     del src, dst
-    return 2 * n * 4 / (us * 1e-6) / 1e12
+    return 2 * n * 4 / (statistics.median(times) * 1e-3) / 1e12
 
 
-def backends_here() -> dict[str, Callable[..., None]]:
-    out: dict[str, Callable[..., None]] = {}
-    for name, (ok, why) in kc.adapters.available().items():
-        if ok:
-            out[name] = kc.adapters.get(name).load()
-        else:
-            print(f"# backend {name}: unavailable ({why})", file=sys.stderr)
-    return out
+# --- the sweep ------------------------------------------------------------------------------------
 
 
-def fla_kernel_only(call: dict[str, Any], H: int) -> Callable[[], None] | None:
-    """fla's in-place kernel on pre-densified q/k/v (kernel time only, indices all valid)."""
-    try:
-        from fla.ops.kda.fused_recurrent import fused_recurrent_kda_fwd
-    except Exception:
-        return None
-    mq, st = call["mixed_qkv"], call["initial_state"]
-    B, HV, V, K = mq.shape[0], st.shape[1], st.shape[2], st.shape[3]
-    q = mq[:, : H * K].reshape(B, 1, H, K).contiguous()
-    k = mq[:, H * K : 2 * H * K].reshape(B, 1, H, K).contiguous()
-    v = mq[:, 2 * H * K :].reshape(B, 1, HV, V).contiguous()
-    g = call["a"].reshape(B, 1, HV, K).contiguous()
-    beta = call["b"].reshape(B, 1, HV).contiguous()
-    out = torch.empty(B, 1, HV, V, dtype=mq.dtype, device=mq.device)
-
-    def run() -> None:
-        fused_recurrent_kda_fwd(
-            q=q, k=k, v=v, g=g, beta=beta, A_log=call["A_log"], dt_bias=call["dt_bias"], initial_state=st,
-            scale=call["scale"], inplace_final_state=True, state_v_first=True,
-            ssm_state_indices=call["ssm_state_indices"], use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True,
-            use_beta_sigmoid_in_kernel=True, lower_bound=call["lower_bound"], out=out)
-
-    return run
+def time_row(binders: dict[str, Binder], H: int, sdt: torch.dtype, B: int, layout: str, device: torch.device,
+             l2_bytes: int) -> dict[tuple[str, str], float | str]:
+    """(variant, backend) -> µs per call (or the error) for hot and cold, on one shared pool."""
+    S = cold_sets(B, H, sdt.itemsize, l2_bytes)
+    x = device_inputs(H, B, max(S * B, 64), sdt, layout, device)
+    sets = list(slot_sets(x["state"].shape[0], B, S, device))
+    results: dict[tuple[str, str], float | str] = {}
+    for variant, index_sets in (("hot", [sets[0]] * HOT_CALLS), ("cold", sets)):
+        graphs = {}
+        for name, bind in binders.items():
+            try:
+                graphs[name] = (capture(bind(x), index_sets), len(index_sets))
+            except Exception as exc:
+                torch.cuda.synchronize()
+                results[(variant, name)] = f"no graph: {type(exc).__name__}: {str(exc)[:80]}"
+        for name, us in time_interleaved(graphs).items():
+            results[(variant, name)] = us
+        del graphs
+    del x, sets
+    torch.cuda.empty_cache()
+    return results
 
 
-def run_kernel(kernel: Callable[..., None], call: dict[str, Any], H: int) -> Callable[[], None]:
-    c = call
-
-    def run() -> None:
-        kernel(c["mixed_qkv"], c["a"], c["b"], c["A_log"], c["dt_bias"], c["scale"], c["initial_state"], c["out"],
-               c["ssm_state_indices"], num_heads=H, use_qk_l2norm=c["use_qk_l2norm_in_kernel"],
-               lower_bound=c["lower_bound"], state_layout="VK")
-
-    return run
-
-
-def max_errors(kernel_run: Callable[[], None], call: dict[str, Any], ref: tuple[torch.Tensor, torch.Tensor],
-               idx: torch.Tensor) -> tuple[float, float]:
-    kernel_run()
-    torch.cuda.synchronize()
-    out_err = (call["out"].float() - ref[0].float()).abs().max().item()
-    st_err = (call["initial_state"][idx].float() - ref[1][idx].float()).abs().max().item()
-    return out_err, st_err
-
-
-def sweep(device: torch.device, batches: list[int], heads: list[int], states: list[torch.dtype],
-          eager: bool) -> tuple[list[Row], float]:
-    kernels = backends_here()
+def sweep(device: torch.device, batches: list[int], heads: list[int], states: list[torch.dtype], layouts: list[str],
+          candidates: bool, on_row: Callable[[list[Row]], None]) -> list[Row]:
+    peers, missing = decode_peers.load_peers()
+    for name, why in missing.items():
+        print(f"# peer {name}: unavailable ({why})", file=sys.stderr)
+    l2 = torch.cuda.get_device_properties(device).L2_cache_size
     rows: list[Row] = []
-    copy_tbps = copy_bandwidth(device)
-    print(f"# copy bandwidth {copy_tbps:.2f} TB/s", file=sys.stderr)
     for H in heads:
-        cfg = kc.KDAConfig(num_heads=H, head_k_dim=128, head_v_dim=128)
         for sdt in states:
             for B in batches:
-                N = max(8 * B, 64)
-                base = make_decode_call(cfg, B, N, activation_dtype=torch.bfloat16, state_dtype=sdt, device=device)
-                base["use_qk_l2norm_in_kernel"] = True
-                idx = base["ssm_state_indices"].long()
-                nbytes = traffic_bytes(B, H, H, 128, 128, torch.finfo(sdt).bits // 8, 2)
-                # The reference result from the pristine pool.
-                ref_call = dict(base, initial_state=base["initial_state"].clone(), out=base["out"].clone())
-                kernels["torch"](*[ref_call[k] for k in ("mixed_qkv", "a", "b", "A_log", "dt_bias", "scale",
-                                                         "initial_state", "out", "ssm_state_indices")],
-                                 num_heads=H, use_qk_l2norm=True, lower_bound=None, state_layout="VK")
-                ref = (ref_call["out"], ref_call["initial_state"])
-                del ref_call
-                candidates: dict[str, tuple[Callable[[], None], dict[str, Any]]] = {}
-                for name, kern in kernels.items():
-                    c = dict(base, initial_state=base["initial_state"].clone(), out=base["out"].clone())
-                    candidates[name] = (run_kernel(kern, c, H), c)
-                c = dict(base, initial_state=base["initial_state"].clone())
-                fla_run = fla_kernel_only(c, H)
-                if fla_run is not None:
-                    candidates["fla-kernel"] = (fla_run, c)
-                for name, (fn, c) in candidates.items():
-                    note = ""
-                    try:
-                        if name == "fla-kernel":
-                            fn()
-                            torch.cuda.synchronize()
-                            st_err = (c["initial_state"][idx].float() - ref[1][idx].float()).abs().max().item()
-                            out_err = None
-                        else:
-                            out_err, st_err = max_errors(fn, c, ref, idx)
-                    except Exception as exc:  # report, keep going
-                        rows.append(Row(name, H, str(sdt)[6:], B, None, None, None, None, None,
-                                        f"failed: {type(exc).__name__}: {str(exc)[:80]}"))
-                        continue
-                    graph_us = eager_us = None
-                    try:
-                        graph_us = time_graph(fn)
-                    except Exception as exc:
-                        note = f"no graph: {type(exc).__name__}"
-                        torch.cuda.synchronize()
-                    if eager or graph_us is None:
-                        eager_us = time_events(fn, 20)
-                    best = graph_us if graph_us is not None else eager_us
-                    tbps = nbytes / (best * 1e-6) / 1e12 if best else None
-                    rows.append(Row(name, H, str(sdt)[6:], B, graph_us, eager_us, tbps, out_err, st_err, note))
-                    print(f"# {rows[-1]}", file=sys.stderr)
-                del candidates, base, ref
-                torch.cuda.empty_cache()
-    return rows, copy_tbps
+                for layout in layouts:
+                    t0 = time.time()
+                    binders = backends(layout, sdt, peers, candidates)
+                    checks = check(binders, H, sdt, B, layout, device)
+                    good = {n: b for n, b in binders.items() if checks[n][2] is not None}
+                    times = time_row(good, H, sdt, B, layout, device, l2)
+                    nbytes = traffic_bytes(B, H, H, sdt.itemsize, 2)
+                    if B >= 256 and layout == "VK":  # a copy of the state's bytes: the ceiling at this size
+                        state_bytes = B * H * V * K * sdt.itemsize
+                        SAME_SIZE_COPY[(H, str(sdt)[6:], B)] = copy_bandwidth(device, nbytes=state_bytes)
+                    for variant in ("hot", "cold"):
+                        for name in binders:
+                            e_out, e_st, ok, note = checks[name]
+                            t = times.get((variant, name))
+                            us = t if isinstance(t, float) else None
+                            note = note or (t if isinstance(t, str) else "")
+                            tb = None if us is None else nbytes / (us * 1e-6) / 1e12
+                            rows.append(Row(variant, layout, name, H, str(sdt)[6:], B, us, tb, None, e_out, e_st,
+                                            ok, note))
+                    print(f"# H={H} {sdt} B={B} {layout}: {time.time() - t0:.1f}s "
+                          + " ".join(f"{n}={times.get(('cold', n))!s:.6}" for n in binders), file=sys.stderr)
+                    on_row(rows)
+    return rows
+
+
+# --- eager path -----------------------------------------------------------------------------------
 
 
 def wall_us_per_call(fn: Callable[[], None], calls: int = 300) -> float:
@@ -221,7 +366,7 @@ def wall_us_per_call(fn: Callable[[], None], calls: int = 300) -> float:
         fn()
     torch.cuda.synchronize()
     samples = []
-    for _ in range(SAMPLES):
+    for _ in range(7):
         t0 = time.perf_counter()
         for _ in range(calls):
             fn()
@@ -230,106 +375,131 @@ def wall_us_per_call(fn: Callable[[], None], calls: int = 300) -> float:
     return statistics.median(samples)
 
 
-def host_overhead(device: torch.device) -> list[tuple[str, float]]:
-    """µs per eager call at B=1 (H=32, fp32 state): validation + dispatch + launch, and launch alone."""
+def eager_overhead(device: torch.device) -> list[tuple[str, float]]:
+    """µs per eager call at B=1 (H=32, fp32 state), interleaved three times: the contract's modes
+    against our kernel launched directly."""
     cfg = kc.KDAConfig.preset("kimi-linear-48b-a3b")
     call = make_decode_call(cfg, 1, 64, device=device)
-    best = next(n for n in kc.adapters.names()  # the one backend="auto" would run
-                if device.type in kc.adapters.get(n).devices and kc.adapters.get(n).available()[0])
-    results = []
-    for label, mode, config in (("check mode", "check", None), ("check mode + config", "check", cfg),
-                                ("off mode", "off", None)):
-        with kc.mode(mode):  # type: ignore[arg-type]
-            us = wall_us_per_call(lambda config=config: kc.packed_decode(**call, backend=best, config=config))
-        results.append((f"kc.packed_decode(backend='{best}'), {label}", us))
-    direct = run_kernel(kc.adapters.get(best).load(), call, cfg.local_num_heads)
-    results.append((f"{best} kernel called directly (launch only)", wall_us_per_call(direct)))
-    return results
+    kernel = kc.adapters.get(OURS).load()
+    x = dict(call, state=call["initial_state"], H=cfg.local_num_heads, layout="VK")
+    direct = our_binder(kernel)(x)
+    idx = call["ssm_state_indices"]
+    paths: dict[str, Callable[[], None]] = {f"{OURS} kernel called directly (launch only)": lambda: direct(idx)}
+    for mode in ("off", "check", "strict"):
+        def run(mode: str = mode) -> None:
+            with kc.mode(mode):  # type: ignore[arg-type]
+                kc.packed_decode(**call, backend=OURS)
+        paths[f"kc.packed_decode(backend='{OURS}'), {mode} mode"] = run
+    got: dict[str, list[float]] = {p: [] for p in paths}
+    for _ in range(3):
+        for label, fn in paths.items():
+            got[label].append(wall_us_per_call(fn))
+    return [(label, statistics.median(v)) for label, v in got.items()]
 
 
-def fmt(x: float | None, spec: str) -> str:
-    return "—" if x is None else format(x, spec)
+# --- report ---------------------------------------------------------------------------------------
 
 
-def render(rows: list[Row], copy_tbps: float, overhead: list[tuple[str, float]], cmd: str) -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
-    versions = [f"torch {torch.__version__}"]
-    for dist in ("triton", "helion", "fla-core"):
-        try:
-            versions.append(f"{dist} {version(dist)}")
-        except PackageNotFoundError:
-            pass
-    lines = [
-        SECTION,
-        "",
-        f"Run {datetime.date.today().isoformat()} on {torch.cuda.get_device_name()} · {', '.join(versions)} · "
-        f"Python {platform.python_version()}",
-        f"Command: `{cmd}`",
-        "",
-        f"Measured device-to-device copy bandwidth (read + write): **{copy_tbps:.2f} TB/s**. K = V = 128, "
-        "HV = H, bf16 activations, l2norm on, softplus gate, VK state; pool of max(8·B, 64) slots, random slots. "
-        f"graph = CUDA-graph replay ({GRAPH_CALLS} calls per graph), eager = back-to-back launches; medians of "
-        f"{SAMPLES}. TB/s = (state read + write + activations) / best time. Errors vs the PyTorch reference "
-        "(max abs, out / used state slots; fla-kernel writes its own out buffer, so only its state is compared).",
-        "",
-        "| backend | H | state | B | graph µs | eager µs | TB/s | % of copy | max err out | max err state | note |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
-    ]
+def add_ratios(rows: list[Row], copy_tbps: float) -> list[dict[str, Any]]:
+    """Rows as dicts with % of copy, and for ours: ours / best peer and ours / sglang-helion (> 1: faster)."""
+    peers = ("sglang-helion", "sglang-triton", "fla-kernel")
+    out = []
+    key = lambda r: (r.variant, r.layout, r.H, r.state, r.B)  # noqa: E731
+    by_key: dict[tuple, dict[str, Row]] = {}
     for r in rows:
-        pct = None if r.tbps is None else 100 * r.tbps / copy_tbps
-        lines.append(f"| {r.backend} | {r.H} | {r.state} | {r.B} | {fmt(r.graph_us, '.1f')} | "
-                     f"{fmt(r.eager_us, '.1f')} | {fmt(r.tbps, '.2f')} | {fmt(pct, '.0f')} | "
-                     f"{fmt(r.max_err_out, '.1e')} | {fmt(r.max_err_state, '.1e')} | {r.note} |")
-    lines += ["", "Host overhead at B = 1, H = 32, fp32 state, eager (µs per call, wall clock, median):", "",
-              "| path | µs/call |", "|---|---|"]
-    lines += [f"| {label} | {us:.1f} |" for label, us in overhead]
-    return "\n".join(lines) + "\n"
+        by_key.setdefault(key(r), {})[r.backend] = r
+    for r in rows:
+        d = asdict(r)
+        d["pct_copy"] = None if r.tbps is None else 100 * r.tbps / copy_tbps
+        same = SAME_SIZE_COPY.get((r.H, r.state, r.B))
+        d["same_size_copy_tbps"] = same
+        d["pct_same_size_copy"] = None if r.tbps is None or same is None else 100 * r.tbps / same
+        group = by_key[key(r)]
+        peer_us = [group[p].us for p in peers if p in group and group[p].us is not None]
+        vk = by_key.get((r.variant, "VK", r.H, r.state, r.B), {}).get(r.backend)
+        d["vs_best_peer"] = None if not peer_us or r.us is None else min(peer_us) / r.us
+        sh = group.get("sglang-helion")
+        d["vs_sglang_helion"] = None if sh is None or sh.us is None or r.us is None else sh.us / r.us
+        d["kv_vs_vk"] = None if r.layout != "KV" or vk is None or vk.us is None or r.us is None else vk.us / r.us
+        out.append(d)
+    return out
 
 
 def dry_run() -> int:
-    """Exercise the sweep's code paths on the CPU: torch.cuda timing is replaced by a stub."""
+    """Exercise the sweep's code paths on the CPU: CUDA timing and graphs are replaced by stubs."""
     global SAMPLES
     SAMPLES = 1
     torch.cuda.synchronize = lambda *a, **k: None  # type: ignore[assignment]
-
-    def fake_time(fn: Callable[[], None], reps: int = 1) -> float:
-        t0 = time.perf_counter()
-        fn()
-        return (time.perf_counter() - t0) * 1e6
-
-    def no_graph(fn: Callable[[], None]) -> float:
-        raise RuntimeError("no CUDA graphs on the CPU")
-
-    globals().update(time_events=fake_time, time_graph=no_graph, copy_bandwidth=lambda device: 1.0)
     torch.cuda.get_device_name = lambda *a: "cpu (dry run)"  # type: ignore[assignment]
+    torch.cuda.get_device_properties = lambda *a: type("P", (), {"L2_cache_size": 1 << 20})  # type: ignore
+
+    def fake_time(graphs: dict[str, tuple[Any, int]]) -> dict[str, float]:
+        return {n: float(1 + i) for i, n in enumerate(graphs)}
+
+    globals().update(capture=lambda launch, sets: launch(sets[0]), time_interleaved=fake_time)
+    globals()["K"] = globals()["V"] = 8
     kc.adapters.refresh()
-    rows, copy_tbps = sweep(torch.device("cpu"), [1, 2], [2], [torch.float32], True)
-    print(render(rows, copy_tbps, [("dry", 0.0)], "dry"))
-    return 0
+    SKIP.add("helion")  # its pinned configs do not run under the CPU interpreter
+    rows = sweep(torch.device("cpu"), [1, 2], [2], [torch.float32, torch.bfloat16], ["VK", "KV"], True,
+                 lambda rows: None)
+    data = add_ratios(rows, 1.0)
+    print(render(data, 1.0, [("dry", 0.0)], "dry", method_text()))
+    bad = [d for d in data if d["correct"] is False]
+    print(f"dry run: {len(data)} rows, {len(bad)} incorrect", file=sys.stderr)
+    return 1 if bad else 0
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--out", help="write the Markdown table here (replacing the file)")
+    p.add_argument("--out", help="write the Markdown table here (replacing its section)")
+    p.add_argument("--json", help="write every row (and the copy bandwidth) here, updated after each row")
     p.add_argument("--quick", action="store_true", help="B in {1, 256}, H=32 only")
-    p.add_argument("--no-eager", action="store_true", help="graph timings only")
+    p.add_argument("--candidates", action="store_true", help="also time extra Triton launch shapes (tuning)")
+    p.add_argument("--no-kv", action="store_true", help="skip the KV-layout rows")
+    p.add_argument("--no-eager", action="store_true", help="skip the eager-path figures")
+    p.add_argument("--heads", default="32,16,4")
+    p.add_argument("--batches", default="1,8,64,256,1024")
+    p.add_argument("--states", default="float32,bfloat16")
+    p.add_argument("--skip", default="", help="comma-separated backends or peers to leave out")
+    p.add_argument("--plot", nargs=2, metavar=("JSON", "PNG"), help="draw the picture from a --json file and exit")
     p.add_argument("--dry", action="store_true", help="CPU smoke test of this script (tiny sizes, no timing)")
     args = p.parse_args(argv)
+    if args.plot:
+        plot(Path(args.plot[0]), Path(args.plot[1]))
+        return 0
     if args.dry:
         return dry_run()
     if not torch.cuda.is_available():
         print("benchmarks/decode.py needs a CUDA device", file=sys.stderr)
         return 2
     device = torch.device("cuda")
-    batches = [1, 256] if args.quick else [1, 8, 64, 256]
-    heads = [32] if args.quick else [32, 16]
-    rows, copy_tbps = sweep(device, batches, heads, [torch.float32, torch.bfloat16], not args.no_eager)
-    overhead = host_overhead(device)
-    text = render(rows, copy_tbps, overhead, "python " + " ".join(sys.argv))
+    batches = [1, 256] if args.quick else [int(b) for b in args.batches.split(",")]
+    heads = [32] if args.quick else [int(h) for h in args.heads.split(",")]
+    layouts = ["VK"] if args.no_kv else ["VK", "KV"]
+    copy_tbps = copy_bandwidth(device, warm_s=2.0)
+    print(f"# copy bandwidth {copy_tbps:.2f} TB/s", file=sys.stderr)
+    cmd = "python " + " ".join(sys.argv)
+
+    SKIP.update(filter(None, args.skip.split(",")))
+    eager = [] if args.no_eager else eager_overhead(device)
+    for label, us in eager:
+        print(f"# eager: {label}: {us:.1f} µs", file=sys.stderr)
+
+    def save(rows: list[Row]) -> None:
+        if args.json:
+            doc = dict(device=torch.cuda.get_device_name(), copy_tbps=copy_tbps, command=cmd,
+                       rows=add_ratios(rows, copy_tbps), eager=eager)
+            Path(args.json).write_text(json.dumps(doc, indent=1))
+
+    states = [getattr(torch, name) for name in args.states.split(",")]
+    rows = sweep(device, batches, heads, states, layouts, args.candidates, save)
+    copy_after = copy_bandwidth(device, warm_s=0.5)
+    print(f"# copy bandwidth after the sweep {copy_after:.2f} TB/s", file=sys.stderr)
+    copy_tbps = max(copy_tbps, copy_after)  # the ceiling: the better of the two
+    save(rows)
+    text = render(add_ratios(rows, copy_tbps), copy_tbps, eager, cmd, method_text())
     print(text)
     if args.out:
-        sys.path.insert(0, str(Path(__file__).resolve().parent))
         from markdown_sections import replace_section
 
         replace_section(Path(args.out), SECTION, text)

@@ -1,4 +1,5 @@
-"""GPU tuning scratch for ``kda_kernels.triton_decode`` (a proper benchmark supersedes it later).
+"""GPU tuning scratch for ``kda_kernels.triton_decode`` (``benchmarks/decode.py --candidates`` times
+launch shapes side by side with the peers; this script keeps its wider correctness matrix).
 
 On a CUDA machine, in the repository root::
 

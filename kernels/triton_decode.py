@@ -6,9 +6,10 @@ each loading a ``[BV, K]`` tile of the slot (contiguous along K in the VK layout
 q/k/v/gate vectors of its head, doing the whole delta-rule step in registers and writing the tile
 back. Gates and the q/k l2 norms are recomputed by every V tile of a head: they are K-long vectors,
 which is cheap next to a ``BV*K`` tile. Programs are one warp (every reduction stays in
-shuffles) over a few KB of state; :func:`pick_config` holds the shapes measured on an H200. There,
-at B=256, H=HV=32, K=V=128, a call took 275 µs with fp32 state and 146 µs with bf16 state (3.9 and
-3.75 TB/s; a device-to-device copy ran at 4.2 TB/s and the same tiling with no math at 4.08).
+shuffles) over a few KB of state; :func:`pick_config` (``triton_configs.py``) holds the shapes
+measured on an H200. There, at B=256, H=HV=32, K=V=128, a call took 267 µs with fp32 state and
+138 µs with bf16 state (4.07 and 3.96 TB/s against 4.29 TB/s for a device-to-device copy), level
+with or ahead of sglang's Helion kernel in the same run (docs/benchmarks.md).
 
 Memory safety does not depend on validation: an index < 0 (padding) or >= N (out of range) zeroes
 the output row and touches no pool byte; pool addresses are computed in int64.
@@ -30,12 +31,12 @@ from __future__ import annotations
 
 import os
 import warnings
-from typing import NamedTuple
 
 import torch
 from torch import Tensor
 
 from .interface import DecodeArgs, DecodeBackend
+from .triton_configs import DecodeConfig, pick_config, picked_configs
 
 try:
     import triton
@@ -47,7 +48,7 @@ except ImportError as exc:  # the module stays importable so is_available() can 
     tl = None  # type: ignore[assignment]
     _TRITON_IMPORT_ERROR = f"triton is not installed ({exc})"
 
-__all__ = ["DecodeConfig", "is_available", "packed_decode", "pick_config"]
+__all__ = ["DecodeConfig", "is_available", "packed_decode", "pick_config", "picked_configs"]
 
 
 def is_available() -> tuple[bool, str]:
@@ -66,37 +67,6 @@ def is_available() -> tuple[bool, str]:
     return True, f"triton {triton.__version__} on {torch.cuda.get_device_name()}"
 
 
-class DecodeConfig(NamedTuple):
-    """Launch shape: each program does ``tiles`` tiles of ``block_v`` state rows, one after the
-    other (software-pipelined ``num_stages`` deep when ``tiles`` > 1), with ``num_warps`` warps."""
-
-    block_v: int
-    num_warps: int
-    tiles: int = 1
-    num_stages: int = 1
-    state_eviction: str = "evict_first"
-
-
-def pick_config(batch: int, num_v_heads: int, head_v_dim: int, state_dtype: torch.dtype) -> DecodeConfig:
-    """The launch shape for a call (measured on an H200 with K = V = 128; no runtime autotuning).
-
-    One-warp programs won at every batch size: a single warp keeps every reduction in shuffles
-    (no shared-memory round trips or barriers), and many small programs keep enough loads in
-    flight. The best tile was 4 rows (2 KB) of fp32 state and 16 rows (4 KB) of 16-bit state;
-    when that leaves fewer than ~1024 programs (B * HV < 64 at V = 128), the 16-bit tile shrinks
-    to 4 rows so that small batches still spread over all 132 SMs.
-
-    Example::
-
-        pick_config(256, 32, 128, torch.float32)   # DecodeConfig(block_v=4, num_warps=1, ...)
-    """
-    rows = 4 if state_dtype.itemsize >= 4 else 16
-    while rows > 4 and batch * num_v_heads * -(-head_v_dim // rows) < 1024:
-        rows //= 2
-    limit = triton.next_power_of_2(head_v_dim) if triton is not None else rows
-    return DecodeConfig(block_v=min(rows, limit), num_warps=1)
-
-
 if triton is not None:
 
     @triton.jit
@@ -113,12 +83,14 @@ if triton is not None:
         scale,
         lower_bound,
         N,
-        stride_qkv,
-        stride_a,
-        stride_b,
-        stride_state,
-        H,
-        HV,
+        # Head counts and strides are compile-time constants (a model has one set of each): index
+        # arithmetic folds into immediates, divisions by HV or H become multiplies.
+        H: tl.constexpr,
+        HV: tl.constexpr,
+        stride_qkv: tl.constexpr,
+        stride_a: tl.constexpr,
+        stride_b: tl.constexpr,
+        stride_state: tl.constexpr,
         K: tl.constexpr,
         V: tl.constexpr,
         BK: tl.constexpr,
@@ -130,14 +102,39 @@ if triton is not None:
         TILES: tl.constexpr,
         STAGES: tl.constexpr,
         STATE_EVICTION: tl.constexpr,
+        MASK_GUARD: tl.constexpr,
+        LOAD_CACHE: tl.constexpr,
+        STORE_CACHE: tl.constexpr,
+        GRID: tl.constexpr,
+        WIDE: tl.constexpr,
+        ACT_EVICTION: tl.constexpr,
+        STORE_EVICTION: tl.constexpr,
     ):
-        # 1-D grid: request-major, then value head, then group of V tiles (a request's programs
-        # are adjacent, and the grid has no 65535 limit on B).
+        # GRID 0: 1-D, request-major, then value head, then group of V tiles (a request's programs
+        # are adjacent, and the grid has no 65535 limit on B). 1: 3-D (V group, head, request).
+        # 2: 3-D (head, V group, request).
         NG: tl.constexpr = (V + BV * TILES - 1) // (BV * TILES)
-        pid = tl.program_id(0)
-        i_b = (pid // (HV * NG)).to(tl.int64)
-        i_hv = (pid // NG) % HV
-        i_v0 = (pid % NG) * TILES
+        if GRID == 0:
+            pid = tl.program_id(0)
+            i_b = pid // (HV * NG)
+            i_hv = (pid // NG) % HV
+            i_v0 = (pid % NG) * TILES
+        elif GRID == 3:  # groups of 16 heads fastest, then V group, then head group
+            pid = tl.program_id(0)
+            i_b = pid // (HV * NG)
+            r = pid % (HV * NG)
+            i_hv = (r // (16 * NG)) * 16 + r % 16
+            i_v0 = ((r % (16 * NG)) // 16) * TILES
+        elif GRID == 1:
+            i_v0 = tl.program_id(0) * TILES
+            i_hv = tl.program_id(1)
+            i_b = tl.program_id(2)
+        else:
+            i_hv = tl.program_id(0)
+            i_v0 = tl.program_id(1) * TILES
+            i_b = tl.program_id(2)
+        if WIDE:  # activation offsets may pass 2**31 (the host decides; pool offsets are always int64)
+            i_b = i_b.to(tl.int64)
         i_h = i_hv // (HV // H)
 
         o_k = tl.arange(0, BK)
@@ -146,57 +143,112 @@ if triton is not None:
         # The activation loads do not depend on the slot: issue them before the branch so their
         # latency overlaps the index load (they stay inside the activation tensors for any index).
         slot = tl.load(indices + i_b).to(tl.int64)
+        valid = (slot >= 0) & (slot < N)
         row = qkv + i_b * stride_qkv
-        b_q = tl.load(row + i_h * K + o_k, mask=mask_k, other=0.0).to(tl.float32)
-        b_k = tl.load(row + (H + i_h) * K + o_k, mask=mask_k, other=0.0).to(tl.float32)
-        b_x = tl.load(a + i_b * stride_a + i_hv * K + o_k, mask=mask_k, other=0.0).to(tl.float32)
-        b_x += tl.load(dt_bias + i_hv * K + o_k, mask=mask_k, other=0.0)
-        b_A = tl.exp(tl.load(A_log + i_hv).to(tl.float32))
-        b_beta = tl.sigmoid(tl.load(b + i_b * stride_b + i_hv).to(tl.float32))
-        if (slot >= 0) & (slot < N):
-            if BOUNDED_GATE:
-                b_g = lower_bound * tl.sigmoid(b_A * b_x)
-            else:
-                # softplus with torch's threshold: x above 20 is returned as is
-                b_g = -b_A * tl.where(b_x > 20.0, b_x, tl.log(1.0 + tl.exp(tl.minimum(b_x, 20.0))))
-            if USE_L2NORM:
-                b_q = b_q / tl.sqrt(tl.sum(b_q * b_q) + 1e-6)
-                b_k = b_k / tl.sqrt(tl.sum(b_k * b_k) + 1e-6)
-            b_q = b_q * scale
-            b_decay = tl.exp(b_g)
-
-            base = state + slot * stride_state + i_hv * (V * K)
-            for t in tl.range(0, TILES, num_stages=STAGES):
-                o_v = (i_v0 + t) * BV + tl.arange(0, BV)
-                mask_v = o_v < V
-                if STATE_KV:
-                    p_s = base + o_k[None, :] * V + o_v[:, None]
-                else:
-                    p_s = base + o_v[:, None] * K + o_k[None, :]
-                mask_s = mask_v[:, None] & mask_k[None, :]
-                # The state is streamed once: do not let it push the activations out of L2.
-                b_s = tl.load(p_s, mask=mask_s, other=0.0, eviction_policy=STATE_EVICTION).to(tl.float32)
-                b_v = tl.load(row + 2 * H * K + i_hv * V + o_v, mask=mask_v, other=0.0).to(tl.float32)
-
-                b_s = b_s * b_decay[None, :]
-                b_u = b_beta * (b_v - tl.sum(b_s * b_k[None, :], axis=1))
-                b_s = b_s + b_u[:, None] * b_k[None, :]
-                b_o = tl.sum(b_s * b_q[None, :], axis=1)
-
-                tl.store(out + (i_b * HV + i_hv) * V + o_v, b_o.to(out.dtype.element_ty), mask=mask_v)
-                tl.store(p_s, b_s.to(state.dtype.element_ty), mask=mask_s, eviction_policy=STATE_EVICTION)
+        ev: tl.constexpr = ACT_EVICTION
+        b_q = tl.load(row + i_h * K + o_k, mask=mask_k, other=0.0, eviction_policy=ev).to(tl.float32)
+        b_k = tl.load(row + (H + i_h) * K + o_k, mask=mask_k, other=0.0, eviction_policy=ev).to(tl.float32)
+        b_x = tl.load(a + i_b * stride_a + i_hv * K + o_k, mask=mask_k, other=0.0, eviction_policy=ev).to(tl.float32)
+        b_x += tl.load(dt_bias + i_hv * K + o_k, mask=mask_k, other=0.0, eviction_policy=ev)
+        b_A = tl.exp(tl.load(A_log + i_hv, eviction_policy=ev).to(tl.float32))
+        b_beta = tl.sigmoid(tl.load(b + i_b * stride_b + i_hv, eviction_policy=ev).to(tl.float32))
+        if MASK_GUARD:
+            # No branch: the pool is addressed through slot 0 and every pool access is masked off
+            # unless the index is valid (a masked-off lane touches no memory).
+            _decode_tiles(
+                state + tl.where(valid, slot, 0) * stride_state + i_hv * (V * K), tl.where(valid, V, 0),
+                row + 2 * H * K + i_hv * V, out + (i_b * HV + i_hv) * V, i_v0,
+                b_q, b_k, b_x, b_A, b_beta, scale, lower_bound, o_k, mask_k,
+                K, V, BV, STATE_KV, USE_L2NORM, BOUNDED_GATE, TILES, STAGES, STATE_EVICTION,
+                LOAD_CACHE, STORE_CACHE, ACT_EVICTION, STORE_EVICTION,
+            )
         else:
-            # padding (< 0) or out of range (>= N): zero output, no pool access
-            for t in tl.range(0, TILES):
-                o_v = (i_v0 + t) * BV + tl.arange(0, BV)
-                tl.store(
-                    out + (i_b * HV + i_hv) * V + o_v,
-                    tl.zeros([BV], dtype=out.dtype.element_ty),
-                    mask=o_v < V,
+            if valid:
+                _decode_tiles(
+                    state + slot * stride_state + i_hv * (V * K), V,
+                    row + 2 * H * K + i_hv * V, out + (i_b * HV + i_hv) * V, i_v0,
+                    b_q, b_k, b_x, b_A, b_beta, scale, lower_bound, o_k, mask_k,
+                    K, V, BV, STATE_KV, USE_L2NORM, BOUNDED_GATE, TILES, STAGES, STATE_EVICTION,
+                    LOAD_CACHE, STORE_CACHE, ACT_EVICTION, STORE_EVICTION,
                 )
-            if HAS_COUNTER:
-                if (slot >= N) & (i_hv == 0) & (i_v0 == 0):
-                    tl.atomic_add(oob_counter, 1)
+            else:
+                # padding (< 0) or out of range (>= N): zero output, no pool access
+                for t in tl.range(0, TILES):
+                    o_v = (i_v0 + t) * BV + tl.arange(0, BV)
+                    tl.store(
+                        out + (i_b * HV + i_hv) * V + o_v,
+                        tl.zeros([BV], dtype=out.dtype.element_ty),
+                        mask=o_v < V,
+                    )
+        if HAS_COUNTER:
+            if (slot >= N) & (i_hv == 0) & (i_v0 == 0):
+                tl.atomic_add(oob_counter, 1)
+
+    @triton.jit
+    def _decode_tiles(
+        base,  # the slot's head: state + slot * stride_state + i_hv * V * K
+        v_limit,  # V when the index is in range, else 0: pool rows at or past it are masked off
+        v_row,  # this head's v in mixed_qkv
+        o_row,  # this head's output row
+        i_v0,
+        b_q,
+        b_k,
+        b_x,
+        b_A,
+        b_beta,
+        scale,
+        lower_bound,
+        o_k,
+        mask_k,
+        K: tl.constexpr,
+        V: tl.constexpr,
+        BV: tl.constexpr,
+        STATE_KV: tl.constexpr,
+        USE_L2NORM: tl.constexpr,
+        BOUNDED_GATE: tl.constexpr,
+        TILES: tl.constexpr,
+        STAGES: tl.constexpr,
+        STATE_EVICTION: tl.constexpr,
+        LOAD_CACHE: tl.constexpr,
+        STORE_CACHE: tl.constexpr,
+        ACT_EVICTION: tl.constexpr,
+        STORE_EVICTION: tl.constexpr,
+    ):
+        if BOUNDED_GATE:
+            b_g = lower_bound * tl.sigmoid(b_A * b_x)
+        else:
+            # softplus with torch's threshold: x above 20 is returned as is
+            b_g = -b_A * tl.where(b_x > 20.0, b_x, tl.log(1.0 + tl.exp(tl.minimum(b_x, 20.0))))
+        if USE_L2NORM:  # one scalar reciprocal per vector, then multiplies
+            b_q = b_q * (1.0 / tl.sqrt(tl.sum(b_q * b_q) + 1e-6))
+            b_k = b_k * (1.0 / tl.sqrt(tl.sum(b_k * b_k) + 1e-6))
+        b_q = b_q * scale
+        b_decay = tl.exp(b_g)
+        for t in tl.range(0, TILES, num_stages=STAGES):
+            o_v = (i_v0 + t) * BV + tl.arange(0, BV)
+            mask_v = o_v < V
+            if STATE_KV:
+                p_s = base + o_k[None, :] * V + o_v[:, None]
+            else:
+                p_s = base + o_v[:, None] * K + o_k[None, :]
+            mask_s = (o_v < v_limit)[:, None] & mask_k[None, :]
+            # The state is streamed once: do not let it push the activations out of L2.
+            if LOAD_CACHE == "":
+                b_s = tl.load(p_s, mask=mask_s, other=0.0, eviction_policy=STATE_EVICTION).to(tl.float32)
+            else:  # a cache modifier (".cg": L2 only) cannot be combined with an eviction hint
+                b_s = tl.load(p_s, mask=mask_s, other=0.0, cache_modifier=LOAD_CACHE).to(tl.float32)
+            b_v = tl.load(v_row + o_v, mask=mask_v, other=0.0, eviction_policy=ACT_EVICTION).to(tl.float32)
+
+            b_s = b_s * b_decay[None, :]
+            b_u = b_beta * (b_v - tl.sum(b_s * b_k[None, :], axis=1))
+            b_s = b_s + b_u[:, None] * b_k[None, :]
+            b_o = tl.where(o_v < v_limit, tl.sum(b_s * b_q[None, :], axis=1), 0.0)
+
+            tl.store(o_row + o_v, b_o.to(o_row.dtype.element_ty), mask=mask_v)
+            if STORE_CACHE == "":
+                tl.store(p_s, b_s.to(base.dtype.element_ty), mask=mask_s, eviction_policy=STORE_EVICTION)
+            else:  # a cache modifier (".cs": streaming) cannot be combined with an eviction hint
+                tl.store(p_s, b_s.to(base.dtype.element_ty), mask=mask_s, cache_modifier=STORE_CACHE)
 
 
 @DecodeBackend
@@ -221,8 +273,16 @@ def packed_decode(call: DecodeArgs, *, oob_counter: Tensor | None = None, config
     num_heads, use_qk_l2norm, lower_bound, state_layout, dims = call[9:]
     batch, _, num_v_heads, head_k_dim, head_v_dim, num_slots = dims
 
-    cfg = config if config is not None else pick_config(batch, num_v_heads, head_v_dim, state.dtype)
-    grid0 = batch * num_v_heads * triton.cdiv(head_v_dim, cfg.block_v * cfg.tiles)
+    cfg = config if config is not None else pick_config(batch, num_v_heads, head_v_dim, state.dtype, state_layout)
+    groups = triton.cdiv(head_v_dim, cfg.block_v * cfg.tiles)
+    grid_kind = {"flat": 0, "v_fastest": 1, "head_fastest": 2, "grouped": 3}[cfg.grid]
+    if (grid_kind in (1, 2) and batch > 65535) or (grid_kind == 3 and num_v_heads % 16):
+        grid_kind = 0
+    flat = (batch * num_v_heads * groups, 1, 1)
+    grid = (flat, (groups, num_v_heads, batch), (num_v_heads, groups, batch), flat)[grid_kind]
+    # The largest activation/output element offset a program forms, in elements.
+    widest = batch * max(mixed_qkv.stride(0), a.stride(0), b.stride(0), num_v_heads * head_v_dim)
+    wide = widest >= 2**31 - 1
     # The kernel's parameters in order: runtime arguments, then constexprs (the fast launch below
     # passes both tuples positionally, as Triton's own launch does).
     args = (
@@ -238,14 +298,14 @@ def packed_decode(call: DecodeArgs, *, oob_counter: Tensor | None = None, config
         float(scale),
         float(lower_bound) if lower_bound is not None else 0.0,
         num_slots,
+    )
+    constexprs = (
+        num_heads,  # H
+        num_v_heads,  # HV
         mixed_qkv.stride(0),
         a.stride(0),
         b.stride(0),
         state.stride(0),
-        num_heads,  # H
-        num_v_heads,  # HV
-    )
-    constexprs = (
         head_k_dim,  # K
         head_v_dim,  # V
         triton.next_power_of_2(head_k_dim),  # BK
@@ -257,16 +317,26 @@ def packed_decode(call: DecodeArgs, *, oob_counter: Tensor | None = None, config
         cfg.tiles,  # TILES
         cfg.num_stages,  # STAGES
         cfg.state_eviction,  # STATE_EVICTION
+        cfg.guard == "mask",  # MASK_GUARD
+        cfg.load_cache,  # LOAD_CACHE
+        cfg.store_cache,  # STORE_CACHE
+        grid_kind,  # GRID
+        wide,  # WIDE
+        cfg.act_eviction,  # ACT_EVICTION
+        cfg.state_eviction if cfg.store_eviction is None else cfg.store_eviction,  # STORE_EVICTION
     )
-    key = _launch_key(args, constexprs, cfg.num_warps) if _fast_launch["enabled"] else None
+    options = {"num_warps": cfg.num_warps}
+    if cfg.max_registers is not None:
+        options["maxnreg"] = cfg.max_registers
+    key = _launch_key(args, constexprs, (cfg.num_warps, cfg.max_registers)) if _fast_launch["enabled"] else None
     error = None
     if key is not None:
         entry = _fast_launch["cache"].get(key)
         if entry is not None:
-            launched, error = _launch_compiled(entry, key[0], grid0, args, constexprs)
+            launched, error = _launch_compiled(entry, key[0], grid, args, constexprs)
             if launched:
                 return
-    compiled = _packed_decode_kernel[(grid0,)](*args, *constexprs, num_warps=cfg.num_warps)
+    compiled = _packed_decode_kernel[grid](*args, *constexprs, **options)
     if error is not None:  # the normal launch worked where the compiled kernel's launcher failed
         _disable_fast_launch(f"the compiled kernel's launcher failed ({error!r})")
     elif key is not None:
@@ -285,9 +355,9 @@ def packed_decode(call: DecodeArgs, *, oob_counter: Tensor | None = None, config
 # read from the environment at launch (TRITON_DEBUG, instrumentation modes): set them before the
 # first call, or set KDA_TRITON_FAST_LAUNCH=0 (read at import) to always launch with kernel[grid].
 
-_N_RUNTIME_ARGS = 18
-_N_CONSTEXPRS = 11
-_INT_ARGS = slice(11, 18)  # N, the four strides, H, HV
+_N_RUNTIME_ARGS = 12
+_N_CONSTEXPRS = 24
+_INT_ARGS = slice(11, 12)  # N (head counts and strides are constexprs)
 _fast_launch: dict = {
     "enabled": os.environ.get("KDA_TRITON_FAST_LAUNCH", "1") not in ("", "0") and triton is not None,
     "cache": {},  # key -> (compiled kernel, launcher, function handle, packed metadata)
@@ -315,7 +385,7 @@ def _int_spec(x: int) -> int:
     return spec
 
 
-def _launch_key(args: tuple, constexprs: tuple, num_warps: int) -> tuple | None:
+def _launch_key(args: tuple, constexprs: tuple, options: tuple) -> tuple | None:
     """The specialization key of a launch: the device, the constexprs and options, each pointer's
     dtype and 16-byte alignment, and each int's :func:`_int_spec` (floats are never specialized).
     None when the fast launch cannot be used."""
@@ -338,7 +408,7 @@ def _launch_key(args: tuple, constexprs: tuple, num_warps: int) -> tuple | None:
     )
     return (
         env[0](),
-        num_warps,
+        options,
         constexprs,
         (q.dtype, a.dtype, b.dtype, A.dtype, d.dtype, s.dtype, o.dtype, i.dtype, c.dtype),
         tuple([(p & 15) == 0 for p in ptrs]),
@@ -390,7 +460,7 @@ def _remember(key: tuple, compiled: object) -> None:
 
 
 def _launch_compiled(
-    entry: tuple, device: int, grid0: int, args: tuple, constexprs: tuple
+    entry: tuple, device: int, grid: tuple[int, int, int], args: tuple, constexprs: tuple
 ) -> tuple[bool, Exception | None]:
     """Launch through the compiled kernel's launcher. Returns (launched, the launcher's error): when
     not launched the normal path runs, and disables this one if it succeeds where this failed (a
@@ -400,7 +470,7 @@ def _launch_compiled(
         return False, None  # a profiler is listening: let Triton build the launch metadata
     _, run, function, packed_metadata = entry
     try:
-        run(grid0, 1, 1, get_stream(device), function, packed_metadata, None, None, None, *args, *constexprs)
+        run(*grid, get_stream(device), function, packed_metadata, None, None, None, *args, *constexprs)
     except Exception as exc:
         return False, exc
     return True, None

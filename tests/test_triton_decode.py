@@ -13,7 +13,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 from kda_kernels import reference, triton_decode
-from kda_kernels.triton_decode import DecodeConfig, is_available, packed_decode, pick_config
+from kda_kernels.triton_decode import DecodeConfig, is_available, packed_decode, pick_config, picked_configs
 from kda_oracle import (
     DecodeCase,
     assert_close_to_oracle,
@@ -109,43 +109,63 @@ def test_matches_reference_when_dims_are_not_powers_of_two() -> None:
         DecodeConfig(block_v=4, num_warps=1),
         DecodeConfig(block_v=4, num_warps=2, tiles=3, num_stages=2),
         DecodeConfig(block_v=8, num_warps=4, tiles=2, num_stages=3, state_eviction=""),
+        DecodeConfig(block_v=8, num_warps=1, guard="mask"),
+        DecodeConfig(block_v=4, num_warps=1, tiles=2, num_stages=2, guard="mask", load_cache=".cg", store_cache=".cs"),
+        DecodeConfig(block_v=8, num_warps=1, guard="mask", grid="v_fastest"),
+        DecodeConfig(block_v=4, num_warps=2, tiles=2, grid="head_fastest"),
+        DecodeConfig(block_v=8, num_warps=1, act_eviction="evict_last", store_eviction=""),
+        DecodeConfig(block_v=16, num_warps=1, max_registers=96),
     ],
-    ids=lambda c: f"bv{c.block_v}-t{c.tiles}-s{c.num_stages}",
+    ids=lambda c: f"bv{c.block_v}-t{c.tiles}-s{c.num_stages}-{c.guard}{c.load_cache}{c.store_cache}-{c.grid}",
 )
 def test_matches_reference_for_launch_configs(config: DecodeConfig) -> None:
     # V=16 split into several tiles and tile groups, including a group that runs past V.
     _assert_matches_reference(_case(head_v_dim=16, indices=[6, -1, 2]), config)
 
 
-def test_matches_reference_at_production_head_dims_with_the_picked_configs() -> None:
-    # K = V = 128 as in Kimi-Linear; every launch shape pick_config can choose, on one request.
-    configs = {
-        pick_config(batch, 32, 128, dtype)
-        for batch in (1, 8, 64, 256, 512)
-        for dtype in (torch.float32, torch.bfloat16)
-    }
-    case = make_decode_case(batch=1, num_heads=1, num_v_heads=1, head_k_dim=128, head_v_dim=128)
-    for config in sorted(configs):
-        _assert_matches_reference(case, config)
+@pytest.mark.parametrize("num_v_heads", [16, 32])
+def test_grouped_grid_visits_every_head_and_tile_once(num_v_heads: int) -> None:
+    # groups of 16 heads: one group (HV=16) and two (HV=32), with GVA and padding
+    case = _case(num_heads=4, num_v_heads=num_v_heads, head_v_dim=8, indices=[3, -1])
+    _assert_matches_reference(case, DecodeConfig(block_v=4, num_warps=1, grid="grouped"))
+
+
+def test_matches_reference_at_production_head_dims_with_every_picked_config() -> None:
+    # K = V = 128 as in Kimi-Linear; every launch shape pick_config can choose (both layouts), on one
+    # request. (The grouped order needs HV % 16 == 0 and falls back to flat here; see the grouped test.)
+    for layout in ("VK", "KV"):
+        case = make_decode_case(batch=1, num_heads=1, num_v_heads=1, head_k_dim=128, head_v_dim=128,
+                                state_layout=layout)
+        for config in picked_configs():
+            _assert_matches_reference(case, config)
 
 
 # --- memory safety ------------------------------------------------------------------------------
 
 
-def test_padding_rows_give_zero_output_and_leave_the_pool_bit_identical() -> None:
+# Both guards (a branch, or masked pool accesses) must keep every bad index off the pool.
+_GUARDS = {
+    "branch": DecodeConfig(block_v=4, num_warps=1, guard="branch", grid="head_fastest"),
+    "mask": DecodeConfig(block_v=4, num_warps=1, guard="mask", grid="v_fastest"),
+}
+
+
+@pytest.mark.parametrize("guard", list(_GUARDS))
+def test_padding_rows_give_zero_output_and_leave_the_pool_bit_identical(guard: str) -> None:
     case = _case(indices=[-1, 4, -7], slot_pad=2)
-    out, state = _run_triton(case)
+    out, state = _run_triton(case, _GUARDS[guard])
     assert out[0].eq(0).all() and out[2].eq(0).all()
     assert_pool_untouched_except(case.state, state, [4])
-    _assert_matches_reference(case)
+    _assert_matches_reference(case, _GUARDS[guard])
 
 
+@pytest.mark.parametrize("guard", list(_GUARDS))
 @pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64], ids=["int32", "int64"])
-def test_out_of_range_indices_are_zeroed_counted_and_never_touch_the_pool(index_dtype: torch.dtype) -> None:
+def test_out_of_range_indices_are_zeroed_counted_and_never_touch_the_pool(index_dtype: torch.dtype, guard: str) -> None:
     big = torch.iinfo(index_dtype).max
     case = _case(num_slots=5, indices=[5, 1, big, -1, 6], index_dtype=index_dtype, slot_pad=3)
     counter = torch.zeros(1, dtype=torch.int32)
-    out, state = run_kernel(packed_decode, case, oob_counter=counter)
+    out, state = run_kernel(packed_decode, case, oob_counter=counter, config=_GUARDS[guard])
     assert counter.item() == 3  # 5, big and 6; padding (-1) is not counted
     for row in (0, 2, 3, 4):
         assert out[row].eq(0).all()
@@ -170,9 +190,10 @@ def test_empty_batch_is_a_noop() -> None:
     assert_pool_untouched_except(case.state, state, [])
 
 
-def test_empty_pool_gives_zero_output() -> None:
+@pytest.mark.parametrize("guard", list(_GUARDS))
+def test_empty_pool_gives_zero_output(guard: str) -> None:
     case = _case(num_slots=0, indices=[0, 3, -1])
-    out, _ = _run_triton(case)
+    out, _ = _run_triton(case, _GUARDS[guard])
     assert out.eq(0).all()
 
 
@@ -283,13 +304,13 @@ def test_fast_launch_reuses_the_compiled_kernel_with_every_argument_in_order(fak
     for _ in range(3):
         _call(case, out, oob_counter=counter)
     assert len(jit.calls) == 1  # one normal launch, then the compiled kernel's launcher
-    (grid,), args, kwargs = jit.calls[0][0], jit.calls[0][1], jit.calls[0][2]
+    grid, args, kwargs = jit.calls[0][0], jit.calls[0][1], jit.calls[0][2]
     assert kwargs == {"num_warps": pick_config(3, 4, 8, torch.float32).num_warps}
     assert len(args) == _N_PARAMS and args[8] is counter
     launches = jit.compiled.launches
     assert len(launches) == 2
     for launch in launches:
-        assert launch[:9] == (grid, 1, 1, 1234, jit.compiled.function, (1, 2), None, None, None)
+        assert launch[:9] == (*grid, 1234, jit.compiled.function, (1, 2), None, None, None)
         assert len(launch[9:]) == _N_PARAMS
         assert all(x is y if isinstance(x, torch.Tensor) else x == y for x, y in zip(launch[9:], args, strict=True))
 

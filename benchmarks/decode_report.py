@@ -1,0 +1,133 @@
+"""The report of benchmarks/decode.py: the summary against sglang's Helion kernel, the Markdown
+table and the picture (``--plot``), from the rows as dicts (``decode.add_ratios``).
+
+Example::
+
+    render(data, copy_tbps, eager, "python benchmarks/decode.py", method_text)   # -> Markdown section
+"""
+
+from __future__ import annotations
+
+import datetime
+import io
+import json
+import math
+import platform
+import statistics
+from pathlib import Path
+from typing import Any
+
+import torch
+
+SECTION = "## Packed decode kernels (GPU)"
+OURS = "triton"  # what backend="auto" runs on CUDA
+
+
+def fmt(x: float | None, spec: str) -> str:
+    return "—" if x is None else format(x, spec)
+
+
+def summary(data: list[dict[str, Any]]) -> list[str]:
+    ours = [d for d in data if d["backend"] == OURS and d["layout"] == "VK" and d["vs_sglang_helion"]]
+    if not ours:
+        return []
+    worst = min(ours, key=lambda d: d["vs_sglang_helion"])
+    geo = math.exp(statistics.fmean(math.log(d["vs_sglang_helion"]) for d in ours))
+    big = [d["pct_copy"] for d in ours if d["B"] >= 256 and d["state"] == "float32"]
+    lines = [f"Ours ({OURS}) / sglang-helion over {len(ours)} rows (hot and cold): geometric mean "
+             f"**{geo:.3f}×**, worst **{worst['vs_sglang_helion']:.3f}×** ({worst['variant']}, H={worst['H']}, "
+             f"{worst['state']}, B={worst['B']})."]
+    if big:
+        lines.append(f"Ours at B ≥ 256 with fp32 state: {min(big):.1f}–{max(big):.1f} % of copy.")
+        lines += ["", "fp32 state, B ≥ 256 (cold): ours and sglang-helion against the 2 GiB copy and against a copy "
+                  "of the same number of state bytes (timed the same way, right after the row):", "",
+                  "| H | B | ours TB/s | ours % of copy | sgl-helion % of copy | same-size copy TB/s | "
+                  "ours % of same-size copy |", "|---|---|---|---|---|---|---|"]
+        peers = {(d["H"], d["B"], d["variant"]): d for d in data
+                 if d["backend"] == "sglang-helion" and d["layout"] == "VK" and d["state"] == "float32"}
+        for d in ours:
+            if d["B"] >= 256 and d["state"] == "float32" and d["variant"] == "cold":
+                sh = peers.get((d["H"], d["B"], "cold"), {})
+                lines.append(f"| {d['H']} | {d['B']} | {fmt(d['tbps'], '.2f')} | {fmt(d['pct_copy'], '.1f')} | "
+                             f"{fmt(sh.get('pct_copy'), '.1f')} | {fmt(d['same_size_copy_tbps'], '.2f')} | "
+                             f"{fmt(d['pct_same_size_copy'], '.1f')} |")
+        lines.append("")
+    kv = [d["kv_vs_vk"] for d in data if d["backend"] == OURS and d["kv_vs_vk"]]
+    if kv:
+        lines.append(f"Ours, KV layout / VK layout speed (same rows): {min(kv):.3f}–{max(kv):.3f}×.")
+    return lines
+
+
+def render(data: list[dict[str, Any]], copy_tbps: float, eager: list[tuple[str, float]], cmd: str, method: str) -> str:
+    """The Markdown section: run facts, ``method`` (how it was measured), the summary, every row, the eager path."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    versions = [f"torch {torch.__version__}"]
+    for dist in ("triton", "helion", "fla-core"):
+        try:
+            versions.append(f"{dist} {version(dist)}")
+        except PackageNotFoundError:
+            pass
+    lines = [
+        SECTION, "",
+        f"Run {datetime.date.today().isoformat()} on {torch.cuda.get_device_name()} · {', '.join(versions)} · "
+        f"Python {platform.python_version()}", f"Command: `{cmd}`", "",
+        f"Device-to-device copy measured in the same run (read + write; the better of before and after the "
+        f"sweep): **{copy_tbps:.2f} TB/s**. {method}", "",
+    ]
+    lines += [*summary(data), ""]
+    lines += ["| variant | layout | backend | H | state | B | µs | TB/s | % of copy | vs peer | vs sgl-helion | "
+              "err out | err state | ok | note |", "|" + "---|" * 15]
+    for d in data:
+        lines.append(
+            f"| {d['variant']} | {d['layout']} | {d['backend']} | {d['H']} | {d['state']} | {d['B']} | "
+            f"{fmt(d['us'], '.1f')} | {fmt(d['tbps'], '.2f')} | {fmt(d['pct_copy'], '.0f')} | "
+            f"{fmt(d['vs_best_peer'], '.3f')} | {fmt(d['vs_sglang_helion'], '.3f')} | {fmt(d['err_out'], '.1e')} | "
+            f"{fmt(d['err_state'], '.1e')} | {'—' if d['correct'] is None else ('✓' if d['correct'] else '✗')} | "
+            f"{d['note']} |")
+    if eager:
+        lines += ["", "Eager path at B = 1, H = 32, fp32 state (µs per call, wall clock, median of 3 interleaved "
+                  "rounds of 7×300 calls):", "", "| path | µs/call |", "|---|---|"]
+        lines += [f"| {label} | {us:.1f} |" for label, us in eager]
+    return "\n".join(lines) + "\n"
+
+
+def plot(json_path: Path, png: Path) -> None:
+    """% of copy against B, one line per backend and peer (VK), hot and cold panels, ceiling drawn."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    doc = json.loads(json_path.read_text())
+    rows = [d for d in doc["rows"] if d["layout"] == "VK" and d["us"] and ":" not in d["backend"]]
+    combos = sorted({(d["H"], d["state"]) for d in rows}, key=lambda c: (-c[0], c[1]))
+    fig, axes = plt.subplots(len(combos), 2, figsize=(9, 2.3 * len(combos)), sharex=True, sharey=True, squeeze=False)
+    names = sorted({d["backend"] for d in rows}, key=lambda n: (n != OURS, n))
+    for i, (H, st) in enumerate(combos):
+        for j, variant in enumerate(("hot", "cold")):
+            ax = axes[i][j]
+            ax.axhline(100, color="k", lw=0.8, ls="--")
+            for n in names:
+                pts = sorted((d["B"], 100 * d["tbps"] / doc["copy_tbps"]) for d in rows
+                             if d["backend"] == n and d["H"] == H and d["state"] == st and d["variant"] == variant)
+                if pts:
+                    ours = n == OURS
+                    ax.plot(*zip(*pts, strict=False), marker="o", ms=3 if ours else 2, lw=3 if ours else 1, label=n,
+                            zorder=1 if ours else 2)
+            ax.set_xscale("log", base=2)
+            ax.set_title(f"{variant}, H={H}, {st} state", fontsize=8)
+            ax.tick_params(labelsize=7)
+            if j == 0:
+                ax.set_ylabel("% of copy", fontsize=7)
+    axes[-1][0].set_xlabel("B (requests)", fontsize=7)
+    axes[-1][1].set_xlabel("B (requests)", fontsize=7)
+    axes[0][1].legend(fontsize=6, loc="lower right")
+    fig.suptitle(f"KDA packed decode on {doc['device']}: effective bandwidth / copy ({doc['copy_tbps']:.2f} TB/s, "
+                 "dashed)", fontsize=9)
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, dpi=72)
+    from PIL import Image  # matplotlib's own dependency: a 64-colour palette keeps the file small
+
+    Image.open(buf).convert("RGB").quantize(colors=64).save(png, optimize=True)

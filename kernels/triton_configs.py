@@ -1,0 +1,128 @@
+"""Launch shapes of the Triton packed-decode kernel: :class:`DecodeConfig` (the knobs) and
+:func:`pick_config` (the regime table measured on an H200 against sglang's Helion kernel; the
+figures are in docs/benchmarks.md). Pure Python: importable without triton.
+
+Example::
+
+    from kda_kernels.triton_configs import pick_config
+    pick_config(1024, 32, 128, torch.bfloat16).grid   # 'grouped'
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+__all__ = ["DecodeConfig", "pick_config", "picked_configs"]
+
+
+class DecodeConfig(NamedTuple):
+    """Launch shape: each program does ``tiles`` tiles of ``block_v`` state rows, one after the
+    other (software-pipelined ``num_stages`` deep when ``tiles`` > 1), with ``num_warps`` warps."""
+
+    block_v: int
+    num_warps: int
+    tiles: int = 1
+    num_stages: int = 1
+    state_eviction: str = "evict_first"
+    #: "branch": an out-of-range program skips the pool in an ``if``; "mask": every program runs
+    #: the same code and the pool load/store are masked off (the address uses slot 0), so the
+    #: state load can issue as soon as the index arrives. Both touch no pool byte for a bad index.
+    guard: str = "branch"
+    #: cache modifiers of the state load (``""`` or ``".cg"``) and store (``""`` or ``".cs"``)
+    load_cache: str = ""
+    store_cache: str = ""
+    #: program order. "flat": a 1-D grid, request-major, then value head, then V tile (ids split
+    #: by integer division); "v_fastest": a 3-D grid (V tile, head, request); "head_fastest": a
+    #: 3-D grid (head, V tile, request); "grouped": 1-D, within a request heads in groups of 16
+    #: fastest, then V tile, then head group (HV % 16 == 0, else "flat"). 3-D grids need
+    #: B <= 65535 (else "flat" is used).
+    grid: str = "flat"
+    #: eviction hint of the state store (None: the same as ``state_eviction``)
+    store_eviction: str | None = None
+    #: register cap per thread (ptxas maxrregcount), or None. Fewer registers let more programs
+    #: reside per SM, but the spills cost more: on the H200 a 16-row bf16 tile (128 registers)
+    #: capped at 96 ran 13% slower at B=1024, at 80 20% slower. Kept for tuning; the table uses none.
+    max_registers: int | None = None
+    #: eviction hint for the activation loads (q, k, v, gate inputs): "" or "evict_last" (each is
+    #: read by every V tile of its head, while the state streams past once)
+    act_eviction: str = ""
+
+
+# Activation bytes per call above which the evict_last hint on them hurts 16-bit-state calls: kept in
+# L2 they crowd out the streaming state (H200, 60 MB of L2; measured at B=1024, H=32).
+_ACT_L2_BUDGET = 16 << 20
+
+
+def pick_config(
+    batch: int, num_v_heads: int, head_v_dim: int, state_dtype: torch.dtype, state_layout: str = "VK"
+) -> DecodeConfig:
+    """The launch shape for a call (measured on an H200 with K = V = 128; no runtime autotuning).
+
+    VK: one-warp programs won at every batch size: a single warp keeps every reduction in shuffles
+    (no shared-memory round trips or barriers), and many small programs keep enough loads in
+    flight. fp32 state: 4 rows (2 KB) while B * HV < 4096, then 8 rows with no hint on the state and
+    evict_last on the activations. 16-bit state: 16 rows (4 KB); when that leaves fewer than ~1024
+    programs (B * HV < 128 at V = 128) the tile shrinks to 8 or 4 rows so that small batches still
+    spread over all 132 SMs; by B * HV the activations are kept in L2 (evict_last) or the state is
+    read through L2 only (.cg), and with large activations groups of 16 heads go first instead.
+    Measured per regime against sglang's Helion kernel: see docs/kernels.md. KV (contiguous along
+    V): tiles of 16 to 64 V columns (whole lines per row), wider as the batch grows.
+
+    Example::
+
+        pick_config(256, 32, 128, torch.float32)   # DecodeConfig(block_v=8, num_warps=1, ...)
+    """
+    limit = 1 << max(head_v_dim - 1, 0).bit_length()  # the V tile never exceeds next_pow2(V)
+    work = batch * num_v_heads
+    wide_state = state_dtype.itemsize >= 4
+    if state_layout == "KV":
+        if work <= 32:
+            cfg = DecodeConfig(block_v=16, num_warps=1)
+        elif work <= 256:
+            cfg = DecodeConfig(block_v=32, num_warps=1)
+        else:
+            cfg = DecodeConfig(block_v=64, num_warps=4 if wide_state else 2)
+    elif wide_state:
+        if work < 4096:
+            cfg = DecodeConfig(block_v=4, num_warps=1, guard="mask", grid="v_fastest")
+        else:
+            cfg = DecodeConfig(8, 1, state_eviction="", act_eviction="evict_last", guard="mask")
+    else:
+        rows = 16
+        while rows > 4 and work * -(-head_v_dim // rows) < 1024:
+            rows //= 2
+        act_bytes = batch * num_v_heads * head_v_dim * 2 * 4  # ~q, k, v, gate inputs (16-bit, K = V)
+        keep_acts = dict(act_eviction="evict_last")
+        if rows < 16:  # a few hundred programs: plain
+            cfg = DecodeConfig(block_v=rows, num_warps=1)
+        elif act_bytes > _ACT_L2_BUDGET:  # large activations: no evict_last, groups of 16 heads first
+            cfg = DecodeConfig(block_v=rows, num_warps=1, grid="grouped")
+        elif work >= 8192:
+            cfg = DecodeConfig(block_v=rows, num_warps=1, state_eviction="", **keep_acts)
+        elif work >= 4096 or (work < 1024 and num_v_heads < 16):
+            # the state read through L2 only (.cg), masked guard
+            cfg = DecodeConfig(block_v=rows, num_warps=1, guard="mask", load_cache=".cg")
+        elif work < 1024:
+            cfg = DecodeConfig(block_v=rows, num_warps=1, guard="mask", **keep_acts)
+        else:
+            cfg = DecodeConfig(block_v=rows, num_warps=1, **keep_acts)
+    return cfg._replace(block_v=min(cfg.block_v, limit))
+
+
+def picked_configs(head_v_dim: int = 128) -> list[DecodeConfig]:
+    """Every launch shape :func:`pick_config` can choose at this V (for tests and device checks).
+
+    Example::
+
+        DecodeConfig(block_v=4, num_warps=1) in picked_configs()   # True
+    """
+    found = {
+        pick_config(batch, hv, head_v_dim, dtype, layout)
+        for batch in (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096)
+        for hv in (1, 2, 4, 8, 12, 16, 32, 64, 96)
+        for dtype in (torch.float32, torch.bfloat16, torch.float16)
+        for layout in ("VK", "KV")
+    }
+    return sorted(found, key=repr)
