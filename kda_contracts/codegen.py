@@ -44,6 +44,7 @@ from .snippets import (
     REJECT,
     SOLVE,
     TYPE_TEST,
+    UNPACK,
     VARIADIC_AXES,
     Gen,
     Names,
@@ -164,6 +165,20 @@ class _Checker:
         self.has_cfg = spec.config is not None or spec.config_arg is not None
         self.solved_axes = {(s.param, s.axis) for s in spec.solvers}
         self.dtypes_read: set[int] = set()  # arguments whose dtype is in a local already
+        # Fast forms (same verdict; a wrong rank makes them raise, and the slow path words it):
+        # a tensor whose axes are all first binders of distinct dims is unpacked in one statement;
+        # one whose dims are all expressions is compared as one tuple once every dim is bound.
+        self.unpacked = {tp.name for tp in spec.tensors.values() if self._unpackable(tp)}
+        self.whole = {tp.name for tp in spec.tensors.values()
+                      if not tp.optional and tp.name not in self.unpacked and tp.variadic is None
+                      and all(isinstance(d, Expr) for d in tp.dims)
+                      and not any((tp.name, a) in self.solved_axes for a in range(tp.rank))}
+
+    def _unpackable(self, tp: TensorParam) -> bool:
+        syms = [d.name for d in tp.dims if isinstance(d, Sym)]
+        if tp.optional or tp.variadic is not None or len(syms) != len(tp.dims) or len(set(syms)) != len(syms):
+            return False
+        return all(s not in self.spec.scalar_sources and self.spec.sources[s][0].param == tp.name for s in syms)
 
     def source(self) -> tuple[str, dict[str, Any], bool]:
         spec, g, n = self.spec, self.g, self.names
@@ -172,7 +187,8 @@ class _Checker:
         required = [tp for tp in spec.tensors.values() if not tp.optional]
         for tp in required:
             g.emit(READ_SHAPE, shape=self.shape[tp.name], arg=self.arg[tp.name])
-        g.reject_if([rank_test(tp, self.shape[tp.name]) for tp in required])
+        g.reject_if([rank_test(tp, self.shape[tp.name]) for tp in required
+                     if tp.name not in self.unpacked and tp.name not in self.whole])
         if self.has_cfg:
             self.read_config()
         self.bind()
@@ -213,8 +229,12 @@ class _Checker:
             g.emit(fact, var=self.dim[f.key], arg=self.arg[f.arg])
         for sym, pname in spec.scalar_sources.items():
             g.emit(f"{self.dim[sym]} = {self.arg[pname]}")
+        for name in self.unpacked:
+            tp = spec.tensors[name]
+            names = [self.dim[d.name] for d in tp.dims if isinstance(d, Sym)]
+            g.emit(UNPACK, dims=", ".join(names) + ("," if tp.rank == 1 else ""), shape=self.shape[name])
         for sym, srcs in spec.sources.items():
-            if sym not in spec.scalar_sources:
+            if sym not in spec.scalar_sources and srcs[0].param not in self.unpacked:
                 g.emit(BIND_AXIS, dim=self.dim[sym], shape=self.shape[srcs[0].param], axis=srcs[0].axis)
         for sym, srcs in spec.broadcast_sources.items():
             sizes = [f"{self.shape[src.param]}[{src.axis}]" for src in srcs]
@@ -282,6 +302,12 @@ class _Checker:
     def shape_checks(self, tp: TensorParam) -> None:
         conds = []
         shape = self.shape[tp.name]
+        if tp.name in self.unpacked:
+            return
+        if tp.name in self.whole:
+            dims = ", ".join(d.render(self.dim) for d in tp.dims if isinstance(d, Expr))
+            self.g.reject_if([f"{shape} != ({dims}{',' if tp.rank == 1 else ''})"])
+            return
         for axis, d in tp.fixed_axes():
             if d is ANY or (tp.name, axis) in self.solved_axes:
                 continue
@@ -323,8 +349,9 @@ class _Checker:
                     other = f"({oarg}.dtype if {oarg} is not None else None)"
                 else:  # a required tensor's dtype is read before any optional one's; reuse it if so
                     other = n("dt", oi) if oi in self.dtypes_read else f"{oarg}.dtype"
+            sizes = tuple(self.dim[d.name] for d in tp.dims if isinstance(d, Sym)) if tp.name in self.unpacked else None
             slots = g.slots(rule, value=self.arg[tp.name], shape=self.shape[tp.name], strides=strides, dtype=dtype,
-                            device=n("dev"), config_value=config_value, other_dtype=other)
+                            device=n("dev"), config_value=config_value, other_dtype=other, sizes=sizes)
             g.reject_if([rule.test(slots)])
 
     def scalar_checks(self) -> None:

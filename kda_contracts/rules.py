@@ -124,6 +124,13 @@ class Slots:
     config_value: str = "config_value"  # what the config fixes for this rule (None: nothing)
     other_dtype: str = "other_dtype"  # the dtype of the argument named by same_dtype_as
     constants: Mapping[str, str] = field(default_factory=dict)  # constant object id -> name
+    # Names already holding each axis's size (when the generated code has them in locals), from
+    # the front; None: index ``shape``.
+    sizes: tuple[str, ...] | None = None
+
+    def size(self, axis: int) -> str:
+        """Source for the size of ``axis`` (negative: from the back)."""
+        return self.sizes[axis] if self.sizes is not None else f"{self.shape}[{axis}]"
 
 
 _PARAMS = Slots()
@@ -304,13 +311,13 @@ class InnerDense(Rule):
     needs: ClassVar[frozenset[str]] = frozenset({"shape", "strides"})
 
     def test(self, n: Slots) -> str:
-        s, st = n.shape, n.strides
-        terms = [f"({s}[-1] != 1 and {st}[-1] != 1)"]
+        st = n.strides
+        terms = [f"({n.size(-1)} != 1 and {st}[-1] != 1)"]
         expected = ""
         for axis in range(-2, -1 - self.n, -1):
             expected = f"{expected}*" if expected else ""
-            expected += f"({s}[{axis + 1}] or 1)"
-            terms.append(f"({s}[{axis}] != 1 and {st}[{axis}] != {expected})")
+            expected += f"({n.size(axis + 1)} or 1)"
+            terms.append(f"({n.size(axis)} != 1 and {st}[{axis}] != {expected})")
         return " or ".join(terms)
 
     def violation(self, **values: Any) -> Violation:
@@ -347,8 +354,8 @@ class Disjoint(Rule):
         if r is None:
             return f"not {n.constants['disjoint']}({s}, {st}, {self.n})"
         if r - self.n == 1:  # one outer axis (a pool of slots): its stride steps over a whole block
-            block = "*".join(f"({s}[{axis}] or 1)" for axis in range(1, r)) or "1"
-            return f"{s}[0] > 1 and {st}[0] < {block}"
+            block = "*".join(f"({n.size(axis)} or 1)" for axis in range(1, r)) or "1"
+            return f"{n.size(0)} > 1 and {st}[0] < {block}"
         if r - self.n > 1:
             return f"not {n.constants['disjoint']}({s}, {st}, {self.n})"
         return "False"

@@ -42,6 +42,7 @@ RANK_TEST = "len({shape}) != {rank}"
 MIN_RANK_TEST = "len({shape}) < {rank}"
 VARIADIC_AXES = "{shape}[{start}:len({shape}) - {after}]"
 BIND_AXIS = "{dim} = {shape}[{axis}]"
+UNPACK = "{dims} = {shape}"
 SOLVE = ("{coef} = {coef_expr}", "{rest} = {shape}[{axis}] - ({const_expr})",
          "if {coef} == 0 or {rest} % {coef} or {rest} // {coef} < 1:", "    return None", "{dim} = {rest} // {coef}")
 CONFIG_VIEW = ("{view} = {views}.get(id({cfg}))", "if {view} is None or {view}[0]() is not {cfg}:",
@@ -107,5 +108,5 @@ class Gen:
         self.consts[name] = value
         return name
 
-    def slots(self, rule: Rule, **names: str) -> Slots:
+    def slots(self, rule: Rule, **names: Any) -> Slots:
         return Slots(**names, constants={k: self.const(v) for k, v in rule.constants().items()})
