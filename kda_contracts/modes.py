@@ -41,6 +41,9 @@ def parse_mode(name: str, origin: str = "mode") -> int:
 
 _default: int = parse_mode(os.environ.get("KDA_CONTRACTS_MODE", "check"), "KDA_CONTRACTS_MODE")
 _local: ContextVar[int | None] = ContextVar("kda_contracts_mode", default=None)
+# What `_local` was before each `with kc.mode(...)` still open here, innermost last. Kept per
+# context rather than on the mode object, so one object can be entered by many threads and tasks.
+_outer: ContextVar[tuple[int | None, ...]] = ContextVar("kda_contracts_mode_outer", default=())
 
 
 def current_mode() -> int:
@@ -127,7 +130,8 @@ def set_default_mode(name: ModeName) -> None:
 
 class mode:
     """Set the enforcement mode for a block or a function: ``with kc.mode("strict"): ...`` or
-    ``@kc.mode("off")``. Local to the current thread / asyncio task; nests.
+    ``@kc.mode("off")``. Local to the current thread / asyncio task; nests. One object can be
+    entered by any number of threads and tasks at once, and re-entered.
 
     Example::
 
@@ -135,16 +139,25 @@ class mode:
             kc.packed_decode(...)     # also checks index range and duplicate slots
     """
 
+    __slots__ = ("value",)
+
     def __init__(self, name: ModeName) -> None:
         self.value = parse_mode(name)
-        self._tokens: list[object] = []
+
+    def __repr__(self) -> str:
+        return f"kc.mode({_NAMES[self.value]!r})"
 
     def __enter__(self) -> mode:
-        self._tokens.append(_local.set(self.value))
+        _outer.set((*_outer.get(), _local.get()))
+        _local.set(self.value)
         return self
 
     def __exit__(self, *exc: object) -> None:
-        _local.reset(self._tokens.pop())  # type: ignore[arg-type]
+        outer = _outer.get()
+        if not outer:
+            raise RuntimeError(f"{self!r}: exited without a matching enter in this thread / task")
+        _outer.set(outer[:-1])
+        _local.set(outer[-1])
 
     def __call__(self, fn: F) -> F:
         value = self.value
