@@ -16,9 +16,10 @@ be changed with :func:`set_default_mode`.
 from __future__ import annotations
 
 import functools
+import inspect
 import os
-from collections.abc import Callable
-from contextvars import ContextVar
+from collections.abc import Callable, Generator
+from contextvars import ContextVar, Token
 from typing import Any, Literal, TypeVar
 
 __all__ = ["CHECK", "OFF", "STRICT", "ModeName", "current_mode", "get_mode", "mode", "set_default_mode"]
@@ -133,10 +134,17 @@ class mode:
     ``@kc.mode("off")``. Local to the current thread / asyncio task; nests. One object can be
     entered by any number of threads and tasks at once, and re-entered.
 
+    On an async function, a generator function or an async generator function the mode holds
+    while the body runs, at every resumption, and the caller's mode is restored whenever the
+    body is suspended (at an ``await`` that suspends, at a ``yield``).
+
     Example::
 
         with kc.mode("strict"):
             kc.packed_decode(...)     # also checks index range and duplicate slots
+
+        @kc.mode("off")
+        async def serve(request): ...
     """
 
     __slots__ = ("value",)
@@ -160,14 +168,120 @@ class mode:
         _local.set(outer[-1])
 
     def __call__(self, fn: F) -> F:
-        value = self.value
+        if inspect.isasyncgenfunction(fn):
+            wrapper = _async_generator_in_mode(fn, self.value)
+        elif inspect.iscoroutinefunction(fn):
+            wrapper = _coroutine_in_mode(fn, self.value)
+        elif inspect.isgeneratorfunction(fn):
+            wrapper = _generator_in_mode(fn, self.value)
+        else:
+            wrapper = _function_in_mode(fn, self.value)
+        return functools.wraps(fn)(wrapper)  # type: ignore[return-value]
 
-        @functools.wraps(fn)
-        def run_in_mode(*args: object, **kwargs: object) -> object:
-            token = _local.set(value)
+
+def _function_in_mode(fn: Callable[..., Any], value: int) -> Callable[..., Any]:
+    def run_in_mode(*args: Any, **kwargs: Any) -> Any:
+        token = _local.set(value)
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            _local.reset(token)
+
+    return run_in_mode
+
+
+class _Suspended:
+    """The mode state of one decorated generator or coroutine body between its resumptions: the
+    mode it runs in (its own ``with kc.mode`` blocks spanning a ``yield`` included) and what those
+    blocks restore. Swapped in for each step of the body and back out after it."""
+
+    __slots__ = ("mode", "outer")
+
+    def __init__(self, value: int) -> None:
+        self.mode: int | None = value
+        self.outer: tuple[int | None, ...] = ()
+
+    def resume(self) -> tuple[Token[int | None], Token[tuple[int | None, ...]]]:
+        return _local.set(self.mode), _outer.set(self.outer)
+
+    def suspend(self, tokens: tuple[Token[int | None], Token[tuple[int | None, ...]]]) -> None:
+        self.mode, self.outer = _local.get(), _outer.get()
+        _outer.reset(tokens[1])
+        _local.reset(tokens[0])
+
+
+def _steps(it: Any, body: _Suspended) -> Generator[Any, Any, Any]:
+    """``yield from it`` (PEP 380: send, throw, close, the return value), with ``body``'s mode in
+    force while ``it`` runs and the caller's back in force whenever ``it`` is suspended."""
+    send: Any = None
+    thrown: BaseException | None = None
+    while True:
+        tokens = body.resume()
+        try:
+            item = it.send(send) if thrown is None else it.throw(thrown)
+        except StopIteration as stop:
+            return stop.value
+        finally:
+            body.suspend(tokens)
+        thrown = None
+        try:
+            send = yield item
+        except GeneratorExit:
+            tokens = body.resume()
             try:
-                return fn(*args, **kwargs)
+                it.close()
             finally:
-                _local.reset(token)
+                body.suspend(tokens)
+            raise
+        except BaseException as exc:
+            send, thrown = None, exc
 
-        return run_in_mode  # type: ignore[return-value]
+
+class _Awaiting:
+    """Awaits a step iterator (``await _Awaiting(_steps(coro, body))``)."""
+
+    __slots__ = ("steps",)
+
+    def __init__(self, steps: Generator[Any, Any, Any]) -> None:
+        self.steps = steps
+
+    def __await__(self) -> Generator[Any, Any, Any]:
+        return self.steps
+
+
+def _generator_in_mode(fn: Callable[..., Any], value: int) -> Callable[..., Any]:
+    def run_in_mode(*args: Any, **kwargs: Any) -> Generator[Any, Any, Any]:
+        return (yield from _steps(fn(*args, **kwargs), _Suspended(value)))
+
+    return run_in_mode
+
+
+def _coroutine_in_mode(fn: Callable[..., Any], value: int) -> Callable[..., Any]:
+    async def run_in_mode(*args: Any, **kwargs: Any) -> Any:
+        return await _Awaiting(_steps(fn(*args, **kwargs), _Suspended(value)))
+
+    return run_in_mode
+
+
+def _async_generator_in_mode(fn: Callable[..., Any], value: int) -> Callable[..., Any]:
+    # `async for` over the body, one asend/athrow/aclose at a time, each stepped by _steps.
+    async def run_in_mode(*args: Any, **kwargs: Any) -> Any:
+        agen, body = fn(*args, **kwargs), _Suspended(value)
+        send: Any = None
+        thrown: BaseException | None = None
+        while True:
+            step = agen.asend(send) if thrown is None else agen.athrow(thrown)
+            thrown = None
+            try:
+                item = await _Awaiting(_steps(step, body))
+            except StopAsyncIteration:
+                return
+            try:
+                send = yield item
+            except GeneratorExit:
+                await _Awaiting(_steps(agen.aclose(), body))
+                raise
+            except BaseException as exc:
+                send, thrown = None, exc
+
+    return run_in_mode

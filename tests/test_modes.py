@@ -1,17 +1,23 @@
-"""Modes: one ``kc.mode`` object shared by threads and tasks.
+"""Modes: one ``kc.mode`` object shared by threads and tasks, ``@kc.mode`` on coroutines and
+generators.
 
 - A mode object keeps no per-entry state: any number of threads and asyncio tasks can be inside
   the same ``with STRICT:`` at once, exiting in any order, and one thread can re-enter it.
+- ``@kc.mode(...)`` on an async function, a generator function or an async generator function
+  holds while the body runs, at every resumption; the caller's mode is back whenever the body is
+  suspended, and a ``with kc.mode`` inside the body spans its ``yield``s without leaking.
 """
 
 # No `from __future__ import annotations`: with it, ruff's UP037 fix unquotes one-name dim strings
 # such as "B" in Float[Tensor, "B"] as if they were forward references.
 import asyncio
+import inspect
 import random
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+import types
+from collections.abc import AsyncIterator, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -179,3 +185,307 @@ def test_a_contract_sees_the_shared_objects_mode_in_every_thread() -> None:
 def test_exiting_a_mode_never_entered_here_is_a_clear_error() -> None:
     with pytest.raises(RuntimeError, match=r"kc\.mode\('strict'\): exited without a matching enter"):
         _run_threads(lambda i: STRICT.__exit__(None, None, None), n=1)
+
+
+# -- @kc.mode on generators ---------------------------------------------------------------------------
+@kc.mode("strict")
+def strict_modes(n: int) -> Iterator[str]:
+    for _ in range(n):
+        yield kc.get_mode()
+
+
+@kc.mode("off")
+def off_modes(n: int) -> Iterator[str]:
+    for _ in range(n):
+        yield kc.get_mode()
+
+
+def test_a_generator_body_sees_its_mode_at_every_resumption_and_the_consumer_keeps_its_own() -> None:
+    inside, outside = [], []
+    with CHECK:
+        for seen in strict_modes(STEPS):
+            inside.append(seen)
+            outside.append(kc.get_mode())
+    assert inside == ["strict"] * STEPS
+    assert outside == ["check"] * STEPS
+
+
+def test_interleaved_generators_in_different_modes_each_keep_their_own() -> None:
+    rng = random.Random(0)
+    gens = {"strict": strict_modes(STEPS), "off": off_modes(STEPS)}
+    counts = {"strict": 0, "off": 0}
+    for _ in range(2 * STEPS):
+        name = rng.choice([n for n in gens if counts[n] < STEPS])
+        consumer = rng.choice(list(BY_NAME))
+        with BY_NAME[consumer]:  # the consumer switches modes between steps
+            assert next(gens[name]) == name
+            assert kc.get_mode() == consumer
+        counts[name] += 1
+    assert counts == {"strict": STEPS, "off": STEPS}
+
+
+def test_a_with_block_in_a_generator_body_spans_its_yields_without_leaking() -> None:
+    @kc.mode("strict")
+    def body() -> Iterator[str]:
+        with OFF:
+            for _ in range(3):
+                yield kc.get_mode()
+        yield kc.get_mode()
+
+    g = body()
+    with CHECK:
+        assert next(g) == "off"
+        assert kc.get_mode() == "check"
+        with STRICT:
+            assert next(g) == "off"
+            assert kc.get_mode() == "strict"
+        assert next(g) == "off"
+        assert next(g) == "strict"
+        assert kc.get_mode() == "check"
+
+
+def test_a_generator_resumed_by_eight_threads_in_turn_keeps_its_mode() -> None:
+    g, lock = strict_modes(THREADS * STEPS), threading.Lock()
+
+    def work(i: int) -> list[str]:
+        seen = []
+        with BY_NAME[("off", "check")[i % 2]]:
+            for _ in range(STEPS):
+                with lock:
+                    seen.append(next(g))
+                assert kc.get_mode() == ("off", "check")[i % 2]
+        return seen
+
+    assert [m for seen in _run_threads(work) for m in seen] == ["strict"] * THREADS * STEPS
+
+
+def test_send_and_the_return_value_pass_through_a_decorated_generator() -> None:
+    @kc.mode("strict")
+    def echo() -> Any:
+        got = yield "ready"
+        while got is not None:
+            got = yield (got, kc.get_mode())
+        return "done"
+
+    def outer() -> Any:
+        return (yield from echo())
+
+    with OFF:
+        g = outer()
+        assert next(g) == "ready"
+        assert [g.send(k) for k in range(5)] == [(k, "strict") for k in range(5)]
+        with pytest.raises(StopIteration) as stop:
+            g.send(None)
+    assert stop.value.value == "done"
+
+
+def test_an_exception_thrown_into_a_decorated_generator_is_handled_in_its_mode() -> None:
+    @kc.mode("strict")
+    def recovering() -> Iterator[str]:
+        while True:
+            try:
+                yield "waiting"
+            except KeyError:
+                yield f"recovered in {kc.get_mode()}"
+
+    g = recovering()
+    with OFF:
+        next(g)
+        assert g.throw(KeyError("x")) == "recovered in strict"
+        assert kc.get_mode() == "off"
+        with pytest.raises(ValueError, match="not handled"):
+            g.throw(ValueError("not handled"))
+        assert kc.get_mode() == "off"
+
+
+def test_closing_a_decorated_generator_runs_its_finally_in_its_mode() -> None:
+    seen = []
+
+    @kc.mode("strict")
+    def cleanup() -> Iterator[int]:
+        try:
+            yield 1
+        finally:
+            seen.append(kc.get_mode())
+
+    with OFF:
+        g = cleanup()
+        next(g)
+        g.close()
+        assert kc.get_mode() == "off"
+    assert seen == ["strict"]
+
+
+# -- @kc.mode on coroutines and async generators -----------------------------------------------------
+@types.coroutine
+def _suspend() -> Iterator[None]:
+    """Suspend the awaiting coroutine once (what an event loop would see as a bare yield)."""
+    yield
+
+
+@kc.mode("strict")
+async def strict_after_awaits(rng: random.Random) -> list[str]:
+    seen = []
+    for _ in range(5):
+        await asyncio.sleep(rng.random() / 1000)
+        seen.append(kc.get_mode())
+    return seen
+
+
+@kc.mode("off")
+async def off_after_awaits(rng: random.Random) -> list[str]:
+    seen = []
+    for _ in range(5):
+        await asyncio.sleep(rng.random() / 1000)
+        seen.append(kc.get_mode())
+    return seen
+
+
+def test_fifty_concurrent_decorated_coroutines_see_their_mode_after_every_await() -> None:
+    async def task(i: int) -> tuple[list[str], str]:
+        with CHECK:
+            seen = await (strict_after_awaits if i % 2 else off_after_awaits)(random.Random(i))
+            return seen, kc.get_mode()
+
+    async def main() -> list[tuple[list[str], str]]:
+        return await asyncio.gather(*(task(i) for i in range(TASKS)))
+
+    for i, (seen, after) in enumerate(asyncio.run(main())):
+        assert seen == ["strict" if i % 2 else "off"] * 5
+        assert after == "check"
+
+
+def test_a_decorated_coroutine_driven_by_hand_does_not_leak_its_mode_between_sends() -> None:
+    @kc.mode("strict")
+    async def body() -> list[str]:
+        seen = []
+        for _ in range(STEPS):
+            seen.append(kc.get_mode())
+            await _suspend()
+        return seen
+
+    coro = body()
+    with OFF:
+        for _ in range(STEPS):
+            coro.send(None)
+            assert kc.get_mode() == "off"
+        with pytest.raises(StopIteration) as stop:
+            coro.send(None)
+    assert stop.value.value == ["strict"] * STEPS
+
+
+def test_a_contract_called_in_a_decorated_coroutine_uses_its_mode() -> None:
+    @kc.mode("strict")
+    async def strict_call(x: torch.Tensor) -> torch.Tensor:
+        await asyncio.sleep(0)
+        return nonneg(x)
+
+    @kc.mode("check")
+    async def check_call(x: torch.Tensor) -> torch.Tensor:
+        await asyncio.sleep(0)
+        return nonneg(x)
+
+    async def main() -> list[Any]:
+        with OFF:
+            calls = [(strict_call if i % 2 else check_call)(-torch.ones(2)) for i in range(TASKS)]
+            return await asyncio.gather(*calls, return_exceptions=True)
+
+    results = asyncio.run(main())
+    assert all(isinstance(r, kc.ValueRangeError) for r in results[1::2])
+    assert all(isinstance(r, torch.Tensor) for r in results[0::2])
+
+
+def test_a_cancelled_decorated_coroutine_handles_the_cancellation_in_its_mode() -> None:
+    seen = []
+
+    @kc.mode("strict")
+    async def long_running() -> None:
+        try:
+            await asyncio.sleep(10)
+        except asyncio.CancelledError:
+            seen.append(kc.get_mode())
+            raise
+
+    async def main() -> str:
+        with OFF:
+            task = asyncio.create_task(long_running())
+            await asyncio.sleep(0.01)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            return kc.get_mode()
+
+    assert asyncio.run(main()) == "off"
+    assert seen == ["strict"]
+
+
+@kc.mode("strict")
+async def strict_stream(n: int) -> AsyncIterator[str]:
+    for _ in range(n):
+        await asyncio.sleep(0)
+        yield kc.get_mode()
+
+
+@kc.mode("off")
+async def off_stream(n: int) -> AsyncIterator[str]:
+    for _ in range(n):
+        await asyncio.sleep(0)
+        yield kc.get_mode()
+
+
+def test_fifty_tasks_iterate_decorated_async_generators_each_in_its_mode() -> None:
+    async def task(i: int) -> tuple[list[str], list[str]]:
+        inside, outside = [], []
+        with CHECK:
+            async for seen in (strict_stream if i % 2 else off_stream)(10):
+                inside.append(seen)
+                outside.append(kc.get_mode())
+                await asyncio.sleep(0)
+        return inside, outside
+
+    async def main() -> list[tuple[list[str], list[str]]]:
+        return await asyncio.gather(*(task(i) for i in range(TASKS)))
+
+    for i, (inside, outside) in enumerate(asyncio.run(main())):
+        assert inside == ["strict" if i % 2 else "off"] * 10
+        assert outside == ["check"] * 10
+
+
+def test_athrow_and_aclose_reach_a_decorated_async_generator_in_its_mode() -> None:
+    seen = []
+
+    @kc.mode("strict")
+    async def stream() -> AsyncIterator[str]:
+        try:
+            while True:
+                try:
+                    yield "item"
+                except KeyError:
+                    await asyncio.sleep(0)
+                    yield f"recovered in {kc.get_mode()}"
+        finally:
+            await asyncio.sleep(0)
+            seen.append(kc.get_mode())
+
+    async def main() -> None:
+        with OFF:
+            agen = stream()
+            assert await agen.__anext__() == "item"
+            assert await agen.athrow(KeyError("x")) == "recovered in strict"
+            assert kc.get_mode() == "off"
+            await agen.aclose()
+            assert kc.get_mode() == "off"
+
+    asyncio.run(main())
+    assert seen == ["strict"]
+
+
+@pytest.mark.parametrize(("fn", "kind"), [
+    (strict_modes, inspect.isgeneratorfunction),
+    (strict_after_awaits, inspect.iscoroutinefunction),
+    (strict_stream, inspect.isasyncgenfunction),
+], ids=["generator", "coroutine", "async-generator"])
+def test_decorating_keeps_the_kind_and_the_name_of_the_function(fn: Any, kind: Callable[[Any], bool]) -> None:
+    assert kind(fn)
+    assert fn.__wrapped__ is not fn
+    assert fn.__name__ == fn.__wrapped__.__name__
