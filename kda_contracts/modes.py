@@ -2,8 +2,13 @@
 
 The mode in force is, in order: the innermost ``with kc.mode(...)`` of the current thread or
 asyncio task (a :class:`contextvars.ContextVar`, so threads and tasks do not leak into each
-other), else the process default, which starts as ``$KDA_CONTRACTS_MODE`` (or ``check``) and can
-be changed with :func:`set_default_mode`.
+other), else the process default, which starts as ``$KDA_CONTRACTS_MODE`` (empty or unset:
+``check``) and can be changed with :func:`set_default_mode`.
+
+A ``$KDA_CONTRACTS_MODE`` that names no mode does not break ``import kda_contracts`` (the pytest
+plugin is imported in every pytest session of the environment); instead the first read of the
+process default (a contracted call, :func:`get_mode`, ``@kc.contract`` without ``mode=``) raises
+a ValueError naming the variable and the allowed values, until :func:`set_default_mode` picks one.
 
 - ``off``: nothing is checked. A contract decorated while the mode is ``off`` returns the
   original function object; a contract called while ``off`` costs one mode read.
@@ -22,10 +27,11 @@ from collections.abc import Callable, Generator
 from contextvars import ContextVar, Token
 from typing import Any, Literal, TypeVar
 
-__all__ = ["CHECK", "OFF", "STRICT", "ModeName", "current_mode", "get_mode", "mode", "set_default_mode"]
+__all__ = ["CHECK", "ENV_VAR", "OFF", "STRICT", "ModeName", "current_mode", "get_mode", "mode", "set_default_mode"]
 
 ModeName = Literal["off", "check", "strict"]
 OFF, CHECK, STRICT = 0, 1, 2
+ENV_VAR = "KDA_CONTRACTS_MODE"
 _BY_NAME: dict[str, int] = {"off": OFF, "check": CHECK, "strict": STRICT}
 _NAMES = {v: k for k, v in _BY_NAME.items()}
 
@@ -40,7 +46,28 @@ def parse_mode(name: str, origin: str = "mode") -> int:
         raise ValueError(f"{origin}: unknown mode {name!r}; expected one of 'off', 'check', 'strict'") from None
 
 
-_default: int = parse_mode(os.environ.get("KDA_CONTRACTS_MODE", "check"), "KDA_CONTRACTS_MODE")
+def default_from_environment(raw: str | None) -> tuple[int | None, str]:
+    """The process default a ``$KDA_CONTRACTS_MODE`` of ``raw`` asks for, as ``(mode, "")``, or
+    ``(None, why)`` when it names no mode. Empty (or blank) means unset: ``check``.
+
+    Example::
+
+        >>> default_from_environment(" Strict ")
+        (2, '')
+    """
+    if raw is None or not raw.strip():
+        return CHECK, ""
+    try:
+        return parse_mode(raw, ENV_VAR), ""
+    except ValueError as err:
+        return None, (f"{err} (empty or unset means 'check'). Set it to one of those or unset it, or choose the "
+                      "mode in code with kc.set_default_mode(...) or `with kc.mode(...)`")
+
+
+# The process default: a mode number, or None while $KDA_CONTRACTS_MODE names no mode (the
+# first read raises _default_problem, so a typo is never silently some other mode).
+_default, _default_problem = default_from_environment(os.environ.get(ENV_VAR))
+# The mode of the innermost `with kc.mode(...)` / `@kc.mode` here (None: the process default).
 _local: ContextVar[int | None] = ContextVar("kda_contracts_mode", default=None)
 # What `_local` was before each `with kc.mode(...)` still open here, innermost last. Kept per
 # context rather than on the mode object, so one object can be entered by many threads and tasks.
@@ -54,7 +81,11 @@ def current_mode() -> int:
     a ContextVar); a compiled function keeps the mode it was compiled in.
     """
     m = _local.get()
-    return _default if m is None else m
+    if m is None:
+        m = _default
+        if m is None:
+            raise ValueError(_default_problem)
+    return m
 
 
 def mark_constant_result(fn: F) -> F:
@@ -124,9 +155,29 @@ def get_mode() -> ModeName:
 
 
 def set_default_mode(name: ModeName) -> None:
-    """Set the process-wide default (what applies outside any ``with kc.mode(...)``)."""
+    """Set the process-wide default (what applies outside any ``with kc.mode(...)``).
+
+    Example::
+
+        kc.set_default_mode("off")     # e.g. in a benchmark's setup
+    """
     global _default
     _default = parse_mode(name)
+
+
+def replace_default(value: int | None) -> int | None:
+    """Set the process default to a mode number, or back to None (what a ``$KDA_CONTRACTS_MODE``
+    naming no mode leaves); return the previous one. For save/restore (the pytest plugin).
+
+    Example::
+
+        previous = replace_default(STRICT)
+        ...
+        replace_default(previous)
+    """
+    global _default
+    previous, _default = _default, value
+    return previous
 
 
 class mode:

@@ -1,18 +1,24 @@
 """Modes: one ``kc.mode`` object shared by threads and tasks, ``@kc.mode`` on coroutines and
-generators.
+generators, and the process default read from ``$KDA_CONTRACTS_MODE``.
 
 - A mode object keeps no per-entry state: any number of threads and asyncio tasks can be inside
   the same ``with STRICT:`` at once, exiting in any order, and one thread can re-enter it.
 - ``@kc.mode(...)`` on an async function, a generator function or an async generator function
   holds while the body runs, at every resumption; the caller's mode is back whenever the body is
   suspended, and a ``with kc.mode`` inside the body spans its ``yield``s without leaking.
+- ``$KDA_CONTRACTS_MODE``: empty means unset (``check``); a value naming no mode leaves
+  ``import kda_contracts`` working and makes the first read of the process default raise a
+  ValueError naming the variable and the allowed values. These run in fresh interpreters.
 """
 
 # No `from __future__ import annotations`: with it, ruff's UP037 fix unquotes one-name dim strings
 # such as "B" in Float[Tensor, "B"] as if they were forward references.
 import asyncio
 import inspect
+import json
+import os
 import random
+import subprocess
 import sys
 import threading
 import time
@@ -25,7 +31,7 @@ import pytest
 import torch
 
 import kda_contracts as kc
-from kda_contracts import Float, Tensor
+from kda_contracts import Float, Tensor, modes
 from kda_contracts.spec import CallContext
 
 # Module-level mode objects, shared by every thread and task below (the usage that used to raise).
@@ -489,3 +495,96 @@ def test_decorating_keeps_the_kind_and_the_name_of_the_function(fn: Any, kind: C
     assert kind(fn)
     assert fn.__wrapped__ is not fn
     assert fn.__name__ == fn.__wrapped__.__name__
+
+
+# -- $KDA_CONTRACTS_MODE ------------------------------------------------------------------------------
+@pytest.mark.parametrize(("raw", "expected"), [
+    (None, modes.CHECK), ("", modes.CHECK), ("  \t", modes.CHECK), ("off", modes.OFF), (" Strict ", modes.STRICT),
+])
+def test_the_environment_value_ignores_case_and_blanks_and_empty_means_unset(raw: str | None, expected: int) -> None:
+    assert modes.default_from_environment(raw) == (expected, "")
+
+
+BAD_ENV_MESSAGE = ("KDA_CONTRACTS_MODE: unknown mode 'loud'; expected one of 'off', 'check', 'strict' (empty or "
+                   "unset means 'check'). Set it to one of those or unset it, or choose the mode in code with "
+                   "kc.set_default_mode(...) or `with kc.mode(...)`")
+
+# Run in a fresh interpreter: what each step did, as JSON (the error text, or the mode).
+PROBE = r"""
+import json, sys
+import kda_contracts as kc
+from kda_contracts import Float, Tensor
+import torch
+
+def attempt(step):
+    try:
+        return step()
+    except ValueError as err:
+        return "ValueError: " + str(err)
+
+def f(x: Float[Tensor, "B"]) -> None: ...
+
+def decorate():
+    return kc.contract(f).__name__          # reads the mode: `off` would return f itself
+
+with kc.mode("check"):
+    g = kc.contract(f)                      # decorated where a mode is chosen
+
+def call():
+    return g(torch.ones(2))
+
+def in_block():
+    with kc.mode("strict"):
+        g(torch.ones(2))
+        return kc.get_mode()
+
+out = {"imported": True, "get_mode": attempt(kc.get_mode), "decorate": attempt(decorate),
+       "call": attempt(call), "in_block": attempt(in_block)}
+kc.set_default_mode("off")
+out["after_set_default_mode"] = attempt(kc.get_mode)
+print(json.dumps(out))
+"""
+
+
+def _probe(value: str) -> dict[str, Any]:
+    env = {**os.environ, "KDA_CONTRACTS_MODE": value}
+    done = subprocess.run([sys.executable, "-c", PROBE], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout.splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def with_bad_env() -> dict[str, Any]:
+    return _probe("loud")
+
+
+def test_an_empty_environment_value_means_unset_so_import_works_in_check_mode() -> None:
+    out = _probe("")
+    assert out["imported"] is True
+    assert out["get_mode"] == "check"
+
+
+def test_a_bad_environment_value_leaves_import_working(with_bad_env: dict[str, Any]) -> None:
+    assert with_bad_env["imported"] is True
+
+
+def test_a_bad_environment_value_makes_the_first_mode_read_name_the_variable_and_the_modes(
+        with_bad_env: dict[str, Any]) -> None:
+    assert with_bad_env["get_mode"] == "ValueError: " + BAD_ENV_MESSAGE
+
+
+def test_a_bad_environment_value_is_reported_by_a_contract_decorated_without_a_mode(
+        with_bad_env: dict[str, Any]) -> None:
+    assert with_bad_env["decorate"] == "ValueError: " + BAD_ENV_MESSAGE
+
+
+def test_a_bad_environment_value_is_reported_by_a_contracted_call(with_bad_env: dict[str, Any]) -> None:
+    assert with_bad_env["call"] == "ValueError: " + BAD_ENV_MESSAGE
+
+
+def test_a_bad_environment_value_does_not_affect_a_with_block(with_bad_env: dict[str, Any]) -> None:
+    assert with_bad_env["in_block"] == "strict"
+
+
+def test_set_default_mode_replaces_a_bad_environment_value(with_bad_env: dict[str, Any]) -> None:
+    assert with_bad_env["after_set_default_mode"] == "off"
