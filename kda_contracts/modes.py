@@ -67,11 +67,12 @@ def default_from_environment(raw: str | None) -> tuple[int | None, str]:
 # The process default: a mode number, or None while $KDA_CONTRACTS_MODE names no mode (the
 # first read raises _default_problem, so a typo is never silently some other mode).
 _default, _default_problem = default_from_environment(os.environ.get(ENV_VAR))
-# The mode of the innermost `with kc.mode(...)` / `@kc.mode` here (None: the process default).
+# The mode of the innermost `with kc.mode(...)` / `@kc.mode` here (unset or None: the process default).
 _local: ContextVar[int | None] = ContextVar("kda_contracts_mode", default=None)
-# What `_local` was before each `with kc.mode(...)` still open here, innermost last. Kept per
-# context rather than on the mode object, so one object can be entered by many threads and tasks.
-_outer: ContextVar[tuple[int | None, ...]] = ContextVar("kda_contracts_mode_outer", default=())
+# The tokens that restore `_local` for each `with kc.mode(...)` still open here, innermost last.
+# Kept per context rather than on the mode object, so one object can be entered by many threads
+# and tasks at once.
+_outer: ContextVar[tuple[Token[int | None], ...]] = ContextVar("kda_contracts_mode_outer", default=())
 
 
 def current_mode() -> int:
@@ -81,11 +82,23 @@ def current_mode() -> int:
     a ContextVar); a compiled function keeps the mode it was compiled in.
     """
     m = _local.get()
+    return _default if m is None else m  # type: ignore[return-value]  # never None: see below
+
+
+def _current_mode_or_explain() -> int:
+    """:func:`current_mode` in a process whose ``$KDA_CONTRACTS_MODE`` names no mode: reading
+    the default raises the explanation until :func:`set_default_mode` chooses one."""
+    m = _local.get()
     if m is None:
-        m = _default
-        if m is None:
+        if _default is None:
             raise ValueError(_default_problem)
+        return _default
     return m
+
+
+# Only such a process pays for the check; elsewhere the default is never None (replace_default).
+if _default is None:
+    current_mode = _current_mode_or_explain
 
 
 def mark_constant_result(fn: F) -> F:
@@ -176,6 +189,8 @@ def replace_default(value: int | None) -> int | None:
         replace_default(previous)
     """
     global _default
+    if value is None and not _default_problem:
+        raise ValueError("replace_default(None): only a process whose $KDA_CONTRACTS_MODE names no mode has none")
     previous, _default = _default, value
     return previous
 
@@ -207,16 +222,20 @@ class mode:
         return f"kc.mode({_NAMES[self.value]!r})"
 
     def __enter__(self) -> mode:
-        _outer.set((*_outer.get(), _local.get()))
-        _local.set(self.value)
+        _outer.set((*_outer.get(), _local.set(self.value)))
         return self
 
     def __exit__(self, *exc: object) -> None:
         outer = _outer.get()
         if not outer:
-            raise RuntimeError(f"{self!r}: exited without a matching enter in this thread / task")
+            raise RuntimeError(f"{self!r}: exited without a matching enter in this thread / task (a with-block "
+                               "around a yield, resumed elsewhere? decorate the generator with @kc.mode instead)")
         _outer.set(outer[:-1])
-        _local.set(outer[-1])
+        try:
+            _local.reset(outer[-1])
+        except ValueError:  # entered in another context: a with-block across a yield, resumed elsewhere
+            old = outer[-1].old_value
+            _local.set(None if old is Token.MISSING else old)
 
     def __call__(self, fn: F) -> F:
         if inspect.isasyncgenfunction(fn):
@@ -250,12 +269,12 @@ class _Suspended:
 
     def __init__(self, value: int) -> None:
         self.mode: int | None = value
-        self.outer: tuple[int | None, ...] = ()
+        self.outer: tuple[Token[int | None], ...] = ()
 
-    def resume(self) -> tuple[Token[int | None], Token[tuple[int | None, ...]]]:
+    def resume(self) -> tuple[Token[int | None], Token[tuple[Token[int | None], ...]]]:
         return _local.set(self.mode), _outer.set(self.outer)
 
-    def suspend(self, tokens: tuple[Token[int | None], Token[tuple[int | None, ...]]]) -> None:
+    def suspend(self, tokens: tuple[Token[int | None], Token[tuple[Token[int | None], ...]]]) -> None:
         self.mode, self.outer = _local.get(), _outer.get()
         _outer.reset(tokens[1])
         _local.reset(tokens[0])

@@ -505,6 +505,12 @@ def test_the_environment_value_ignores_case_and_blanks_and_empty_means_unset(raw
     assert modes.default_from_environment(raw) == (expected, "")
 
 
+def test_the_default_cannot_be_emptied_where_the_environment_names_a_mode() -> None:
+    with pytest.raises(ValueError, match=r"replace_default\(None\): only a process whose"):
+        modes.replace_default(None)
+    assert modes.current_mode.__name__ == "current_mode"  # the one-read version, no check
+
+
 BAD_ENV_MESSAGE = ("KDA_CONTRACTS_MODE: unknown mode 'loud'; expected one of 'off', 'check', 'strict' (empty or "
                    "unset means 'check'). Set it to one of those or unset it, or choose the mode in code with "
                    "kc.set_default_mode(...) or `with kc.mode(...)`")

@@ -15,7 +15,7 @@ import pytest
 
 import kda_contracts as kc
 import kda_contracts.pytest_plugin
-from kda_contracts import Float, Tensor, modes
+from kda_contracts import Float, Tensor
 from kda_contracts import decorator as enforce
 
 pytest_plugins = ["pytester"]
@@ -163,15 +163,6 @@ def test_help_and_version_still_answer_with_a_bad_environment_value(pytester, mo
                                      "*PytestConfigWarning: KDA_CONTRACTS_MODE: unknown mode 'loud'*"])
 
 
-def test_a_session_restores_a_process_default_left_unset_by_a_bad_environment_value(pytester):
-    previous = modes.replace_default(None)  # what `import kda_contracts` leaves for KDA_CONTRACTS_MODE=loud
-    try:
-        reports_mode(pytester, "check")
-        run(pytester, "--kda-contracts=check").assert_outcomes(passed=1)
-    finally:
-        assert modes.replace_default(previous) is None
-
-
 # -- a fresh `python -m pytest` of a project that never uses kda-contracts (the plugin loads anyway) --
 def run_unrelated_project(tmp_path, env_value, *args):
     (tmp_path / "pytest.ini").write_text("[pytest]\n")
@@ -203,6 +194,20 @@ def test_the_command_line_overrides_a_bad_environment_value(tmp_path):
     done = run_unrelated_project(tmp_path, "loud", "--kda-contracts=check")
     assert done.returncode == pytest.ExitCode.OK, done.stdout + done.stderr
     assert "kda-contracts: mode check;" in done.stdout
+
+
+def test_after_an_in_process_session_a_bad_environment_value_is_reported_again(tmp_path):
+    # the session's mode is the process default only while the session lasts
+    (tmp_path / "test_unrelated.py").write_text("def test_nothing():\n    pass\n")
+    script = ("import pytest, kda_contracts as kc\n"
+              "args = ['-q', '-p', 'no:cacheprovider', '--kda-contracts=check', 'test_unrelated.py']\n"
+              "assert pytest.main(args) == 0\n"
+              "try:\n    kc.get_mode()\nexcept ValueError as err:\n    print('after:', err)\n")
+    env = {**{k: v for k, v in os.environ.items() if k != "PYTEST_ADDOPTS"}, "KDA_CONTRACTS_MODE": "loud"}
+    done = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "after: KDA_CONTRACTS_MODE: unknown mode 'loud'" in done.stdout
 
 
 # -- the marker -------------------------------------------------------------------------------------
