@@ -69,10 +69,11 @@ def default_from_environment(raw: str | None) -> tuple[int | None, str]:
 _default, _default_problem = default_from_environment(os.environ.get(ENV_VAR))
 # The mode of the innermost `with kc.mode(...)` / `@kc.mode` here (unset or None: the process default).
 _local: ContextVar[int | None] = ContextVar("kda_contracts_mode", default=None)
-# The tokens that restore `_local` for each `with kc.mode(...)` still open here, innermost last.
-# Kept per context rather than on the mode object, so one object can be entered by many threads
-# and tasks at once.
-_outer: ContextVar[tuple[Token[int | None], ...]] = ContextVar("kda_contracts_mode_outer", default=())
+# The tokens that restore `_local` for the `with kc.mode(...)` blocks still open here, as a linked
+# list (innermost token, the rest or None). Kept per context rather than on the mode object, so
+# one object can be entered by many threads and tasks at once.
+_Opened = tuple[Token[int | None], Any]
+_outer: ContextVar[_Opened | None] = ContextVar("kda_contracts_mode_outer", default=None)
 
 
 def current_mode() -> int:
@@ -222,19 +223,20 @@ class mode:
         return f"kc.mode({_NAMES[self.value]!r})"
 
     def __enter__(self) -> mode:
-        _outer.set((*_outer.get(), _local.set(self.value)))
+        _outer.set((_local.set(self.value), _outer.get()))
         return self
 
     def __exit__(self, *exc: object) -> None:
         outer = _outer.get()
-        if not outer:
+        if outer is None:
             raise RuntimeError(f"{self!r}: exited without a matching enter in this thread / task (a with-block "
                                "around a yield, resumed elsewhere? decorate the generator with @kc.mode instead)")
-        _outer.set(outer[:-1])
+        token, rest = outer
+        _outer.set(rest)
         try:
-            _local.reset(outer[-1])
+            _local.reset(token)
         except ValueError:  # entered in another context: a with-block across a yield, resumed elsewhere
-            old = outer[-1].old_value
+            old = token.old_value
             _local.set(None if old is Token.MISSING else old)
 
     def __call__(self, fn: F) -> F:
@@ -269,12 +271,12 @@ class _Suspended:
 
     def __init__(self, value: int) -> None:
         self.mode: int | None = value
-        self.outer: tuple[Token[int | None], ...] = ()
+        self.outer: _Opened | None = None
 
-    def resume(self) -> tuple[Token[int | None], Token[tuple[Token[int | None], ...]]]:
+    def resume(self) -> tuple[Token[int | None], Token[_Opened | None]]:
         return _local.set(self.mode), _outer.set(self.outer)
 
-    def suspend(self, tokens: tuple[Token[int | None], Token[tuple[Token[int | None], ...]]]) -> None:
+    def suspend(self, tokens: tuple[Token[int | None], Token[_Opened | None]]) -> None:
         self.mode, self.outer = _local.get(), _outer.get()
         _outer.reset(tokens[1])
         _local.reset(tokens[0])
