@@ -97,8 +97,9 @@ def _current_mode_or_explain() -> int:
     return m
 
 
-# Only such a process pays for the check; elsewhere the default is never None (replace_default).
-if _default is None:
+# Only such a process pays for the check (here and in counting_mode); elsewhere the default is
+# never None (replace_default refuses it).
+if _default_problem:
     current_mode = _current_mode_or_explain
 
 
@@ -144,6 +145,18 @@ def counting_mode(counter: Any, fixed: int | None = None) -> Callable[[], int]:
 
         return mark_constant_result(enter_pinned)
     local = _local
+    if _default_problem:  # $KDA_CONTRACTS_MODE names no mode: read the default through a check
+        def enter_or_explain() -> int:
+            m = local.get()
+            if m is None:
+                if _default is None:
+                    raise ValueError(_default_problem)
+                m = _default
+            if m:
+                counter.calls += 1
+            return m
+
+        return mark_constant_result(enter_or_explain)
 
     def enter() -> int:
         m = local.get()
@@ -151,7 +164,7 @@ def counting_mode(counter: Any, fixed: int | None = None) -> Callable[[], int]:
             m = _default
         if m:
             counter.calls += 1
-        return m
+        return m  # type: ignore[return-value]  # never None: see current_mode
 
     return mark_constant_result(enter)
 

@@ -544,8 +544,15 @@ def in_block():
         g(torch.ones(2))
         return kc.get_mode()
 
+def decorated_while_a_default_was_chosen():   # as in an in-process pytest session
+    previous = kc.modes.replace_default(kc.modes.CHECK)
+    h = kc.contract(f)
+    kc.modes.replace_default(previous)
+    return h(torch.ones(2))
+
 out = {"imported": True, "get_mode": attempt(kc.get_mode), "decorate": attempt(decorate),
-       "call": attempt(call), "in_block": attempt(in_block)}
+       "call": attempt(call), "in_block": attempt(in_block),
+       "restored": attempt(decorated_while_a_default_was_chosen)}
 kc.set_default_mode("off")
 out["after_set_default_mode"] = attempt(kc.get_mode)
 print(json.dumps(out))
@@ -586,6 +593,11 @@ def test_a_bad_environment_value_is_reported_by_a_contract_decorated_without_a_m
 
 def test_a_bad_environment_value_is_reported_by_a_contracted_call(with_bad_env: dict[str, Any]) -> None:
     assert with_bad_env["call"] == "ValueError: " + BAD_ENV_MESSAGE
+
+
+def test_a_bad_environment_value_is_reported_again_once_a_chosen_default_is_given_back(
+        with_bad_env: dict[str, Any]) -> None:
+    assert with_bad_env["restored"] == "ValueError: " + BAD_ENV_MESSAGE
 
 
 def test_a_bad_environment_value_does_not_affect_a_with_block(with_bad_env: dict[str, Any]) -> None:
