@@ -2,8 +2,13 @@
 
 The mode in force is, in order: the innermost ``with kc.mode(...)`` of the current thread or
 asyncio task (a :class:`contextvars.ContextVar`, so threads and tasks do not leak into each
-other), else the process default, which starts as ``$KDA_CONTRACTS_MODE`` (or ``check``) and can
-be changed with :func:`set_default_mode`.
+other), else the process default, which starts as ``$KDA_CONTRACTS_MODE`` (empty or unset:
+``check``) and can be changed with :func:`set_default_mode`.
+
+A ``$KDA_CONTRACTS_MODE`` that names no mode does not break ``import kda_contracts`` (the pytest
+plugin is imported in every pytest session of the environment); instead the first read of the
+process default (a contracted call, :func:`get_mode`, ``@kc.contract`` without ``mode=``) raises
+a ValueError naming the variable and the allowed values, until :func:`set_default_mode` picks one.
 
 - ``off``: nothing is checked. A contract decorated while the mode is ``off`` returns the
   original function object; a contract called while ``off`` costs one mode read.
@@ -16,15 +21,17 @@ be changed with :func:`set_default_mode`.
 from __future__ import annotations
 
 import functools
+import inspect
 import os
-from collections.abc import Callable
-from contextvars import ContextVar
+from collections.abc import Callable, Generator
+from contextvars import ContextVar, Token
 from typing import Any, Literal, TypeVar
 
-__all__ = ["CHECK", "OFF", "STRICT", "ModeName", "current_mode", "get_mode", "mode", "set_default_mode"]
+__all__ = ["CHECK", "ENV_VAR", "OFF", "STRICT", "ModeName", "current_mode", "get_mode", "mode", "set_default_mode"]
 
 ModeName = Literal["off", "check", "strict"]
 OFF, CHECK, STRICT = 0, 1, 2
+ENV_VAR = "KDA_CONTRACTS_MODE"
 _BY_NAME: dict[str, int] = {"off": OFF, "check": CHECK, "strict": STRICT}
 _NAMES = {v: k for k, v in _BY_NAME.items()}
 
@@ -39,8 +46,34 @@ def parse_mode(name: str, origin: str = "mode") -> int:
         raise ValueError(f"{origin}: unknown mode {name!r}; expected one of 'off', 'check', 'strict'") from None
 
 
-_default: int = parse_mode(os.environ.get("KDA_CONTRACTS_MODE", "check"), "KDA_CONTRACTS_MODE")
+def default_from_environment(raw: str | None) -> tuple[int | None, str]:
+    """The process default a ``$KDA_CONTRACTS_MODE`` of ``raw`` asks for, as ``(mode, "")``, or
+    ``(None, why)`` when it names no mode. Empty (or blank) means unset: ``check``.
+
+    Example::
+
+        >>> default_from_environment(" Strict ")
+        (2, '')
+    """
+    if raw is None or not raw.strip():
+        return CHECK, ""
+    try:
+        return parse_mode(raw, ENV_VAR), ""
+    except ValueError as err:
+        return None, (f"{err} (empty or unset means 'check'). Set it to one of those or unset it, or choose the "
+                      "mode in code with kc.set_default_mode(...) or `with kc.mode(...)`")
+
+
+# The process default: a mode number, or None while $KDA_CONTRACTS_MODE names no mode (the
+# first read raises _default_problem, so a typo is never silently some other mode).
+_default, _default_problem = default_from_environment(os.environ.get(ENV_VAR))
+# The mode of the innermost `with kc.mode(...)` / `@kc.mode` here (unset or None: the process default).
 _local: ContextVar[int | None] = ContextVar("kda_contracts_mode", default=None)
+# The tokens that restore `_local` for the `with kc.mode(...)` blocks still open here, as a linked
+# list (innermost token, the rest or None). Kept per context rather than on the mode object, so
+# one object can be entered by many threads and tasks at once.
+_Opened = tuple[Token[int | None], Any]
+_outer: ContextVar[_Opened | None] = ContextVar("kda_contracts_mode_outer", default=None)
 
 
 def current_mode() -> int:
@@ -50,7 +83,24 @@ def current_mode() -> int:
     a ContextVar); a compiled function keeps the mode it was compiled in.
     """
     m = _local.get()
-    return _default if m is None else m
+    return _default if m is None else m  # type: ignore[return-value]  # never None: see below
+
+
+def _current_mode_or_explain() -> int:
+    """:func:`current_mode` in a process whose ``$KDA_CONTRACTS_MODE`` names no mode: reading
+    the default raises the explanation until :func:`set_default_mode` chooses one."""
+    m = _local.get()
+    if m is None:
+        if _default is None:
+            raise ValueError(_default_problem)
+        return _default
+    return m
+
+
+# Only such a process pays for the check (here and in counting_mode); elsewhere the default is
+# never None (replace_default refuses it).
+if _default_problem:
+    current_mode = _current_mode_or_explain
 
 
 def mark_constant_result(fn: F) -> F:
@@ -95,6 +145,18 @@ def counting_mode(counter: Any, fixed: int | None = None) -> Callable[[], int]:
 
         return mark_constant_result(enter_pinned)
     local = _local
+    if _default_problem:  # $KDA_CONTRACTS_MODE names no mode: read the default through a check
+        def enter_or_explain() -> int:
+            m = local.get()
+            if m is None:
+                if _default is None:
+                    raise ValueError(_default_problem)
+                m = _default
+            if m:
+                counter.calls += 1
+            return m
+
+        return mark_constant_result(enter_or_explain)
 
     def enter() -> int:
         m = local.get()
@@ -102,7 +164,7 @@ def counting_mode(counter: Any, fixed: int | None = None) -> Callable[[], int]:
             m = _default
         if m:
             counter.calls += 1
-        return m
+        return m  # type: ignore[return-value]  # never None: see current_mode
 
     return mark_constant_result(enter)
 
@@ -120,41 +182,191 @@ def get_mode() -> ModeName:
 
 
 def set_default_mode(name: ModeName) -> None:
-    """Set the process-wide default (what applies outside any ``with kc.mode(...)``)."""
+    """Set the process-wide default (what applies outside any ``with kc.mode(...)``).
+
+    Example::
+
+        kc.set_default_mode("off")     # e.g. in a benchmark's setup
+    """
     global _default
     _default = parse_mode(name)
 
 
+def replace_default(value: int | None) -> int | None:
+    """Set the process default to a mode number, or back to None (what a ``$KDA_CONTRACTS_MODE``
+    naming no mode leaves); return the previous one. For save/restore (the pytest plugin).
+
+    Example::
+
+        previous = replace_default(STRICT)
+        ...
+        replace_default(previous)
+    """
+    global _default
+    if value is None and not _default_problem:
+        raise ValueError("replace_default(None): only a process whose $KDA_CONTRACTS_MODE names no mode has none")
+    previous, _default = _default, value
+    return previous
+
+
 class mode:
     """Set the enforcement mode for a block or a function: ``with kc.mode("strict"): ...`` or
-    ``@kc.mode("off")``. Local to the current thread / asyncio task; nests.
+    ``@kc.mode("off")``. Local to the current thread / asyncio task; nests. One object can be
+    entered by any number of threads and tasks at once, and re-entered.
+
+    On an async function, a generator function or an async generator function the mode holds
+    while the body runs, at every resumption, and the caller's mode is restored whenever the
+    body is suspended (at an ``await`` that suspends, at a ``yield``).
 
     Example::
 
         with kc.mode("strict"):
             kc.packed_decode(...)     # also checks index range and duplicate slots
+
+        @kc.mode("off")
+        async def serve(request): ...
     """
+
+    __slots__ = ("value",)
 
     def __init__(self, name: ModeName) -> None:
         self.value = parse_mode(name)
-        self._tokens: list[object] = []
+
+    def __repr__(self) -> str:
+        return f"kc.mode({_NAMES[self.value]!r})"
 
     def __enter__(self) -> mode:
-        self._tokens.append(_local.set(self.value))
+        _outer.set((_local.set(self.value), _outer.get()))
         return self
 
     def __exit__(self, *exc: object) -> None:
-        _local.reset(self._tokens.pop())  # type: ignore[arg-type]
+        outer = _outer.get()
+        if outer is None:
+            raise RuntimeError(f"{self!r}: exited without a matching enter in this thread / task (a with-block "
+                               "around a yield, resumed elsewhere? decorate the generator with @kc.mode instead)")
+        token, rest = outer
+        _outer.set(rest)
+        try:
+            _local.reset(token)
+        except ValueError:  # entered in another context: a with-block across a yield, resumed elsewhere
+            old = token.old_value
+            _local.set(None if old is Token.MISSING else old)
 
     def __call__(self, fn: F) -> F:
-        value = self.value
+        if inspect.isasyncgenfunction(fn):
+            wrapper = _async_generator_in_mode(fn, self.value)
+        elif inspect.iscoroutinefunction(fn):
+            wrapper = _coroutine_in_mode(fn, self.value)
+        elif inspect.isgeneratorfunction(fn):
+            wrapper = _generator_in_mode(fn, self.value)
+        else:
+            wrapper = _function_in_mode(fn, self.value)
+        return functools.wraps(fn)(wrapper)  # type: ignore[return-value]
 
-        @functools.wraps(fn)
-        def run_in_mode(*args: object, **kwargs: object) -> object:
-            token = _local.set(value)
+
+def _function_in_mode(fn: Callable[..., Any], value: int) -> Callable[..., Any]:
+    def run_in_mode(*args: Any, **kwargs: Any) -> Any:
+        token = _local.set(value)
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            _local.reset(token)
+
+    return run_in_mode
+
+
+class _Suspended:
+    """The mode state of one decorated generator or coroutine body between its resumptions: the
+    mode it runs in (its own ``with kc.mode`` blocks spanning a ``yield`` included) and what those
+    blocks restore. Swapped in for each step of the body and back out after it."""
+
+    __slots__ = ("mode", "outer")
+
+    def __init__(self, value: int) -> None:
+        self.mode: int | None = value
+        self.outer: _Opened | None = None
+
+    def resume(self) -> tuple[Token[int | None], Token[_Opened | None]]:
+        return _local.set(self.mode), _outer.set(self.outer)
+
+    def suspend(self, tokens: tuple[Token[int | None], Token[_Opened | None]]) -> None:
+        self.mode, self.outer = _local.get(), _outer.get()
+        _outer.reset(tokens[1])
+        _local.reset(tokens[0])
+
+
+def _steps(it: Any, body: _Suspended) -> Generator[Any, Any, Any]:
+    """``yield from it`` (PEP 380: send, throw, close, the return value), with ``body``'s mode in
+    force while ``it`` runs and the caller's back in force whenever ``it`` is suspended."""
+    send: Any = None
+    thrown: BaseException | None = None
+    while True:
+        tokens = body.resume()
+        try:
+            item = it.send(send) if thrown is None else it.throw(thrown)
+        except StopIteration as stop:
+            return stop.value
+        finally:
+            body.suspend(tokens)
+        thrown = None
+        try:
+            send = yield item
+        except GeneratorExit:
+            tokens = body.resume()
             try:
-                return fn(*args, **kwargs)
+                it.close()
             finally:
-                _local.reset(token)
+                body.suspend(tokens)
+            raise
+        except BaseException as exc:
+            send, thrown = None, exc
 
-        return run_in_mode  # type: ignore[return-value]
+
+class _Awaiting:
+    """Awaits a step iterator (``await _Awaiting(_steps(coro, body))``)."""
+
+    __slots__ = ("steps",)
+
+    def __init__(self, steps: Generator[Any, Any, Any]) -> None:
+        self.steps = steps
+
+    def __await__(self) -> Generator[Any, Any, Any]:
+        return self.steps
+
+
+def _generator_in_mode(fn: Callable[..., Any], value: int) -> Callable[..., Any]:
+    def run_in_mode(*args: Any, **kwargs: Any) -> Generator[Any, Any, Any]:
+        return (yield from _steps(fn(*args, **kwargs), _Suspended(value)))
+
+    return run_in_mode
+
+
+def _coroutine_in_mode(fn: Callable[..., Any], value: int) -> Callable[..., Any]:
+    async def run_in_mode(*args: Any, **kwargs: Any) -> Any:
+        return await _Awaiting(_steps(fn(*args, **kwargs), _Suspended(value)))
+
+    return run_in_mode
+
+
+def _async_generator_in_mode(fn: Callable[..., Any], value: int) -> Callable[..., Any]:
+    # `async for` over the body, one asend/athrow/aclose at a time, each stepped by _steps.
+    async def run_in_mode(*args: Any, **kwargs: Any) -> Any:
+        agen, body = fn(*args, **kwargs), _Suspended(value)
+        send: Any = None
+        thrown: BaseException | None = None
+        while True:
+            step = agen.asend(send) if thrown is None else agen.athrow(thrown)
+            thrown = None
+            try:
+                item = await _Awaiting(_steps(step, body))
+            except StopAsyncIteration:
+                return
+            try:
+                send = yield item
+            except GeneratorExit:
+                await _Awaiting(_steps(agen.aclose(), body))
+                raise
+            except BaseException as exc:
+                send, thrown = None, exc
+
+    return run_in_mode

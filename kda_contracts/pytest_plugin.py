@@ -2,7 +2,9 @@
 under pytest, per-test modes, and a summary of what the session exercised.
 
 - ``--kda-contracts=strict|check|off`` sets the session's default mode. Without it:
-  ``$KDA_CONTRACTS_MODE``, else the ini option ``kda_contracts_mode``, else ``strict``.
+  ``$KDA_CONTRACTS_MODE`` (empty means unset), else the ini option ``kda_contracts_mode``, else
+  ``strict``. A value naming no mode is a usage error that says where it came from (``--help``
+  and ``--version`` still work, with a warning).
 - ``@pytest.mark.kda_contracts("check")`` runs one test (setup, call and teardown) in a mode.
 - The ``kda_contracts_mode`` fixture gives a test a :class:`ModeControl`; parametrizing it
   (``@pytest.mark.parametrize("kda_contracts_mode", ["check", "strict"], indirect=True)``) runs
@@ -25,7 +27,6 @@ Example::
 from __future__ import annotations
 
 import contextlib
-import contextvars
 import os
 from collections.abc import Generator
 from dataclasses import dataclass, field
@@ -39,6 +40,8 @@ __all__ = ["ModeControl"]
 
 MODES = ("strict", "check", "off")
 _EXPECTED = "expected one of 'strict', 'check', 'off'"
+_FIX_ENV = (f" (empty or unset means the ini option, else strict). Set {modes.ENV_VAR} to one of those or unset it, "
+            "pass --kda-contracts=MODE, or disable this plugin with -p no:kda_contracts")
 FIXTURE = "kda_contracts_mode"
 INI = "kda_contracts_mode"
 
@@ -46,7 +49,7 @@ INI = "kda_contracts_mode"
 @dataclass
 class _SessionState:
     mode: str
-    previous_default: str
+    previous_default: int | None  # the process default before the session (see modes.replace_default)
     baseline: dict[int, tuple[int, int]] = field(default_factory=dict)  # id(contract) -> (calls, rejections)
     seen: dict[int, tuple[str, Contract]] = field(default_factory=dict)  # every contract met, by id
     missing: list[str] = field(default_factory=list)  # registered, never exercised
@@ -97,38 +100,49 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addini(INI, "contract mode for the session: strict, check or off (default strict).", default="")
 
 
-def _default_mode_name() -> str:
-    # The process default is what a fresh context sees (no `with kc.mode` of ours around it).
-    return contextvars.Context().run(modes.get_mode)
-
-
 def _resolve(config: pytest.Config, cli: str | None) -> str:
     """The session mode: command line, else environment, else ini file, else strict."""
     ini_origin = f"{INI} (in {config.inipath})" if config.inipath else INI
-    for origin, value in (("--kda-contracts", cli), ("KDA_CONTRACTS_MODE", os.environ.get("KDA_CONTRACTS_MODE")),
+    for origin, value in (("--kda-contracts", cli), (modes.ENV_VAR, os.environ.get(modes.ENV_VAR)),
                           (ini_origin, config.getini(INI))):
         name = str(value or "").strip().lower()
         if name:
             if name not in MODES:
-                raise pytest.UsageError(f"{origin}: unknown mode {value!r}; {_EXPECTED}")
+                fix = _FIX_ENV if origin == modes.ENV_VAR else ""
+                raise pytest.UsageError(f"{origin}: unknown mode {value!r}; {_EXPECTED}{fix}")
             return name
     return "strict"
 
 
-def _apply_session_mode(config: pytest.Config, cli: str | None) -> None:
-    name = _resolve(config, cli)
+def _only_help_or_version(config: pytest.Config) -> bool:
+    args = config.known_args_namespace
+    return bool(getattr(args, "help", False) or getattr(args, "version", False))
+
+
+def _apply_session_mode(config: pytest.Config, cli: str | None, *, warn: bool) -> None:
+    try:
+        name = _resolve(config, cli)
+    except pytest.UsageError as err:
+        if not _only_help_or_version(config):
+            raise
+        # like pytest with a broken conftest: --help and --version still answer
+        if warn:
+            config.issue_config_time_warning(pytest.PytestConfigWarning(str(err)), stacklevel=2)
+        return
+    value = modes.parse_mode(name)
     state = config.stash.get(_STATE, None)
     if state is None:
-        state = config.stash[_STATE] = _SessionState(name, _default_mode_name())
+        state = config.stash[_STATE] = _SessionState(name, modes.replace_default(value))
+    else:
+        modes.replace_default(value)
     state.mode = name
-    modes.set_default_mode(name)  # type: ignore[arg-type]
 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_load_initial_conftests(early_config: pytest.Config) -> None:
     # As early as possible: a contract decorated while the mode is "off" is the function itself,
     # and conftest files and test modules are imported after this.
-    _apply_session_mode(early_config, early_config.known_args_namespace.kda_contracts)
+    _apply_session_mode(early_config, early_config.known_args_namespace.kda_contracts, warn=False)
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -139,13 +153,13 @@ def pytest_configure(config: pytest.Config) -> None:
         "'strict', 'check' or 'off'.",
     )
     # Again here, for sessions where the plugin was registered after the initial conftests.
-    _apply_session_mode(config, config.getoption("kda_contracts"))
+    _apply_session_mode(config, config.getoption("kda_contracts"), warn=True)
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
     state = config.stash.get(_STATE, None)
     if state is not None:
-        modes.set_default_mode(state.previous_default)  # type: ignore[arg-type]
+        modes.replace_default(state.previous_default)
 
 
 def _note_registered(state: _SessionState) -> dict[str, Contract]:

@@ -1,11 +1,15 @@
 """The pytest plugin: session mode (command line, environment, ini, default strict), the marker,
 the fixture, the summary line and --kda-contracts-require-all.
 
-Each test runs an inner pytest session in-process with pytester. The contract registry is
+Each test runs an inner pytest session in-process with pytester, except those about
+$KDA_CONTRACTS_MODE in a fresh ``python -m pytest`` (the plugin imports kda_contracts there). The contract registry is
 swapped for an empty one per test, so the inner session sees only the contracts it defines.
 """
 
 import contextvars
+import os
+import subprocess
+import sys
 
 import pytest
 
@@ -140,6 +144,70 @@ def test_an_unknown_mode_in_the_environment_is_a_usage_error(pytester, monkeypat
     result = run(pytester)
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["*KDA_CONTRACTS_MODE: unknown mode 'loud'; expected one of 'strict', 'check', 'off'*"])
+
+
+def test_an_empty_environment_value_means_unset_so_the_ini_option_applies(pytester, monkeypatch):
+    pytester.makeini("[pytest]\nkda_contracts_mode = check\n")
+    monkeypatch.setenv("KDA_CONTRACTS_MODE", " ")
+    reports_mode(pytester, "check")
+    run(pytester).assert_outcomes(passed=1)
+
+
+@pytest.mark.parametrize("flag", ["--help", "--version"])
+def test_help_and_version_still_answer_with_a_bad_environment_value(pytester, monkeypatch, flag):
+    monkeypatch.setenv("KDA_CONTRACTS_MODE", "loud")
+    result = run(pytester, flag)
+    assert result.ret == pytest.ExitCode.OK
+    if flag == "--help":
+        result.stdout.fnmatch_lines(["*--kda-contracts=*",
+                                     "*PytestConfigWarning: KDA_CONTRACTS_MODE: unknown mode 'loud'*"])
+
+
+# -- a fresh `python -m pytest` of a project that never uses kda-contracts (the plugin loads anyway) --
+def run_unrelated_project(tmp_path, env_value, *args):
+    (tmp_path / "pytest.ini").write_text("[pytest]\n")
+    (tmp_path / "test_unrelated.py").write_text("def test_nothing_to_do_with_contracts():\n    assert True\n")
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTEST_ADDOPTS", "PYTEST_PLUGINS")}
+    env["KDA_CONTRACTS_MODE"] = env_value
+    command = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "no:hypothesispytest", *args]
+    return subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+
+
+def test_an_empty_environment_value_lets_an_unrelated_project_run(tmp_path):
+    done = run_unrelated_project(tmp_path, "")
+    assert done.returncode == pytest.ExitCode.OK, done.stdout + done.stderr
+    assert "1 passed" in done.stdout
+    assert "kda-contracts: mode strict;" in done.stdout
+
+
+def test_a_bad_environment_value_is_a_usage_error_naming_it_and_the_modes_not_a_crash(tmp_path):
+    done = run_unrelated_project(tmp_path, "loud")
+    assert done.returncode == pytest.ExitCode.USAGE_ERROR, done.stdout + done.stderr
+    assert done.stderr.strip() == (
+        "ERROR: KDA_CONTRACTS_MODE: unknown mode 'loud'; expected one of 'strict', 'check', 'off' (empty or unset "
+        "means the ini option, else strict). Set KDA_CONTRACTS_MODE to one of those or unset it, pass "
+        "--kda-contracts=MODE, or disable this plugin with -p no:kda_contracts")
+    assert "Traceback" not in done.stdout + done.stderr
+
+
+def test_the_command_line_overrides_a_bad_environment_value(tmp_path):
+    done = run_unrelated_project(tmp_path, "loud", "--kda-contracts=check")
+    assert done.returncode == pytest.ExitCode.OK, done.stdout + done.stderr
+    assert "kda-contracts: mode check;" in done.stdout
+
+
+def test_after_an_in_process_session_a_bad_environment_value_is_reported_again(tmp_path):
+    # the session's mode is the process default only while the session lasts
+    (tmp_path / "test_unrelated.py").write_text("def test_nothing():\n    pass\n")
+    script = ("import pytest, kda_contracts as kc\n"
+              "args = ['-q', '-p', 'no:cacheprovider', '--kda-contracts=check', 'test_unrelated.py']\n"
+              "assert pytest.main(args) == 0\n"
+              "try:\n    kc.get_mode()\nexcept ValueError as err:\n    print('after:', err)\n")
+    env = {**{k: v for k, v in os.environ.items() if k != "PYTEST_ADDOPTS"}, "KDA_CONTRACTS_MODE": "loud"}
+    done = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "after: KDA_CONTRACTS_MODE: unknown mode 'loud'" in done.stdout
 
 
 # -- the marker -------------------------------------------------------------------------------------
