@@ -176,7 +176,9 @@ class _Checker:
 
     def _unpackable(self, tp: TensorParam) -> bool:
         syms = [d.name for d in tp.dims if isinstance(d, Sym)]
-        if tp.optional or tp.variadic is not None or len(syms) != len(tp.dims) or len(set(syms)) != len(syms):
+        if tp.optional or tp.variadic is not None or not syms:
+            return False
+        if len(syms) != len(tp.dims) or len(set(syms)) != len(syms):
             return False
         return all(s not in self.spec.scalar_sources and self.spec.sources[s][0].param == tp.name for s in syms)
 
