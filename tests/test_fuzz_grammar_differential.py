@@ -33,8 +33,8 @@ refuse at decoration are counted apart: they must be refusals of a dim no requir
 container binds (a documented difference), never anything else.
 
 Budget: the loaded Hypothesis profile's ``max_examples`` (tests/conftest.py) per property, seven
-calls per contract (two valid, five mutated): the ``ci`` profile compares about 2,600 calls, in
-about 20 s. ``HYPOTHESIS_PROFILE=long`` for a long local run; ``KDA_DIFF_SURVEY=1`` collects every
+calls per contract (two valid, five mutated): the ``ci`` profile compares about 2,700 calls, in
+10 to 20 s. ``HYPOTHESIS_PROFILE=long`` for a long local run; ``KDA_DIFF_SURVEY=1`` collects every
 unexplained case and prints them at the end instead of failing on the first. Counters print at the
 end of the module (``grammar_differential counters: ...``) and go to ``$KDA_FUZZ_STATS`` if set.
 """
@@ -48,7 +48,7 @@ import warnings
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, NamedTuple, Optional
 
 import jaxtyping
 import pytest
@@ -400,8 +400,19 @@ MUTATIONS = ("dim", "drop axis", "add axis", "broadcast", "variadic length", "dt
 
 
 # -- verdicts ----------------------------------------------------------------------------------------
+@dataclass
+class Pair:
+    """A dataclass holding a tensor (for the fixed examples of differences below)."""
+
+    a: Float[Tensor, "B"]
+
+
+class Couple(NamedTuple):
+    a: Float[Tensor, "B"]
+
+
 NAMESPACE = dict(Float=Float, Int=Int, Shaped=Shaped, Bool=Bool, Tensor=Tensor, Optional=Optional,
-                 Sequence=Sequence, Mapping=Mapping)
+                 Sequence=Sequence, Mapping=Mapping, Pair=Pair, Couple=Couple)
 
 
 class Engines:
@@ -641,6 +652,10 @@ DIFFERENCES = {  # name: (contract header, call arguments, jaxtyping's verdict, 
          "reject"),
     "variadic-tuple items that disagree with each other (beartype checks one)":
         ('def f(xs: tuple[Float[Tensor, "B"], ...]):', ((torch.zeros(3), torch.zeros(4)),), "accept", "reject"),
+    "a dataclass's fields checked with the call's dims (beartype checks the instance's type)":
+        ('def f(p: Pair, x: Float[Tensor, "B"]):', (Pair(torch.zeros(3)), torch.zeros(4)), "accept", "reject"),
+    "a NamedTuple's fields checked with the call's dims (beartype checks the instance's type)":
+        ('def f(p: Couple, x: Float[Tensor, "B"]):', (Couple(torch.zeros(3)), torch.zeros(4)), "accept", "reject"),
     "a dim solved from an expression (jaxtyping cannot evaluate it yet)":
         ('def f(x: Float[Tensor, "2*D"], y: Float[Tensor, "D"]):', (torch.zeros(6), torch.zeros(3)), "undecided",
          "accept"),
