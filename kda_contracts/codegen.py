@@ -20,10 +20,11 @@ from typing import Any
 
 import torch
 
-from .dims import ANY, Broadcast, Expr, Sym, broadcast_sizes, fits_variadic
+from .dims import ANY, Broadcast, Expr, Sym, broadcast_dim, broadcast_sizes, fits_variadic
 from .markers import CONFIG_LACKS, config_dims, config_is_frozen
 from .modes import mark_constant_result
-from .plan import Derived
+from .nested import match_dims
+from .plan import Derived, dim_symbols
 from .rules import DtypeIn, SameDtype
 from .scalar_rules import MatchesConfig
 from .snippets import (
@@ -168,6 +169,7 @@ class _Checker:
         # Fast forms (same verdict; a wrong rank makes them raise, and the slow path words it):
         # a tensor whose axes are all first binders of distinct dims is unpacked in one statement;
         # one whose dims are all expressions is compared as one tuple once every dim is bound.
+        self.weak = weak_symbols(spec)
         self.unpacked = {tp.name for tp in spec.tensors.values() if self._unpackable(tp)}
         self.whole = {tp.name for tp in spec.tensors.values()
                       if not tp.optional and tp.name not in self.unpacked and tp.variadic is None
@@ -239,8 +241,8 @@ class _Checker:
             if sym not in spec.scalar_sources and srcs[0].param not in self.unpacked:
                 g.emit(BIND_AXIS, dim=self.dim[sym], shape=self.shape[srcs[0].param], axis=srcs[0].axis)
         for sym, srcs in spec.broadcast_sources.items():
-            sizes = [f"{self.shape[src.param]}[{src.axis}]" for src in srcs]
-            g.emit(f"{self.dim[sym]} = " + (f"max({', '.join(sizes)})" if len(sizes) > 1 else sizes[0]))
+            sizes = ", ".join(f"{self.shape[src.param]}[{src.axis}]" for src in srcs)
+            g.emit(f"{self.dim[sym]} = {g.const(broadcast_dim)}({sizes})")
         for key, vsrcs in spec.variadic_sources.items():
             axes = [VARIADIC_AXES.format(shape=self.shape[v.param], start=v.start, after=v.after) for v in vsrcs]
             if not any(v.broadcast for v in vsrcs):
@@ -264,14 +266,20 @@ class _Checker:
             return
         env = n("env")
         bound = [s for s in spec.symbols if s not in spec.nested_only]
-        g.emit(f"{env} = {{" + ", ".join(f"{s!r}: {self.dim[s]}" for s in bound) + "}")
+        widen = widenable_variadics(spec)
+        key = {s: "#" + s if s in widen else s for s in bound}  # see bound_dims
+        g.emit(f"{env} = {{" + ", ".join(f"{key[s]!r}: {self.dim[s]}" for s in bound) + "}")
         for name, param in spec.nested.items():
             walk = g.const(param.node.match)
             g.reject_if([f"{walk}({self.arg[name]}, {env}, {name!r}) is not None"])
             for rule in param.rules:
                 g.reject_if([rule.test(g.slots(rule, value=self.arg[name]))])
-        for s in spec.nested_only:
-            g.emit(f"{self.dim[s]} = {env}.get({s!r})")
+        for s in (*spec.nested_only, *spec.broadcast_sources):
+            widened = f", {env}.get({'#' + s!r})" if s.startswith("*") else ""
+            g.emit(f"{self.dim[s]} = {env}.get({s!r}{widened})")
+        for s in bound:
+            if key[s] != s:  # a widenable variadic dim: what the walk made of it
+                g.emit(f"{self.dim[s]} = {env}.get({s!r}, {env}.get({key[s]!r}))")
 
     def read_config(self) -> None:
         """What a config fixes is read once per config object into a flat view (see ConfigViews);
@@ -317,19 +325,26 @@ class _Checker:
                 first = self.spec.sources.get(d.name, ())[:1]
                 if first and first[0].param == tp.name and first[0].axis == axis:
                     continue  # this axis is the binder itself
+            expr = d.dim if isinstance(d, Broadcast) else d
+            if tp.optional and isinstance(expr, Sym) and expr.name in self.weak:  # nothing bound it yet: this does
+                size = f"{shape}[{axis}]"
+                self.g.emit(f"if {self.dim[expr.name]} is None" + (f" and {size} != 1" if expr is not d else "") + ":",
+                            f"    {self.dim[expr.name]} = {size}")
             if isinstance(d, Broadcast):
-                conds.append(f"({shape}[{axis}] != 1 and {shape}[{axis}] != {d.dim.render(self.dim)})")
+                conds.append(guard(f"({shape}[{axis}] != 1 and {shape}[{axis}] != {d.dim.render(self.dim)})",
+                                   d.dim, self.weak, self.dim))
             elif isinstance(d, Expr):
-                conds.append(f"{shape}[{axis}] != {d.render(self.dim)}")
+                conds.append(guard(f"{shape}[{axis}] != {d.render(self.dim)}", d, self.weak, self.dim))
         v, vi = tp.variadic, tp.variadic_index
         if v is not None and v.name is not None and vi is not None:
-            srcs = self.spec.variadic_sources[v.key]
+            srcs = self.spec.variadic_sources.get(v.key, ())
             axes = VARIADIC_AXES.format(shape=shape, start=vi, after=len(tp.dims) - 1 - vi)
-            if not any(src.broadcast for src in srcs):
-                if srcs[0].param != tp.name:  # the first one is the binder itself
-                    conds.append(f"{axes} != {self.dim[v.key]}")
-            elif tp.optional:  # required ones were all decided when the dim was bound
+            if tp.optional:  # required ones were all decided when the dim was bound
+                if not srcs:
+                    self.g.emit(f"if {self.dim[v.key]} is None:", f"    {self.dim[v.key]} = tuple({axes})")
                 conds.append(f"not {self.g.const(fits_variadic)}({axes}, {v.broadcast}, {self.dim[v.key]})")
+            elif not any(src.broadcast for src in srcs) and srcs[0].param != tp.name:  # not the binder
+                conds.append(f"{axes} != {self.dim[v.key]}")
         self.g.reject_if(conds)
 
     def tensor_checks(self, tp: TensorParam) -> None:
@@ -377,6 +392,34 @@ def generate_checker(spec: ContractSpec) -> tuple[str, dict[str, Any], bool]:
     return _Checker(spec).source()
 
 
+def bound_dims(symbols: tuple[str, ...], values: tuple[Any, ...], weak: frozenset[str] = frozenset()
+               ) -> dict[str, Any]:
+    """The dims a call bound, leaving out those bound to nothing; a variadic dim only
+    broadcastable occurrences bound goes by ``#*name``, so a result may still widen it."""
+    return {("#" + k if k in weak and k.startswith("*") else k): v
+            for k, v in zip(symbols, values, strict=True) if v is not None}
+
+
+def widenable_variadics(spec: ContractSpec) -> frozenset[str]:
+    """Variadic dims only broadcastable arguments carry (``#*name``): a container item or the
+    result may still widen them, as torch's broadcasting would."""
+    return frozenset(k for k, srcs in spec.variadic_sources.items() if all(s.broadcast for s in srcs))
+
+
+def weak_symbols(spec: ContractSpec) -> frozenset[str]:
+    """Dims that may be bound to nothing at run time (None): those only tensors inside containers
+    carry (an empty list), and those only broadcastable axes carry (all of size 1)."""
+    return frozenset(spec.nested_only) | frozenset(spec.broadcast_sources) | widenable_variadics(spec)
+
+
+def guard(cond: str, expr: Expr, weak: frozenset[str], dim: Mapping[str, str]) -> str:
+    """``cond``, skipped while a dim it uses is bound to nothing."""
+    unbound = sorted(expr.symbols() & weak)
+    if not unbound:
+        return cond
+    return "(" + " and ".join(f"{dim[s]} is not None" for s in unbound) + f" and {cond})"
+
+
 def rank_test(tp: TensorParam, shape: str) -> str:
     """True when a tensor has the wrong number of axes (with a variadic dim: too few)."""
     return (MIN_RANK_TEST if tp.variadic is not None else RANK_TEST).format(shape=shape, rank=tp.rank)
@@ -399,6 +442,7 @@ def generate_return_checker(spec: ContractSpec) -> tuple[str, dict[str, Any]]:
     g = Gen(n)
     res, dims = n("res"), n("dims")
     dim = {s: n("d", i) for i, s in enumerate(spec.symbols)}
+    weak = weak_symbols(spec)
     if spec.symbols:
         g.emit(f"{', '.join(dim.values())}, = {dims}")
     items = [res]
@@ -406,6 +450,7 @@ def generate_return_checker(spec: ContractSpec) -> tuple[str, dict[str, Any]]:
         g.emit(f"if not isinstance({res}, tuple) or len({res}) != {len(spec.returns)}:", "    return False")
         items = [f"{res}[{i}]" for i in range(len(spec.returns))]
     tensor = g.const(torch.Tensor)
+    env, env_made = n("env"), False
     for i, (tp, item) in enumerate(zip(spec.returns, items, strict=True)):
         t, s = n("r", i), n("s", i)
         g.emit(f"{t} = {item}")
@@ -415,15 +460,23 @@ def generate_return_checker(spec: ContractSpec) -> tuple[str, dict[str, Any]]:
         g.emit(f"if not isinstance({t}, {tensor}):", "    return False")
         g.emit(READ_SHAPE, shape=s, arg=t)
         conds = [rank_test(tp, s)]
-        for axis, d in tp.fixed_axes():
-            if isinstance(d, Broadcast):
-                conds.append(f"({s}[{axis}] != 1 and {s}[{axis}] != {d.dim.render(dim)})")
-            elif isinstance(d, Expr):
-                conds.append(f"{s}[{axis}] != {d.render(dim)}")
-        v, vi = tp.variadic, tp.variadic_index
-        if v is not None and v.name is not None and vi is not None:
-            axes = VARIADIC_AXES.format(shape=s, start=vi, after=len(tp.dims) - 1 - vi)
-            conds.append(f"not {g.const(fits_variadic)}({axes}, {v.broadcast}, {dim[v.key]})")
+        if set(weak) & {x for d in tp.dims for x in dim_symbols(d)}:
+            # a dim that may be bound to nothing: the result binds it, as an argument would
+            if not env_made:
+                g.emit(f"{env} = {g.const(bound_dims)}({g.const(spec.symbols)}, {dims}, "
+                       f"{g.const(widenable_variadics(spec))})")
+                env_made = True
+            conds.append(f"{g.const(match_dims)}({g.const(tp.dims)}, tuple({s}), {env}) is not None")
+        else:
+            for axis, d in tp.fixed_axes():
+                if isinstance(d, Broadcast):
+                    conds.append(f"({s}[{axis}] != 1 and {s}[{axis}] != {d.dim.render(dim)})")
+                elif isinstance(d, Expr):
+                    conds.append(f"{s}[{axis}] != {d.render(dim)}")
+            v, vi = tp.variadic, tp.variadic_index
+            if v is not None and v.name is not None and vi is not None:
+                axes = VARIADIC_AXES.format(shape=s, start=vi, after=len(tp.dims) - 1 - vi)
+                conds.append(f"not {g.const(fits_variadic)}({axes}, {v.broadcast}, {dim[v.key]})")
         conds.append(f"{t}.dtype not in {g.const(tp.dtypes)}")
         g.emit("if " + " or ".join(conds) + ":", "    return False")
         if tp.optional:

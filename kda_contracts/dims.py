@@ -456,7 +456,17 @@ def broadcast_sizes(*occurrences: tuple[Sequence[int], bool]) -> tuple[int, ...]
     return result
 
 
-def fits_variadic(sizes: Sequence[int], broadcastable: bool, bound: Sequence[int]) -> bool:
-    """Whether one occurrence of a variadic dim agrees with the sizes it is bound to."""
+def broadcast_dim(*sizes: int) -> int | None:
+    """The size a dim only broadcastable axes (``#N``) carry: the first size that is not 1 (the
+    checks that follow reject any other), or None when all are 1 (then it is bound by nothing,
+    as in torch's broadcasting: a later argument, item or the return may fix it)."""
+    return next((s for s in sizes if s != 1), None)
+
+
+def fits_variadic(sizes: Sequence[int], broadcastable: bool, bound: Sequence[int] | None) -> bool:
+    """Whether one occurrence of a variadic dim agrees with the sizes it is bound to (anything
+    fits a variadic dim nothing bound)."""
+    if bound is None:
+        return True
     return broadcast_sizes((bound, True), (sizes, broadcastable)) == tuple(bound) if broadcastable \
         else tuple(sizes) == tuple(bound)

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from .constraints import Constraint
-from .dims import Broadcast, Expr, Sym, Variadic, broadcast_sizes, fits_variadic
+from .dims import Broadcast, Expr, Sym, Variadic, broadcast_dim, broadcast_sizes, fits_variadic
 from .errors import ArgumentTypeError, DeviceError, DtypeError, LayoutError, ShapeError, Violation
 from .facts import (
     AxisMismatch,
@@ -29,6 +29,7 @@ from .facts import (
     Unsolvable,
 )
 from .markers import CONFIG_LACKS, ConfigKindError, config_dim_source, config_dims, config_dtypes
+from .nested import match_dims
 from .plan import Derived
 from .rules import (
     Contiguous,
@@ -166,7 +167,7 @@ class Explainer:
     def _nested(self) -> None:
         """Walk the tensors inside containers with the dims bound so far; the walk binds the dims
         only they carry, and its verdict is the fast path's."""
-        env: dict[str, Any] = dict(self.dims)
+        env: dict[str, Any] = bound_dims(tuple(self.dims), tuple(self.dims.values()), widenable_variadics(self.spec))
         for name, param in self.spec.nested.items():
             value = self.values.get(name)
             problem = param.node.match(value, env, name)
@@ -177,9 +178,13 @@ class Explainer:
             for rule in param.rules:
                 if rule.broken(value=value):
                     self.violations.append(rule.violation(value=value))
-        for sym in self.spec.nested_only:
-            if sym in env and sym not in self.dims:
+        for sym in self.spec.variadic_sources:
+            if sym in env:  # a widenable variadic dim the walk fixed
                 self.dims[sym] = env[sym]
+        for sym in (*self.spec.nested_only, *self.spec.broadcast_sources):
+            value = env.get(sym, env.get("#" + sym))
+            if value is not None and sym not in self.dims:
+                self.dims[sym] = value
                 self.prov[sym] = "from the first tensor inside " + next(
                     (n for n, p in self.spec.nested.items() if sym in p.node.plain_symbols()), "a container")
 
@@ -214,8 +219,11 @@ class Explainer:
             if sym in self.dims or not usable:
                 continue
             sizes = [self.usable[src.param][src.axis] for src in usable]
-            src = usable[sizes.index(max(sizes))]
-            self.dims[sym] = max(sizes)
+            size = broadcast_dim(*sizes)
+            if size is None:  # all of size 1: bound by nothing (yet)
+                continue
+            src = usable[sizes.index(size)]
+            self.dims[sym] = size
             self.prov[sym] = f"from {src.param}.shape[{src.axis}] (broadcastable)"
         for key, vsrcs in self.spec.variadic_sources.items():
             found = [(v, self._variadic_axes(v.param, v.start, v.after)) for v in vsrcs if v.param in self.usable]
@@ -375,6 +383,7 @@ def explain_return(spec: ContractSpec, result: Any, env: Mapping[str, int]) -> l
     if spec.returns_tuple and (not isinstance(items, tuple) or len(items) != len(spec.returns)):
         return [Violation(ShapeError, "return", f"a tuple of {len(spec.returns)} tensors", type(result).__name__)]
     violations: list[Violation] = []
+    env = bound_dims(tuple(env), tuple(env.values()), widenable_variadics(spec))
     for tp, t in zip(spec.returns, items, strict=True):
         if not isinstance(t, torch.Tensor):
             if not (tp.optional and t is None):
@@ -414,22 +423,47 @@ def _generic_hint(v: Violation, ctx: CallContext) -> str | None:
 
 
 def _concrete_dim(d: Any, env: Mapping[str, Any]) -> str:
-    if isinstance(d, Variadic):
-        return ", ".join(map(str, env[d.key])) if d.name is not None else "..."
-    if isinstance(d, Broadcast):
-        return f"#{d.dim.evaluate(env)}"
-    return str(d.evaluate(env)) if isinstance(d, Expr) else "_"
+    try:
+        if isinstance(d, Variadic):
+            return ", ".join(map(str, env[d.key])) if d.name is not None else "..."
+        if isinstance(d, Broadcast):
+            return f"#{d.dim.evaluate(env)}"
+        return str(d.evaluate(env)) if isinstance(d, Expr) else "_"
+    except (KeyError, TypeError, ZeroDivisionError):  # a dim bound to nothing
+        return str(d)
 
 
-def _result_shape_ok(tp: TensorParam, got: tuple[int, ...], env: Mapping[str, Any]) -> bool:
+def _result_shape_ok(tp: TensorParam, got: tuple[int, ...], env: dict[str, Any]) -> bool:
+    if weak_symbols_used(tp, env):  # the result binds what nothing bound, as the fast path does
+        return match_dims(tp.dims, got, env) is None
     v, vi = tp.variadic, tp.variadic_index
     if len(got) < tp.rank if v is not None else len(got) != tp.rank:
         return False
     for axis, d in tp.fixed_axes():
-        if isinstance(d, Broadcast) and got[axis] != 1 and got[axis] != d.dim.evaluate(env):
-            return False
-        if isinstance(d, Expr) and got[axis] != d.evaluate(env):
+        expr = d.dim if isinstance(d, Broadcast) else d
+        if not isinstance(expr, Expr) or any(env.get(s) is None for s in expr.symbols()):
+            continue  # a dim bound to nothing: the result may bind it
+        if got[axis] != expr.evaluate(env) and not (isinstance(d, Broadcast) and got[axis] == 1):
             return False
     if v is not None and v.name is not None and vi is not None:
-        return fits_variadic(got[vi:len(got) - (len(tp.dims) - 1 - vi)], v.broadcast, env[v.key])
+        return fits_variadic(got[vi:len(got) - (len(tp.dims) - 1 - vi)], v.broadcast, env.get(v.key))
     return True
+
+
+def weak_symbols_used(tp: TensorParam, env: Mapping[str, Any]) -> bool:
+    """Whether a result tensor mentions a dim the call bound to nothing."""
+    from .plan import dim_symbols
+
+    return any(x not in env for d in tp.dims for x in dim_symbols(d))
+
+
+def bound_dims(symbols: tuple[str, ...], values: tuple[Any, ...], weak: frozenset[str]) -> dict[str, Any]:
+    from .codegen import bound_dims as bound  # the fast path's own
+
+    return bound(symbols, values, weak)
+
+
+def widenable_variadics(spec: ContractSpec) -> frozenset[str]:
+    from .codegen import widenable_variadics as widenable
+
+    return widenable(spec)

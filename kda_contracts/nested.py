@@ -29,7 +29,7 @@ import torch
 from beartype import BeartypeConf
 from beartype.door import is_bearable
 
-from .dims import ANY, Broadcast, DimSpec, Expr, Sym, Variadic, fits_variadic, parse_shape
+from .dims import ANY, Broadcast, DimSpec, Expr, Sym, Variadic, broadcast_sizes, fits_variadic, parse_shape
 from .errors import AnnotationError, ArgumentTypeError, ContractError, DtypeError, ShapeError
 from .plan import dim_symbols
 from .rules import DtypeIn, dtype_name, fmt_ints
@@ -136,22 +136,36 @@ def match_dims(dims: tuple[DimSpec, ...], shape: tuple[int, ...], env: dict[str,
             sizes = shape[i:len(shape) - after]
             if d.name is None:
                 continue
-            if d.key not in env:
-                env[d.key] = tuple(sizes)
-            elif not fits_variadic(sizes, d.broadcast, env[d.key]):
-                return f"dims {d}: expected {fmt_ints(env[d.key])}, got {fmt_ints(sizes)}"
+            bound = env.get(d.key)
+            widenable = env.get("#" + d.key)  # bound only by broadcastable occurrences so far
+            if bound is None and widenable is not None:
+                merged = broadcast_sizes((widenable, True), (sizes, True))
+                if merged is None or (not d.broadcast and merged != tuple(sizes)):
+                    return f"dims {d}: {fmt_ints(sizes)} does not broadcast with {fmt_ints(widenable)}"
+                if d.broadcast:
+                    env["#" + d.key] = merged
+                else:
+                    del env["#" + d.key]
+                    env[d.key] = merged
+            elif bound is None:
+                env[("#" if d.broadcast else "") + d.key] = tuple(sizes)
+            elif d.broadcast:  # it must broadcast to what a plain occurrence fixed
+                if broadcast_sizes((bound, True), (sizes, True)) != tuple(bound):
+                    return f"dims {d}: {fmt_ints(sizes)} does not broadcast to {fmt_ints(bound)}"
+            elif not fits_variadic(sizes, False, bound):
+                return f"dims {d}: expected {fmt_ints(bound)}, got {fmt_ints(sizes)}"
             continue
         axis = i if vi is None or i < vi else i - len(dims)
         size = shape[axis]
         expr = d.dim if isinstance(d, Broadcast) else d
         if d is ANY or (isinstance(d, Broadcast) and size == 1) or not isinstance(expr, Expr):
             continue
-        if isinstance(expr, Sym) and expr.name not in env:
+        if isinstance(expr, Sym) and env.get(expr.name) is None:
             env[expr.name] = size
             continue
         try:
             want = expr.evaluate(env)
-        except (KeyError, ZeroDivisionError):
+        except (KeyError, TypeError, ZeroDivisionError):
             return f"dim {axis} ({d}) cannot be evaluated with the bound dims"
         if size != want:
             return f"dim {axis} ({d}): expected {want}, got {size}"

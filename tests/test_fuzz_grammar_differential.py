@@ -496,60 +496,32 @@ def documented_difference(engines: Engines, call: Call, jt: str, ours: str) -> s
         undone = Call([float(v) if i in floats else v for i, v in enumerate(call.args)], call.ret)
         if engines.jaxtyping_verdict(undone) == "accept":
             return "an int or a bool for a float"
+    if (jt, ours) == ("accept", "reject") and _widened_by_the_result(engines.contract):
+        return "a variadic dim only broadcastable container items carry is not widened by the result"
     return None
 
 
-def _present(contract: Contract, call: Call) -> list[tuple[Param, Leaf]]:
-    """The (argument, annotation) pairs whose tensors the call passes: not None, not empty."""
-    out = []
-    for p, v in zip(contract.params, call.args, strict=True):
-        if not p.leaves or v is None or (p.kind not in TOP_LEVEL and isinstance(v, (list, tuple, dict)) and not v):
-            continue
-        tuple2 = p.kind == "tuple2" and isinstance(v, tuple)
-        out.extend((p, leaf) for leaf in (p.leaves[:len(v)] if tuple2 else p.leaves))
-    return out
-
-
-def _forms(leaves: Sequence[Leaf], dim: str) -> set[str]:
-    """How ``leaves`` carry a dim: "plain" (``N``, ``*batch``), "broadcast" (``#N``, ``#*batch``)."""
-    kinds = {"var": "plain", "bvar": "broadcast"} if dim == "*batch" else {"name": "plain", "bcast": "broadcast"}
-    return {kinds[a.kind] for leaf in leaves for a in leaf.axes
-            if a.kind in kinds and (dim == "*batch" or dim in a.names)}
-
-
-def _dims(leaves: Sequence[Leaf]) -> set[str]:
-    params = [Param("_", "tensor", (leaf,)) for leaf in leaves]
-    return carried(params)
+def _widened_by_the_result(contract: Contract) -> bool:
+    """The return names ``*b`` that no top-level argument carries plainly and some container item
+    carries as ``#*b``: jaxtyping lets the result widen it (order-dependent), we keep it fixed."""
+    if contract.ret is None:
+        return False
+    def var(a: Axis) -> str:
+        return a.text.lstrip("#*")
+    returned = {var(a) for a in contract.ret.axes if a.kind in ("var", "bvar")}
+    for name in returned:
+        plain_top = any(a.kind == "var" and var(a) == name for p in contract.params if p.kind == "tensor"
+                        for leaf in p.leaves for a in leaf.axes)
+        bcast_inside = any(a.kind == "bvar" and var(a) == name for p in contract.params if p.kind != "tensor"
+                           for leaf in p.leaves for a in leaf.axes)
+        if bcast_inside and not plain_top:
+            return True
+    return False
 
 
 def known_bug(contract: Contract, call: Call, jt: str, ours: str) -> str | None:
-    """The known bug behind a case (reported; each has a strict xfail reproduction below)."""
-    present = _present(contract, call)
-    args = [leaf for _, leaf in present]
-    required = [leaf for p, leaf in present if p.kind == "tensor"]
-    others = [leaf for p, leaf in present if p.kind != "tensor"]  # Optional tensors and containers
-    returned = _dims([contract.ret]) if contract.ret is not None else set()
-    empty = any(p.kind not in TOP_LEVEL and isinstance(v, (list, tuple, dict)) and not v
-                for p, v in zip(contract.params, call.args, strict=True))
-    optional = [leaf for p, leaf in present if p.kind in ("Optional", "|None")]
-    if ours.startswith(("escape: the fast checker", "escape: TypeError: cannot unpack")) \
-            and "broadcast" in _forms(optional, "*batch"):
-        return "bug 8: an Optional #*batch tensor that broadcasts"
-    if ours.startswith(("escape: the fast checker", "escape: TypeError: cannot unpack")) and empty:
-        return "bug 3: an Optional tensor's dim next to an empty container"
-    if (returned - _dims(args)) and (ours.startswith("escape: TypeError") or (jt, ours) == ("accept", "reject")):
-        return "bug 1: a return dim that only an empty container binds"
-    if (jt, ours) != ("accept", "reject"):
-        return None
-    if any(_forms(required, d) == {"broadcast"} and _forms(others, d) for d in _dims(args)):
-        return "bug 4: an Optional's or a container's dim checked against a broadcast-only binding"
-    if any(_forms(args, d) == {"broadcast"} for d in returned):
-        return "bug 5: the return cannot widen a broadcast-only dim"
-    if "broadcast" in _forms(others, "*batch"):
-        return "bug 7: a #*batch inside a container binds its first sizes (not the broadcast)"
-    zero = any(isinstance(t, Tensor) and 0 in t.shape for t in _tensors(call.args))
-    if zero and any(_forms(args, d) == {"broadcast"} for d in _dims(args)):
-        return "bug 6: a broadcast-only dim of sizes 0 and 1"
+    """The known bug behind a case. The eight the fuzzer found are fixed (their reproductions
+    below now pass), so none is known: every mismatch outside the documented differences fails."""
     return None
 
 
@@ -684,23 +656,22 @@ def test_contracts_jaxtyping_takes_and_we_refuse(refused: str) -> None:
     assert engines.refusal is not None and "cannot bind dim" in engines.refusal
 
 
-XFAIL = pytest.mark.xfail(strict=True, reason="a bug found by the differential fuzzer (docs/reliability.md)")
 
 
-@XFAIL
+
 def test_bug_1_a_return_dim_only_an_empty_list_binds_is_bound_by_the_return() -> None:
     assert _both('def f(x: list[Float[Tensor, "*b"]]) -> Float[Tensor, "*b"]:', [], ret=torch.zeros(2)) == \
         ("accept", "accept")  # we: TypeError escapes ("B" instead of "*b": "expected [B] = [None]")
 
 
-@XFAIL
+
 def test_bug_2_a_variadic_dim_in_a_list_and_an_optional_decorates() -> None:
     engines = Engines(Contract((), None), 'def f(x: list[Float[Tensor, "*b"]], y: Optional[Float[Tensor, "*b"]]):'
                       "\n    return _ret()\n")
     assert engines.escape is None  # we: KeyError: '*b' from the code generator
 
 
-@XFAIL
+
 def test_bug_3_an_optional_tensor_next_to_an_empty_list_is_checked_once() -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # "the fast checker of f rejected a call the full check accepts"
@@ -708,31 +679,31 @@ def test_bug_3_an_optional_tensor_next_to_an_empty_list_is_checked_once() -> Non
                      torch.zeros(3), [], ret=torch.zeros(3)) == ("accept", "accept")  # we: TypeError escapes
 
 
-@XFAIL
+
 def test_bug_4_a_list_item_may_widen_a_broadcast_only_dim() -> None:
     assert _both('def f(x: list[Float[Tensor, "N"]], y: Float[Tensor, "#N"]):', [torch.zeros(3)], torch.zeros(1)) \
         == ("accept", "accept")  # as f(x: "N", y: "#N") with sizes 3 and 1, which we accept; so Optional "N"
 
 
-@XFAIL
+
 def test_bug_5_the_return_may_widen_a_broadcast_only_dim() -> None:
     assert _both('def f(x: Float[Tensor, "#N"]) -> Float[Tensor, "N"]:', torch.zeros(1), ret=torch.zeros(5)) \
         == ("accept", "accept")  # as f(x: "#N", y: "N") with sizes 1 and 5, which we accept
 
 
-@XFAIL
+
 def test_bug_6_a_broadcast_only_dim_of_sizes_0_and_1_is_0() -> None:
     assert _both('def f(x: Float[Tensor, "#N"], y: Float[Tensor, "#N"]):', torch.zeros(0), torch.zeros(1)) \
         == ("accept", "accept")  # torch broadcasts them to 0, as we do for "#*b"
 
 
-@XFAIL
+
 def test_bug_7_broadcastable_variadic_dims_inside_containers_broadcast_together() -> None:
     assert _both('def f(x: list[Float[Tensor, "#*b"]], y: list[Float[Tensor, "#*b"]]):', [torch.zeros(1)],
                  [torch.zeros(3)]) == ("accept", "accept")  # as two top-level "#*b" arguments, which we accept
 
 
-@XFAIL
+
 def test_bug_8_an_optional_broadcastable_variadic_tensor_is_checked_once() -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # "the fast checker of f rejected a call the full check accepts"
