@@ -101,3 +101,28 @@ def test_an_annotated_spec_with_disjoint_blocks_rejects_an_expanded_pool() -> No
     f(torch.zeros(4, 3))
     with pytest.raises(kc.LayoutError, match="do not overlap"):
         f(torch.zeros(1, 3).expand(4, 3))
+
+
+def test_no_generated_name_can_collide_with_a_parameter_of_that_name() -> None:
+    """Every name the generated checker and wrapper use, tried as a parameter name."""
+    @kc.contract(config_arg="cfg")
+    def probe(x: Float[Tensor, "B D"], y: Float[Tensor, "D"] | None = None, cfg: object = None,
+              s: Annotated[float, kc.Range(gt=0)] = 1.0) -> Float[Tensor, "B D"]:
+        kc.check(x, "B D")
+        return x
+
+    c = probe.__kda_contract__
+    import re
+
+    names = set(re.findall(r"_kc_\w+", c.checker_source + (c.return_source or "")))
+    names |= {"_kc_mode", "_kc_dims", "_kc_res", "_kc_fn", "_kc_check", "_kc_fail", "_kc_body", "_kc_self",
+              "_kc_static_cfg", "_kc_current_mode", "_kc_fixed_mode", "_kc_check_return", "_kc_fail_return"}
+    assert len(names) > 20
+    for name in sorted(names):
+        ns: dict[str, object] = {"Float": Float, "Tensor": Tensor, "kc": kc}
+        exec(f'def f(x: Float[Tensor, "B D"], {name}: Float[Tensor, "D"]) -> Float[Tensor, "B D"]:\n'
+             f'    kc.check({name}, "D")\n    return x + {name}\n', ns)
+        f = kc.contract(ns["f"])
+        assert f(torch.ones(2, 3), torch.ones(3)).shape == (2, 3), name
+        with pytest.raises(kc.ShapeError):
+            f(torch.ones(2, 3), torch.ones(4))
