@@ -1098,7 +1098,8 @@ def render_where(where: dict[str, Any], prims: list[tuple[str, str, float]], wra
         "more when it allocates (`t.shape`, `t.stride()`, `t.device`). The 27-check validator pays "
         "for redundant reads instead (13 `.shape`, 8 `.ndim`, 4 `stride(-1)`) but checks no device, "
         "Tensor-ness, activation dtype or state stride. Recommendations for the generator, each keeping the "
-        "verdict:", "",
+        "verdict (the generator now does 1, 2 for shapes, and 3 for the sizes; 4, 5 and the stride unpack "
+        "are not done):", "",
         f"1. Whole-shape tuple compares for tensors whose dims are all bound: `s != (d0, 1, d2, d4)` "
         f"({p['one tuple compare `s != (d0, d1, d2, d3)` (rank included)']:.0f} ns) instead of four indexed "
         f"compares ({p['4 indexed compares `s[0] != d0 or ... s[3] != d3`']:.0f} ns); it includes the rank "
@@ -1108,8 +1109,8 @@ def render_where(where: dict[str, Any], prims: list[tuple[str, str, float]], wra
         f" ns) instead of subscripts ({p['`s = t.shape; d0 = s[0]; ... d3 = s[3]`']:.0f} / "
         f"{p['`st = t.stride(); st[0] ... st[3]`']:.0f} ns), once the rank is known.",
         "3. State stride rules: use the bound dim locals (`_kc_d3` for `_kc_s6[-1]`) and drop `(x or 1)` when "
-        "the rule runs after the `>= 1` constraints; unpack the stride tuple. The two state-stride lines are "
-        "the costliest non-attribute statements above.",
+        "the rule runs after the `>= 1` constraints; unpack the stride tuple. Before the generator used the "
+        "bound dims, the two state-stride lines were the costliest non-attribute statements.",
         f"4. Devices: `u.device != dev` is {dev_cmp:.0f} ns per tensor ({dev_read:.0f} ns of it the read, "
         f"which allocates a torch.device; `dev != dev2` alone {p['`dev != dev2` (two torch.device objects)']:.0f}"
         " ns). No cheaper single read keeps the verdict: `t.get_device()` is -1 for both cpu and meta and "
