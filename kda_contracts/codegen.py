@@ -12,17 +12,13 @@ Example::
 
 from __future__ import annotations
 
-import functools
-import inspect
-import weakref
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import torch
 
+from .config_views import config_view_layout
 from .dims import ANY, Broadcast, Expr, Sym, broadcast_dim, broadcast_sizes, fits_variadic
-from .markers import CONFIG_LACKS, config_dims, config_is_frozen
-from .modes import mark_constant_result
 from .nested import match_dims
 from .plan import Derived, dim_symbols
 from .rules import DtypeIn, SameDtype
@@ -52,69 +48,7 @@ from .snippets import (
 )
 from .spec import ContractSpec, TensorParam, split_optional
 
-__all__ = ["ConfigViews", "Names", "generate_checker", "generate_return_checker", "wrapper_source"]
-
-
-def config_view_layout(spec: ContractSpec) -> tuple[list[str], list[str]]:
-    """The dtype roles and the MatchConfig scalars of a contract, in view order."""
-    roles = sorted({tp.spec.config_dtype for tp in spec.tensors.values() if tp.spec.config_dtype is not None})
-    matches = [sp.name for sp in spec.scalars.values() if sp.match is not None]
-    return roles, matches
-
-
-def _same(obj: Any) -> Any:
-    return obj
-
-
-class ConfigViews:
-    """What each config object fixes for one contract, flattened once per config object:
-    ``(reference to the config, dims aligned with spec.symbols, dtypes aligned with the roles,
-    match values)``.
-
-    Keyed by ``id``; the entry holds a weak reference to its config (a strong one only for
-    objects that refuse weak references), so a recycled id is detected and a cached view never
-    keeps a model layer alive. Bounded.
-
-    Under torch.compile ``get`` and ``make`` run at trace time and are never traced (dynamo
-    calls them on the real config and takes the view as a constant, guarding only on the
-    config's identity): the config is flattened before the trace sees it, so a cold first call
-    compiles, and later eager use of the cache does not recompile anything. Compiled code
-    therefore keeps the view of the trace: a mutable config changed afterwards is seen by eager
-    calls, not by compiled code until it is traced again.
-    """
-
-    MAX = 64
-
-    def __init__(self, spec: ContractSpec) -> None:
-        self.spec = spec
-        self.roles, self.matches = config_view_layout(spec)
-        self._views: dict[int, tuple[Any, ...]] = {}
-
-    @mark_constant_result
-    def get(self, key: int) -> tuple[Any, ...] | None:
-        return self._views.get(key)
-
-    @mark_constant_result
-    def make(self, cfg: Any) -> tuple[Any, ...]:
-        dims = config_dims(cfg)
-        dts = _config_dtypes(cfg) or {}
-        try:
-            ref: Callable[[], Any] = weakref.ref(cfg)
-        except TypeError:  # no __weakref__ slot
-            ref = functools.partial(_same, cfg)
-        view = (
-            ref,
-            tuple(dims.get(s) for s in self.spec.symbols),
-            tuple(dts.get(r) for r in self.roles),
-            tuple(getattr(cfg, self.spec.scalars[n].match.attr, CONFIG_LACKS)  # type: ignore[union-attr]
-                  for n in self.matches),
-        )
-        if not config_is_frozen(cfg):
-            return view  # a mutable config is read fresh on every call
-        if len(self._views) >= self.MAX:
-            self._views.clear()
-        self._views[id(cfg)] = view
-        return view
+__all__ = ["Names", "generate_checker", "generate_return_checker"]
 
 
 _SIMPLE_TYPES: dict[Any, tuple[type, ...]] = {
@@ -485,89 +419,3 @@ def generate_return_checker(spec: ContractSpec) -> tuple[str, dict[str, Any]]:
     src = (f"def check_return({res}, {dims}):\n    try:\n" + "\n".join("    " + ln for ln in g.lines)
            + "\n    except Exception:  # the slow path words it\n        return False\n")
     return src, g.consts
-
-
-def _config_dtypes(cfg: Any) -> Mapping[str, torch.dtype] | None:
-    getter = getattr(cfg, "contract_dtypes", None)
-    return getter() if getter is not None else None
-
-
-def wrapper_source(spec: ContractSpec, fn_name: str, names: Names, *, has_return: bool, value_checks: bool,
-                   beartype_first: bool, body: bool = False, is_async: bool = False) -> str:
-    """Source of a wrapper with ``fn``'s exact signature (so Python binds the arguments); every
-    other name it uses comes from ``names`` (see ``wrapper_namespace`` for what each is)."""
-    n = names
-    parts: list[str] = []
-    call: list[str] = []
-    seen_kwonly = False
-    seen_posonly = False
-    for i, p in enumerate(spec.signature.parameters.values()):
-        default = f"={n('default', i)}" if p.default is not inspect.Parameter.empty else ""
-        if p.kind is p.POSITIONAL_ONLY:
-            seen_posonly = True
-            parts.append(f"{p.name}{default}")
-            call.append(p.name)
-            continue
-        if seen_posonly:
-            parts.append("/")
-            seen_posonly = False
-        if p.kind is p.POSITIONAL_OR_KEYWORD:
-            parts.append(f"{p.name}{default}")
-            call.append(p.name)
-        elif p.kind is p.VAR_POSITIONAL:
-            parts.append(f"*{p.name}")
-            call.append(f"*{p.name}")
-            seen_kwonly = True
-        elif p.kind is p.KEYWORD_ONLY:
-            if not seen_kwonly:
-                parts.append("*")
-                seen_kwonly = True
-            parts.append(f"{p.name}{default}")
-            call.append(f"{p.name}={p.name}")
-        elif p.kind is p.VAR_KEYWORD:
-            parts.append(f"**{p.name}")
-            call.append(f"**{p.name}")
-    if seen_posonly:
-        parts.append("/")
-    plain = ", ".join(checked_parameters(spec))
-    cfg = spec.config_arg if spec.config_arg is not None else n("static_cfg")
-    mode, dims, res = n("mode"), n("dims"), n("res")
-    lines = [
-        f"def {fn_name}({', '.join(parts)}):",
-        # the mode (and the call count): read once per trace under torch.compile, never guarded on
-        f"    {mode} = {n('enter')}()",
-        f"    if {mode}:",
-    ]
-    if beartype_first:  # hints the generated checker cannot decide with isinstance
-        lines += [
-            "        try:",
-            f"            {n('types')}({plain})",
-            f"        except {n('TypeViolation')}:",
-            f"            {n('fail_types')}({plain})",
-        ]
-    lines += [
-        f"        {dims} = {n('check')}({plain}{', ' if plain else ''}{cfg})",
-        f"        if {dims} is None:",
-        f"            {n('fail')}({plain})",
-    ]
-    if value_checks:
-        lines += [
-            f"        if {mode} == 2:",
-            f"            {n('strict')}({dims}, {plain})",
-        ]
-    aw = "await " if is_async else ""
-    if body:  # the body runs with the call's dims in context (kc.check, kc.dims, isinstance)
-        lines.append(f"        {res} = {aw}{n('body')}({dims}, {', '.join(call)})")
-    elif has_return:
-        lines.append(f"        {res} = {aw}{n('fn')}({', '.join(call)})")
-    if has_return:
-        lines += [
-            f"        if not {n('check_return')}({res}, {dims}):",
-            f"            {n('fail_return')}({res}{', ' if plain else ''}{plain})",
-        ]
-    if body or has_return:
-        lines.append(f"        return {res}")
-    lines.append(f"    return {aw}{n('fn')}({', '.join(call)})")
-    if is_async:
-        lines[0] = "async " + lines[0]
-    return "\n".join(lines) + "\n"

@@ -30,15 +30,8 @@ from beartype.roar import BeartypeCallHintParamViolation
 
 from . import modes
 from .body import body_uses_checks, runner
-from .codegen import (
-    ConfigViews,
-    Names,
-    checked_parameters,
-    checker_names,
-    generate_checker,
-    generate_return_checker,
-    wrapper_source,
-)
+from .codegen import checked_parameters, checker_names, generate_checker, generate_return_checker
+from .config_views import ConfigViews
 from .errors import (
     AnnotationError,
     ArgumentTypeError,
@@ -50,7 +43,9 @@ from .errors import (
 from .explain import explain_return
 from .markers import Where
 from .nested import mentions_array
+from .snippets import Names
 from .spec import CallContext, ContractOptions, ContractSpec, Dims, build_spec
+from .wrapper import wrapper_source
 
 __all__ = ["Contract", "contract", "register_contract", "registered_contracts"]
 

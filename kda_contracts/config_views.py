@@ -1,0 +1,89 @@
+"""What a config fixes for one contract, flattened once per config object (the generated checker
+reads a flat view instead of calling into the config on every call).
+
+Example::
+
+    views = ConfigViews(spec); view = views.get(id(cfg)) or views.make(cfg)
+"""
+
+from __future__ import annotations
+
+import functools
+import weakref
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import torch
+
+from .markers import CONFIG_LACKS, config_dims, config_is_frozen
+from .modes import mark_constant_result
+from .spec import ContractSpec
+
+__all__ = ["ConfigViews", "config_view_layout"]
+
+
+def config_view_layout(spec: ContractSpec) -> tuple[list[str], list[str]]:
+    """The dtype roles and the MatchConfig scalars of a contract, in view order."""
+    roles = sorted({tp.spec.config_dtype for tp in spec.tensors.values() if tp.spec.config_dtype is not None})
+    matches = [sp.name for sp in spec.scalars.values() if sp.match is not None]
+    return roles, matches
+
+
+def _same(obj: Any) -> Any:
+    return obj
+
+
+class ConfigViews:
+    """What each config object fixes for one contract, flattened once per config object:
+    ``(reference to the config, dims aligned with spec.symbols, dtypes aligned with the roles,
+    match values)``.
+
+    Keyed by ``id``; the entry holds a weak reference to its config (a strong one only for
+    objects that refuse weak references), so a recycled id is detected and a cached view never
+    keeps a model layer alive. Bounded.
+
+    Under torch.compile ``get`` and ``make`` run at trace time and are never traced (dynamo
+    calls them on the real config and takes the view as a constant, guarding only on the
+    config's identity): the config is flattened before the trace sees it, so a cold first call
+    compiles, and later eager use of the cache does not recompile anything. Compiled code
+    therefore keeps the view of the trace: a mutable config changed afterwards is seen by eager
+    calls, not by compiled code until it is traced again.
+    """
+
+    MAX = 64
+
+    def __init__(self, spec: ContractSpec) -> None:
+        self.spec = spec
+        self.roles, self.matches = config_view_layout(spec)
+        self._views: dict[int, tuple[Any, ...]] = {}
+
+    @mark_constant_result
+    def get(self, key: int) -> tuple[Any, ...] | None:
+        return self._views.get(key)
+
+    @mark_constant_result
+    def make(self, cfg: Any) -> tuple[Any, ...]:
+        dims = config_dims(cfg)
+        dts = _config_dtypes(cfg) or {}
+        try:
+            ref: Callable[[], Any] = weakref.ref(cfg)
+        except TypeError:  # no __weakref__ slot
+            ref = functools.partial(_same, cfg)
+        view = (
+            ref,
+            tuple(dims.get(s) for s in self.spec.symbols),
+            tuple(dts.get(r) for r in self.roles),
+            tuple(getattr(cfg, self.spec.scalars[n].match.attr, CONFIG_LACKS)  # type: ignore[union-attr]
+                  for n in self.matches),
+        )
+        if not config_is_frozen(cfg):
+            return view  # a mutable config is read fresh on every call
+        if len(self._views) >= self.MAX:
+            self._views.clear()
+        self._views[id(cfg)] = view
+        return view
+
+
+def _config_dtypes(cfg: Any) -> Mapping[str, torch.dtype] | None:
+    getter = getattr(cfg, "contract_dtypes", None)
+    return getter() if getter is not None else None
