@@ -20,7 +20,7 @@ import torch
 from .config_views import config_view_layout
 from .dims import ANY, Broadcast, Expr, Sym, broadcast_dim, broadcast_sizes, fits_variadic
 from .nested import match_dims
-from .plan import Derived, dim_symbols
+from .plan import Derived, bound_dims, dim_symbols, weak_symbols, widenable_variadics, widened_key
 from .rules import DtypeIn, SameDtype
 from .scalar_rules import MatchesConfig
 from .snippets import (
@@ -201,7 +201,7 @@ class _Checker:
         env = n("env")
         bound = [s for s in spec.symbols if s not in spec.nested_only]
         widen = widenable_variadics(spec)
-        key = {s: "#" + s if s in widen else s for s in bound}  # see bound_dims
+        key = {s: widened_key(s, widen) for s in bound}
         g.emit(f"{env} = {{" + ", ".join(f"{key[s]!r}: {self.dim[s]}" for s in bound) + "}")
         for name, param in spec.nested.items():
             walk = g.const(param.node.match)
@@ -324,26 +324,6 @@ def generate_checker(spec: ContractSpec) -> tuple[str, dict[str, Any], bool]:
     its constants (the config views under ``names("views")`` are added by the caller), and whether
     it also checks the Python types (else the beartype shim must run first)."""
     return _Checker(spec).source()
-
-
-def bound_dims(symbols: tuple[str, ...], values: tuple[Any, ...], weak: frozenset[str] = frozenset()
-               ) -> dict[str, Any]:
-    """The dims a call bound, leaving out those bound to nothing; a variadic dim only
-    broadcastable occurrences bound goes by ``#*name``, so a result may still widen it."""
-    return {("#" + k if k in weak and k.startswith("*") else k): v
-            for k, v in zip(symbols, values, strict=True) if v is not None}
-
-
-def widenable_variadics(spec: ContractSpec) -> frozenset[str]:
-    """Variadic dims only broadcastable arguments carry (``#*name``): a container item or the
-    result may still widen them, as torch's broadcasting would."""
-    return frozenset(k for k, srcs in spec.variadic_sources.items() if all(s.broadcast for s in srcs))
-
-
-def weak_symbols(spec: ContractSpec) -> frozenset[str]:
-    """Dims that may be bound to nothing at run time (None): those only tensors inside containers
-    carry (an empty list), and those only broadcastable axes carry (all of size 1)."""
-    return frozenset(spec.nested_only) | frozenset(spec.broadcast_sources) | widenable_variadics(spec)
 
 
 def guard(cond: str, expr: Expr, weak: frozenset[str], dim: Mapping[str, str]) -> str:

@@ -30,7 +30,7 @@ from .facts import (
 )
 from .markers import CONFIG_LACKS, ConfigKindError, config_dim_source, config_dims, config_dtypes
 from .nested import match_dims
-from .plan import Derived
+from .plan import Derived, bound_dims, dim_symbols, widenable_variadics
 from .rules import (
     Contiguous,
     Disjoint,
@@ -452,18 +452,4 @@ def _result_shape_ok(tp: TensorParam, got: tuple[int, ...], env: dict[str, Any])
 
 def weak_symbols_used(tp: TensorParam, env: Mapping[str, Any]) -> bool:
     """Whether a result tensor mentions a dim the call bound to nothing."""
-    from .plan import dim_symbols
-
     return any(x not in env for d in tp.dims for x in dim_symbols(d))
-
-
-def bound_dims(symbols: tuple[str, ...], values: tuple[Any, ...], weak: frozenset[str]) -> dict[str, Any]:
-    from .codegen import bound_dims as bound  # the fast path's own
-
-    return bound(symbols, values, weak)
-
-
-def widenable_variadics(spec: ContractSpec) -> frozenset[str]:
-    from .codegen import widenable_variadics as widenable
-
-    return widenable(spec)

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from .constraints import Constraint
 from .dims import ArgFact, Broadcast, DimSpec, Expr, Sym, Variadic, arg_fact, linear_form
@@ -30,9 +30,10 @@ from .markers import Where, config_dims
 
 if TYPE_CHECKING:
     from .nested import Node
-    from .spec import ContractOptions, ScalarParam, TensorParam
+    from .spec import ContractOptions, ContractSpec, ScalarParam, TensorParam
 
-__all__ = ["AxisSource", "BindingPlan", "Derived", "Solver", "VariadicSource", "dim_symbols", "plan_binding"]
+__all__ = ["AxisSource", "BindingPlan", "Derived", "Solver", "VariadicSource", "bound_dims", "dim_symbols",
+           "plan_binding", "weak_symbols", "widenable_variadics", "widened_key"]
 
 
 @dataclass(frozen=True)
@@ -235,3 +236,27 @@ def plan_binding(qualname: str, tensors: Mapping[str, TensorParam], scalars: Map
                        tuple(solvers), tuple(config_only), {k: tuple(v) for k, v in bsources.items()},
                        tuple(nested_only),
                        {k: tuple(v) for k, v in vsources.items()}, tuple(steps), tuple(facts))
+
+
+def bound_dims(symbols: tuple[str, ...], values: tuple[Any, ...], weak: frozenset[str] = frozenset()
+               ) -> dict[str, Any]:
+    """The dims a call bound, leaving out those bound to nothing; a variadic dim only
+    broadcastable occurrences bound goes by ``#*name``, so a result may still widen it."""
+    return {widened_key(k, weak): v for k, v in zip(symbols, values, strict=True) if v is not None}
+
+
+def widened_key(key: str, widenable: frozenset[str]) -> str:
+    """The name a dim goes by in a walk's environment: ``#*name`` for a widenable variadic dim."""
+    return "#" + key if key in widenable and key.startswith("*") else key
+
+
+def widenable_variadics(spec: ContractSpec) -> frozenset[str]:
+    """Variadic dims only broadcastable arguments carry (``#*name``): a container item or the
+    result may still widen them, as torch's broadcasting would."""
+    return frozenset(k for k, srcs in spec.variadic_sources.items() if all(s.broadcast for s in srcs))
+
+
+def weak_symbols(spec: ContractSpec) -> frozenset[str]:
+    """Dims that may be bound to nothing at run time (None): those only tensors inside containers
+    carry (an empty list), and those only broadcastable axes carry (all of size 1)."""
+    return frozenset(spec.nested_only) | frozenset(spec.broadcast_sources) | widenable_variadics(spec)
