@@ -324,7 +324,7 @@ def signature_function(contract: kc.Contract) -> Callable[..., Any]:
                       use_qk_l2norm_in_kernel=False, lower_bound=None):
         return None
 
-    packed_decode.__annotations__ = {k: v for k, v in contract.fn.__annotations__.items() if k != "config"}
+    packed_decode.__annotations__ = {k: v for k, v in contract.fn.__annotations__.items() if k not in ("config", "state_layout")}
     return packed_decode
 
 
@@ -487,18 +487,18 @@ def build_paths(repeats: int = 41) -> tuple[list[TimedPath], dict[str, Any]]:
 def breakdown(ctx: dict[str, Any], repeats: int, target_s: float) -> list[TimedPath]:
     """Where the check-mode time goes: each piece of the wrapper's hot path timed alone."""
     c = ctx["contract"]
-    vals = (*ctx["args"], None)  # every checked parameter, config last
+    vals = (*ctx["args"], None, None)  # every checked parameter, config and state_layout last
 
     pieces = [
         TimedPath("mode", "mode read (`kc.modes.current_mode()`)", kc.modes.current_mode, ()),
         TimedPath("types", "beartype type shim (`Contract.check_types`)", c.check_types, vals),
         TimedPath("checker", "generated checker (`Contract.check`)", c.check, vals, kwargs={"_cfg": None}),
-        TimedPath("checker_direct", "generated checker called directly (`Contract._check(*args, None)`)", c._check,
+        TimedPath("checker_direct", "generated checker called directly (`Contract._check(*args, None, None)`)", c._check,
                   (*vals, None)),
         TimedPath("checker_cfg", "generated checker with the KDAConfig (`Contract.check(..., _cfg=cfg)`)", c.check,
                   vals, kwargs={"_cfg": ctx["cfg"]}),
         TimedPath("enforce", "`Contract.enforce` (calls + types + checker)", c.enforce, (vals, None)),
-        TimedPath("wrapper", "whole wrapper (`Contract.wrap()`), check mode", ctx["checked"], vals, mode="check"),
+        TimedPath("wrapper", "whole wrapper (`Contract.wrap()`), check mode", ctx["checked"], ctx["args"], mode="check"),
     ]
     measure(pieces, repeats, target_s)
     return pieces
@@ -853,15 +853,15 @@ def where_time_goes(ctx: dict[str, Any], rounds: int, n: int) -> dict[str, Any]:
     validator on the same valid call, plus both whole functions called directly."""
     c = ctx["contract"]
     args = ctx["args"]
-    gen_params = [f"_kc_a{i}" for i in range(len(args) + 1)] + ["_kc_cfg"]
-    gen = line_costs(c.checker_source, c._check.__globals__, gen_params, (*args, None, None), rounds, n)
+    gen_params = [f"_kc_a{i}" for i in range(len(args) + 2)] + ["_kc_cfg"]
+    gen = line_costs(c.checker_source, c._check.__globals__, gen_params, (*args, None, None, None), rounds, n)
     hand_params = list(inspect.signature(hand_written_validator).parameters)
     hand = line_costs(inspect.getsource(hand_written_validator), hand_written_validator.__globals__, hand_params,
                       args, rounds, n)
     full = line_costs(inspect.getsource(hand_written_full), hand_written_full.__globals__, hand_params, args,
                       rounds, n)
     whole_glb = {"_gen": c._check, "_hand": hand_written_validator, "_full": hand_written_full, "_ARGS": args,
-                 "_ARGS_GEN": (*args, None)}
+                 "_ARGS_GEN": (*args, None, None)}
     base = TimedStmt("base", "pass", "", whole_glb)
     whole = time_stmts([TimedStmt("gen", "_gen(*_ARGS_GEN)", "", whole_glb),
                         TimedStmt("hand", "_hand(*_ARGS)", "", whole_glb),
@@ -1048,7 +1048,7 @@ def render_where(where: dict[str, Any], prims: list[tuple[str, str, float]], wra
     p = {label: ns for _, label, ns in prims}
     dev_read, dev_cmp = p["`t.device` (a new torch.device)"], p["`u.device != dev` (read + compare)"]
     lines = ["", "### Where the time goes, statement by statement (packed decode, check mode)", "",
-             "The generated checker (`kc.packed_decode_contract(\"VK\")._check(*args, None)`, 12 positional "
+             "The generated checker (`kc.packed_decode_contract(\"VK\")._check(*args, None, None)`, 13 positional "
              "arguments), the 27-check hand-written validator and the hand-written validator making every check "
              "the contract makes (`hand_written_full`), called directly on the repeat call: "
              f"**{whole['gen'] / 1e3:.2f} µs**, **{whole['hand'] / 1e3:.2f} µs** and "

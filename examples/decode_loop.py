@@ -167,7 +167,7 @@ def time_checks(layer: KimiDeltaAttention, args: argparse.Namespace, device: tor
     ssm, conv = layer.new_state_pools(args.slots, device=device)
     x = torch.zeros(args.max_batch, cfg.hidden_size, device=device, dtype=layer.dtype)
     idx = torch.arange(args.max_batch, device=device)
-    pd_args = (*packed_decode_args(layer, ssm, idx), cfg)
+    pd_args = (*packed_decode_args(layer, ssm, idx), cfg, None)  # then config and state_layout
     m = parse_mode(args.check_mode)
     layer_contract = KimiDeltaAttention.decode.__kda_contract__
     decode_contract = kc.packed_decode_contract(cfg.state_layout)

@@ -17,6 +17,8 @@ from jaxtyping import Int as Int
 from jaxtyping import Shaped as Shaped
 from torch import Tensor as Tensor
 
+from .backends import Backend as Backend
+from .backends import BackendError as BackendError
 from .body import check as check
 from .body import dims as dims
 from .decorator import Contract as Contract
@@ -38,6 +40,9 @@ from .markers import Where as Where
 from .modes import get_mode as get_mode
 from .modes import mode as mode
 from .modes import set_default_mode as set_default_mode
+from .op import Op as Op
+from .op import op as op
+from .op import ops as ops
 from .ops.packed_decode import PRESETS as PRESETS
 from .ops.packed_decode import KDAConfig as KDAConfig
 from .ops.packed_decode import adapters as adapters

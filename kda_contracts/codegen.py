@@ -57,6 +57,7 @@ _SIMPLE_TYPES: dict[Any, tuple[type, ...]] = {
     float: (int, float),
     int: (int,),
     bool: (bool,),
+    str: (str,),
     torch.Tensor: (torch.Tensor,),
 }
 

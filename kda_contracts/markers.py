@@ -43,6 +43,8 @@ class Spec:
     - ``disjoint``: the tensor is written in place, so its dense inner blocks must not share
       memory (with ``inner_contiguous=3`` on a pool: ``stride(0) >= HV*V*K`` unless N == 1; an
       ``.expand()``ed pool is rejected).
+    - ``mutated``: the op writes this tensor in place (an op's custom op declares it mutated;
+      docs mark it as written).
 
     Example::
 
@@ -56,6 +58,7 @@ class Spec:
     config_dtype: str | None = None
     same_device: bool = True
     disjoint: bool = False
+    mutated: bool = False
 
 
 @dataclass(frozen=True)

@@ -14,19 +14,21 @@ from .codegen import checked_parameters
 from .snippets import Names
 from .spec import ContractSpec
 
-__all__ = ["wrapper_source"]
+__all__ = ["formal_parameters", "wrapper_source"]
 
 
-def wrapper_source(spec: ContractSpec, fn_name: str, names: Names, *, has_return: bool, value_checks: bool,
-                   beartype_first: bool, body: bool = False, is_async: bool = False) -> str:
-    """Source of a wrapper with ``fn``'s exact signature (so Python binds the arguments); every
-    other name it uses comes from ``names`` (see ``wrapper_namespace`` for what each is)."""
+def formal_parameters(signature: inspect.Signature, names: Names,
+                      extra_kwonly: tuple[str, ...] = ()) -> tuple[list[str], list[str]]:
+    """``(parameters, call)``: a signature rendered as source (defaults as ``names("default", i)``)
+    and the arguments that pass every parameter on in kind; ``extra_kwonly`` are keyword-only
+    parameters appended (rendered as given, e.g. ``"backend=_kc_default_b"``), before ``**kwargs``."""
     n = names
     parts: list[str] = []
     call: list[str] = []
     seen_kwonly = False
     seen_posonly = False
-    for i, p in enumerate(spec.signature.parameters.values()):
+    var_kw: str | None = None
+    for i, p in enumerate(signature.parameters.values()):
         default = f"={n('default', i)}" if p.default is not inspect.Parameter.empty else ""
         if p.kind is p.POSITIONAL_ONLY:
             seen_posonly = True
@@ -50,10 +52,25 @@ def wrapper_source(spec: ContractSpec, fn_name: str, names: Names, *, has_return
             parts.append(f"{p.name}{default}")
             call.append(f"{p.name}={p.name}")
         elif p.kind is p.VAR_KEYWORD:
-            parts.append(f"**{p.name}")
+            var_kw = p.name
             call.append(f"**{p.name}")
     if seen_posonly:
         parts.append("/")
+    if extra_kwonly:
+        if not seen_kwonly:
+            parts.append("*")
+        parts.extend(extra_kwonly)
+    if var_kw is not None:
+        parts.append(f"**{var_kw}")
+    return parts, call
+
+
+def wrapper_source(spec: ContractSpec, fn_name: str, names: Names, *, has_return: bool, value_checks: bool,
+                   beartype_first: bool, body: bool = False, is_async: bool = False) -> str:
+    """Source of a wrapper with ``fn``'s exact signature (so Python binds the arguments); every
+    other name it uses comes from ``names`` (see ``wrapper_namespace`` for what each is)."""
+    parts, call = formal_parameters(spec.signature, names)
+    n = names
     plain = ", ".join(checked_parameters(spec))
     cfg = spec.config_arg if spec.config_arg is not None else n("static_cfg")
     mode, dims, res = n("mode"), n("dims"), n("res")

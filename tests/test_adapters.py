@@ -76,7 +76,7 @@ def test_declared_dtype_layout_and_gate_support_are_enforced(registry):
     text = str(info.value)
     assert "[1] backend: BackendError" in text
     assert "'narrow': state dtype float32 not supported; bounded gate not supported" in text
-    assert "fix: pass backend='auto' to let kda_contracts pick, or see kc.explain_backends(...)" in text
+    assert "fix: pass backend='auto' to let kda_contracts pick, or see packed_decode.explain_backends(...)" in text
     assert isinstance(info.value, kc.ContractError)
 
 

@@ -449,13 +449,12 @@ def test_a_contract_with_value_checks_compiles_in_strict_mode():
         f(-torch.rand(2, 4) - 1)
 
 
-def test_a_backend_with_dim_constraints_is_refused_under_compile_not_judged_on_one_size(monkeypatch):
-    from kda_contracts.ops.packed_decode import adapters
-
-    torch_backend = adapters.get("torch")
-    monkeypatch.setitem(adapters._REGISTRY, "even", adapters.Adapter(
-        name="even", kernel=torch_backend.kernel, devices=("cpu",), priority=10_000, where=("B % 2 == 0",)))
-    monkeypatch.setattr(adapters, "_SELECTED", {})
-    call = small_call()
-    with pytest.raises(kc.ContractError, match=r"'even', which needs B % 2 == 0"):
-        compile_as(decode_step, "automatic")(call, None)
+def test_a_backend_with_dim_constraints_is_refused_under_compile_not_judged_on_one_size():
+    kc.packed_decode.register_backend(kc.Backend(name="even", kernel=kc.packed_decode.fn, devices=("cpu",),
+                                                 priority=10_000, where=("B % 2 == 0",)))
+    try:
+        call = small_call()
+        with pytest.raises(kc.ContractError, match=r"'even', which needs B % 2 == 0"):
+            compile_as(decode_step, "automatic")(call, None)
+    finally:
+        kc.packed_decode.unregister_backend("even")

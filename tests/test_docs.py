@@ -52,7 +52,7 @@ def test_every_packed_decode_argument_is_documented_with_symbolic_and_concrete_s
     doc = describe(KIMI.with_tp(2), "tp2", {k: kc.registered_contracts()[k] for k in BUILTIN})
     vk = next(c for c in doc["contracts"] if c["key"] == "packed_decode[VK]")
     args = {a["name"]: a for a in vk["arguments"]}
-    assert set(args) == set(PACKED_DECODE_ARGS)
+    assert set(args) == {*PACKED_DECODE_ARGS, "state_layout"}  # the variant selector is an argument too
     assert args["mixed_qkv"]["shape"] == "[B, 2*H*K+HV*V]"
     assert args["mixed_qkv"]["concrete_shape"] == "[B, 6144]"
     assert args["initial_state"]["concrete_shape"] == "[N, 16, 128, 128]"

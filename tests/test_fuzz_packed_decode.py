@@ -616,7 +616,7 @@ def _check_case(call: Call, strict: bool) -> None:
     # 3. the generated checker and the interpreter agree (on calls that reach the contract)
     if call.typed():
         c = kc.packed_decode_contract(call.layout)
-        values = dict(call.args, config=call.config)
+        values = dict(call.args, config=call.config, state_layout=call.state_layout)
         vals = [values[n] for n in c._param_names]
         fast = c.check(*vals, _cfg=call.config)
         dims, _, violations = c.spec.explain(values, call.config)

@@ -101,7 +101,7 @@ def test_off_identity_and_fresh_shapes(call):
     assert len(shapes) == 40 and (1, 6) not in shapes  # all new, and not the base call's (B, N)
     with kc.mode("check"):  # indices are not in range for every pool: check mode reads no values
         for args in calls:
-            kc.packed_decode_contract("VK").enforce((*args, None), None, kc.modes.CHECK)
+            kc.packed_decode_contract("VK").enforce((*args, None, None), None, kc.modes.CHECK)
             ob.hand_written_validator(*args)
     with pytest.raises(RuntimeError):
         fresh.take(1)
@@ -262,7 +262,7 @@ def test_hand_written_full_has_the_contracts_verdict(call):
     assert len(cases) > 60
     rejected = 0
     for name, args in cases:
-        accepts = check(*args, None) is not None
+        accepts = check(*args, None, None) is not None
         try:
             ob.hand_written_full(*args)
             hand_accepts = True

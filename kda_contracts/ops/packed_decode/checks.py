@@ -17,7 +17,7 @@ from torch import Tensor
 from ...errors import ValueRangeError, Violation, raise_violations
 from ...spec import CallContext
 
-__all__ = ["check_outputs", "value_checks"]
+__all__ = ["check_outputs", "output_violations", "value_checks"]
 
 _TENSOR_ARGS = ("mixed_qkv", "a", "b", "A_log", "dt_bias", "initial_state", "out", "ssm_state_indices")
 
@@ -84,11 +84,11 @@ def value_checks(ctx: CallContext) -> list[Violation]:
     return out
 
 
-def check_outputs(backend: str, out: Tensor, state: Tensor, idx: Tensor) -> None:
+def output_violations(backend: str, out: Tensor, state: Tensor, idx: Tensor) -> list[Violation]:
     """Strict mode, after the kernel: the outputs still meet the contract's promises — finite
     output and updated slots, all-zero rows for padding. Skipped during CUDA-graph capture."""
     if out.is_cuda and torch.cuda.is_current_stream_capturing():
-        return
+        return []
     n = state.shape[0]
     live = (idx >= 0) & (idx < n)
     violations = []
@@ -102,5 +102,11 @@ def check_outputs(backend: str, out: Tensor, state: Tensor, idx: Tensor) -> None
     if slots.numel() and not bool(torch.isfinite(state[slots]).all()):
         violations.append(Violation(ValueRangeError, "initial_state", "finite updated slots", "NaN or Inf",
                                     hint="a decay or beta far out of range can overflow a low-precision state"))
+    return violations
+
+
+def check_outputs(backend: str, out: Tensor, state: Tensor, idx: Tensor) -> None:
+    """:func:`output_violations`, raised as one report."""
+    violations = output_violations(backend, out, state, idx)
     if violations:
         raise_violations(f"packed_decode (after backend {backend!r})", violations, {}, {})

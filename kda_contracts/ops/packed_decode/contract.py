@@ -21,15 +21,14 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from ...decorator import Contract, register_contract
+from ...decorator import Contract
 from ...errors import LayoutError, Violation, raise_violations
 from ...markers import MatchConfig, Range, Spec, Where
-from ...spec import build_spec
 from .checks import value_checks
 from .dtypes import ACTIVATION_DTYPES, INDEX_DTYPES, STATE_DTYPES
 from .hints import hints_for
 
-__all__ = ["LAYOUTS", "PACKED_DECODE_ARGS", "SYMBOLS", "packed_decode_contract", "resolve_layout"]
+__all__ = ["LAYOUTS", "OPTIONS", "PACKED_DECODE_ARGS", "SYMBOLS", "VARIANTS", "packed_decode_contract", "resolve_layout"]
 
 Layout = Literal["VK", "KV"]
 LAYOUTS: tuple[Layout, ...] = ("VK", "KV")
@@ -66,7 +65,9 @@ def _make_signature(layout: Layout) -> Callable[..., Any]:
                                      Spec(dtypes=INDEX_DTYPES, config_dtype="index", contiguous=True)],
         use_qk_l2norm_in_kernel: Annotated[bool, MatchConfig("use_qk_l2norm")] = False,
         lower_bound: Annotated[float | None, Range(lt=0), MatchConfig("effective_lower_bound")] = None,
+        *,
         config: Any = None,
+        state_layout: str | None = None,  # "VK" | "KV" | None, read by resolve_layout (the variant)
     ) -> None:
         """KDA packed decode."""
 
@@ -74,17 +75,11 @@ def _make_signature(layout: Layout) -> Callable[..., Any]:
     return packed_decode
 
 
-def _build(layout: Layout) -> Contract:
-    fn = _make_signature(layout)
-    spec = build_spec(fn, name="packed_decode", config_arg="config", where=_WHERE,
-                      bind_first=("initial_state", "mixed_qkv"), hints=hints_for(layout), value_checks=value_checks)
-    return register_contract(f"packed_decode[{layout}]", Contract(spec, fn))
+VARIANTS = {layout: _make_signature(layout) for layout in LAYOUTS}  # the op's contract per state layout
+OPTIONS = {"config_arg": "config", "where": _WHERE, "bind_first": ("initial_state", "mixed_qkv"),
+           "value_checks": value_checks}
 
-
-CONTRACTS: dict[str, Contract] = {layout: _build(layout) for layout in LAYOUTS}
-
-SYMBOLS = CONTRACTS["VK"].spec.symbols  # the same for both layouts
-assert SYMBOLS == CONTRACTS["KV"].spec.symbols
+SYMBOLS = ("B", "H", "HV", "K", "V", "N")  # the dims both layouts bind, in this order
 
 
 def packed_decode_contract(state_layout: Layout = "VK") -> Contract:
@@ -95,7 +90,9 @@ def packed_decode_contract(state_layout: Layout = "VK") -> Contract:
         >>> packed_decode_contract().spec.symbols
         ('B', 'H', 'HV', 'K', 'V', 'N')
     """
-    return CONTRACTS[state_layout]
+    from .decode import packed_decode
+
+    return packed_decode.contracts[state_layout]
 
 
 def resolve_layout(config: Any, state_layout: str | None) -> Layout:
@@ -110,8 +107,9 @@ def resolve_layout(config: Any, state_layout: str | None) -> Layout:
     cfg_layout = getattr(config, "state_layout", None)
     if state_layout is None:
         return cfg_layout or "VK"
-    if state_layout not in CONTRACTS:
-        raise ValueError(f"state_layout must be 'VK' or 'KV', got {state_layout!r}")
+    if state_layout not in LAYOUTS:
+        raise_violations("packed_decode", [Violation(
+            LayoutError, "state_layout", "'VK' or 'KV' (or None: the config's, else 'VK')", repr(state_layout))], {}, {})
     if cfg_layout is not None and cfg_layout != state_layout:
         raise_violations("packed_decode", [Violation(
             LayoutError, "state_layout", f"{cfg_layout!r} (config state_layout)", repr(state_layout),

@@ -45,7 +45,7 @@ from ...spec import CallContext, Dims
 from . import adapters
 from .config import PRESETS, KDAConfig
 from .contract import PACKED_DECODE_ARGS, packed_decode_contract, resolve_layout
-from .decode import decode_call
+from .decode import packed_decode
 
 __all__ = ["EXIT_INVALID", "EXIT_UNUSABLE", "EXIT_VALID", "DecodeDump", "DumpError", "DumpReport", "check_dump",
            "load_dump", "save_dump"]
@@ -286,8 +286,6 @@ def check_dump(dump: DecodeDump, *, strict: bool = True) -> DumpReport:
         violations = c.spec.value_checks(ctx)
     backends = None
     if not violations:
-        v = dump.values
-        call = decode_call(v["mixed_qkv"], v["initial_state"], v["ssm_state_indices"], layout, v["lower_bound"],
-                        dict(dims))
-        backends = [(ad.name, reasons) for ad, reasons in adapters.verdicts(call)]
+        info = packed_decode.call_info(values, dims, layout)
+        backends = [(ad.name, reasons) for ad, reasons in adapters.verdicts(info)]
     return DumpReport(dump, layout, mode, dims, list(violations), backends)

@@ -1,0 +1,435 @@
+"""``@kc.op``: an operation = a contract + backends + dispatch.
+
+The decorated function's annotations are the contract and its body is the PyTorch reference,
+registered as backend ``"torch"``. Kernels are added with ``@op.backend(...)``; a call validates
+its arguments per the mode, picks the highest-priority backend that supports it (device, dtypes,
+dims, availability) and runs it. The choice is cached per call signature, so a repeated call
+costs one dict lookup more than the bare contract.
+
+An op whose argument shapes depend on a declared layout has several contract *variants*: pass
+``variants={"VK": fn_vk, "KV": fn_kv}`` (functions whose annotations are each variant's
+contract) and ``variant=`` a function of some of the op's parameters that names the variant of
+a call.
+
+Example::
+
+    @kc.op
+    def scale_rows(x: Float[Tensor, "B D"], w: Float[Tensor, "D"],
+                   out: Annotated[Float[Tensor, "B D"], kc.Spec(mutated=True)]) -> None:
+        "Reference: out = x * w."
+        torch.mul(x, w, out=out)
+
+    @scale_rows.backend("triton", devices=("cuda",), priority=30, where=["D % 16 == 0"])
+    def _(x, w, out, *, dims): ...
+
+    scale_rows(x, w, out)                      # validate -> pick -> run
+    print(scale_rows.explain_backends(x, w, out))
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import typing
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
+
+import torch
+
+from . import modes
+from .backends import Backend, BackendTable, CallInfo, Chosen, _runner
+from .body import body_uses_checks, runner
+from .decorator import Contract, _outside_compile, eager_value_checks, register_contract
+from .errors import AnnotationError, ContractError, Violation, raise_violations
+from .markers import Where
+from .nested import mentions_array
+from .snippets import Names
+from .spec import CallContext, ContractOptions, Dims, build_spec
+from .wrapper import formal_parameters
+
+__all__ = ["Op", "ops", "op"]
+
+_OPS: dict[str, Op] = {}
+PLUGIN_GROUP = "kda_contracts.backends"
+_PLUGIN_ERRORS: dict[str, str] = {}  # entry point -> why it failed to load
+_PENDING: dict[str, list[tuple[Backend, bool]]] = {}  # op name -> plug-in backends waiting for it
+_plugins_loaded = False
+
+
+def ops() -> dict[str, Op]:
+    """Every op defined so far, by name (plug-in backends are attached when listed)."""
+    return dict(_OPS)
+
+
+# -- the torch reference as a backend -------------------------------------------------------------
+class _Reference(Backend):
+    """The op's own body; with ``kc.check``/``kc.dims`` inside, it runs with the call's dims."""
+
+    def make_runner(self, kernel: Callable[..., Any], params: Sequence[inspect.Parameter],
+                    dims_type: type) -> Callable[..., Any]:
+        if not body_uses_checks(kernel):
+            return super().make_runner(kernel, params, dims_type)
+        body = runner(getattr(kernel, "__name__", "op"), dims_type._fields, kernel, False)  # type: ignore[attr-defined]
+
+        def with_dims(d: tuple[int, ...] | None, *args: Any, **kwargs: Any) -> Any:
+            return kernel(*args, **kwargs) if d is None else body(d, *args, **kwargs)  # None: mode off
+
+        return _runner(with_dims, params, dims_type, set(), dims_first=True)
+
+
+# -- plug-ins -------------------------------------------------------------------------------------
+def load_plugins(*, force: bool = False) -> dict[str, str]:
+    """Attach the backends of the ``kda_contracts.backends`` entry-point group to their ops
+    (once). An entry point's value is a :class:`Backend` with ``op=`` set, or a callable
+    returning one or several. Returns the plug-ins that failed to load, with why: a broken
+    plug-in never breaks dispatch, and ``explain_backends`` lists it."""
+    global _plugins_loaded
+    if _plugins_loaded and not force:
+        return dict(_PLUGIN_ERRORS)
+    _plugins_loaded = True
+    from importlib.metadata import entry_points
+
+    for ep in entry_points(group=PLUGIN_GROUP):
+        try:
+            obj = ep.load()
+            made = obj() if callable(obj) and not isinstance(obj, Backend) else obj
+            made = list(made) if isinstance(made, (list, tuple)) else [made]
+            for b in made:
+                if not isinstance(b, Backend) or b.op is None:
+                    raise TypeError(f"expected kda_contracts Backend(s) with op= set, got {b!r}")
+            for b in made:
+                _attach(b, replace=True)
+        except Exception as exc:
+            _PLUGIN_ERRORS[f"{ep.name} ({ep.value})"] = f"{type(exc).__name__}: {exc}"
+    return dict(_PLUGIN_ERRORS)
+
+
+def _attach(b: Backend, *, replace: bool) -> None:
+    target = _OPS.get(b.op or "")
+    if target is None:
+        _PENDING.setdefault(b.op or "", []).append((b, replace))
+    else:
+        target.table.register(b, replace=replace)
+
+
+# -- the op ---------------------------------------------------------------------------------------
+class Op:
+    """An operation: a contract (or several variants), a torch reference and backends.
+
+    Made by :func:`op`; call it like the decorated function (plus ``backend="auto"``).
+    """
+
+    def __init__(self, fn: Callable[..., Any], options: ContractOptions, *, variants: Mapping[str, Callable[..., Any]]
+                 | None, variant: Callable[..., str] | None, returns: str | Sequence[str] | None,
+                 after: Callable[[CallContext, str], list[Violation]] | None,
+                 unchecked_dims: Callable[..., tuple[int, ...]] | None, namespace: str) -> None:
+        self.fn = fn
+        self.name = options.name or fn.__name__
+        self.namespace = namespace
+        self.options = options
+        self.signature = inspect.signature(fn)
+        self._params = tuple(self.signature.parameters.values())
+        if "backend" in self.signature.parameters:
+            raise AnnotationError(f"{self.name}: an op parameter cannot be named 'backend' (the op's own keyword)")
+        self.contracts = self._build_contracts(fn, options, variants, variant)
+        self.contract: Contract = next(iter(self.contracts.values()))
+        self.variant_of = variant
+        self._variant_params = tuple(inspect.signature(variant).parameters) if variant is not None else ()
+        self.returns = self._read_returns(returns)
+        self.after = after
+        self.unchecked_dims = unchecked_dims
+        spec = self.contract.spec
+        floating = [n for n, tp in spec.tensors.items() if any(d.is_floating_point for d in tp.dtypes)]
+        self.table = BackendTable(self.name, self._params, spec.symbols, floating, self._rebuild)
+        self.table.plugin_loader = self._load_plugins
+        self._torch_op: Any = None
+        self._rebuild_enabled = False
+        doc = (fn.__doc__ or "").strip().split("\n")[0] or "the op's body (PyTorch reference)"
+        self.table.register(_Reference(name="torch", kernel=fn, devices=("*",), priority=0, description=doc))
+        self._rebuild_enabled = True
+        self._rebuild()
+        functools.update_wrapper(self, fn)  # type: ignore[arg-type]
+        params = [*self._params]
+        kw = inspect.Parameter("backend", inspect.Parameter.KEYWORD_ONLY, default="auto", annotation=str)
+        at = next((i for i, p in enumerate(params) if p.kind is p.VAR_KEYWORD), len(params))
+        params.insert(at, kw)
+        self.__signature__ = self.signature.replace(parameters=params)
+        _OPS[self.name] = self
+        for b, replace in _PENDING.pop(self.name, []):
+            self.table.register(b, replace=replace)
+
+    # -- building --------------------------------------------------------------------------------
+    def _build_contracts(self, fn: Callable[..., Any], options: ContractOptions,
+                         variants: Mapping[str, Callable[..., Any]] | None,
+                         variant: Callable[..., str] | None) -> dict[str | None, Contract]:
+        if variants is None:
+            if variant is not None:
+                raise AnnotationError(f"{self.name}: variant= names a call's variant, but no variants= were given")
+            return {None: register_contract(self.name, Contract(build_spec(fn, options), fn))}
+        if variant is None or not variants:
+            raise AnnotationError(f"{self.name}: variants= needs variant=, a function of the op's parameters that "
+                                  "names the variant of a call")
+        unknown = set(inspect.signature(variant).parameters) - set(self.signature.parameters)
+        if unknown:
+            raise AnnotationError(f"{self.name}: variant= takes {', '.join(sorted(unknown))}, not parameters of the op")
+        try:
+            hints = typing.get_type_hints(fn, include_extras=True)
+        except Exception as exc:
+            raise AnnotationError(f"{self.name}: cannot read the annotations: {exc}") from exc
+        own = {k: v for k, v in hints.items() if mentions_array(v)}
+        if own:
+            raise AnnotationError(f"{self.name}: with variants=, the contract is each variant's annotations; "
+                                  f"remove the op function's own ({', '.join(own)}) so none is ignored")
+        out: dict[str | None, Contract] = {}
+        want = [(p.name, p.kind) for p in self._params]
+        for key, entry in variants.items():
+            vfn, overrides = entry if isinstance(entry, tuple) else (entry, {})
+            got = [(p.name, p.kind) for p in inspect.signature(vfn).parameters.values()]
+            if got != want:
+                raise AnnotationError(f"{self.name}: variant {key!r} does not have the op's parameters "
+                                      f"({', '.join(n for n, _ in got)} vs {', '.join(n for n, _ in want)})")
+            fields = {**vars(options), "name": self.name, **overrides}
+            c = Contract(build_spec(vfn, ContractOptions(**fields)), vfn)
+            out[key] = register_contract(f"{self.name}[{key}]", c)
+        symbols = {c.spec.symbols for c in out.values()}
+        if len(symbols) != 1:
+            raise AnnotationError(f"{self.name}: every variant must bind the same dims, got {sorted(symbols)}")
+        return out
+
+    def _read_returns(self, returns: str | Sequence[str] | None) -> tuple[str, ...] | str | None:
+        if returns is None:
+            return None
+        names = (returns,) if isinstance(returns, str) else tuple(returns)
+        bad = [n for n in names if n not in self.signature.parameters]
+        if bad:
+            raise AnnotationError(f"{self.name}: returns= names {', '.join(bad)}, not parameters of the op")
+        if self.contract.spec.returns is not None:
+            raise AnnotationError(f"{self.name}: returns= (the op returns its own arguments) and a tensor return "
+                                  "annotation cannot both describe the result")
+        return names[0] if isinstance(returns, str) else names
+
+    def _load_plugins(self) -> None:
+        load_plugins()
+        for b, replace in _PENDING.pop(self.name, []):
+            self.table.register(b, replace=replace)
+
+    # -- backends --------------------------------------------------------------------------------
+    def backend(self, name: str, *, devices: Iterable[str] = ("cuda",), priority: int = 10,
+                where: Iterable[str] = (), dtypes: Mapping[str, Sequence[torch.dtype]] | Sequence[torch.dtype]
+                | None = None, requires: Iterable[str] = (), availability: Callable[[], tuple[bool, str]] | None = None,
+                description: str = "", explicit_devices: tuple[str, ...] | Callable[[], tuple[str, ...]] = (),
+                variants: Iterable[str] | None = None, replace: bool = False) -> Callable[[Any], Any]:
+        """Decorator registering a kernel (or ``"module:function"``, loaded on first use) as a
+        backend. Its signature must be the op's (names and kinds), plus optional keyword-only
+        ``dims`` and ``variant``; a mismatch is a TypeError naming it."""
+
+        def register(kernel: Any) -> Any:
+            self.table.register(Backend(
+                name=name, kernel=kernel, devices=tuple(devices), priority=priority, where=tuple(where),
+                dtypes=dtypes, requires=tuple(requires), availability=availability,
+                description=description or (getattr(kernel, "__doc__", None) or "").strip().split("\n")[0],
+                explicit_devices=explicit_devices, variants=tuple(variants) if variants is not None else None,
+                op=self.name), replace=replace)
+            return kernel
+
+        return register
+
+    def register_backend(self, backend: Backend, *, replace: bool = False) -> Backend:
+        """Add a :class:`Backend` declaration (e.g. one whose kernel is ``"module:function"``)."""
+        return self.table.register(backend, replace=replace)
+
+    def unregister_backend(self, name: str) -> None:
+        self.table.unregister(name)
+
+    def backends(self) -> list[Backend]:
+        """Every backend, highest priority first (``op.available()`` says which can load here)."""
+        return [self.table.registry[n] for n in self.table.names()]
+
+    def available(self) -> dict[str, tuple[bool, str]]:
+        """Each backend: ``(can load here, why not)``."""
+        return {n: self.table.available(self.table.registry[n]) for n in self.table.names()}
+
+    # -- validation and explanation --------------------------------------------------------------
+    def _values(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> dict[str, Any]:
+        ba = self.signature.bind(*args, **kwargs)
+        ba.apply_defaults()
+        return dict(ba.arguments)
+
+    def contract_for(self, values: Mapping[str, Any]) -> tuple[str | None, Contract]:
+        """The variant of a call (None without variants) and its contract."""
+        if self.variant_of is None:
+            return None, self.contract
+        key = self.variant_of(*(values[p] for p in self._variant_params))
+        return key, self.contracts[key]
+
+    def validate(self, *args: Any, **kwargs: Any) -> Dims:
+        """Check a call (whatever the mode) without running it; return its bound dims."""
+        return self.validate_values(self._values(args, kwargs))
+
+    def validate_values(self, values: Mapping[str, Any], *, strict: bool = False) -> Dims:
+        """:meth:`validate` on arguments given by name; ``strict`` adds the value checks."""
+        _, c = self.contract_for(values)
+        return c.validate_values(values, c._config_for(values), strict=strict)
+
+    def call_info(self, values: Mapping[str, Any], dims: Mapping[str, int], variant: str | None) -> CallInfo:
+        """What the backends are told of a validated call."""
+        spec = self.contract.spec
+        dev = next((v.device.type for v in values.values() if isinstance(v, torch.Tensor)), "cpu")
+        dtypes = {n: values[n].dtype for n in spec.tensors if isinstance(values.get(n), torch.Tensor)}
+        absent = frozenset(n for n, v in values.items() if v is None)
+        return CallInfo(device_type=dev, dtypes=dtypes, absent=absent, variant=variant, dims=dict(dims))
+
+    def explain_backends(self, *args: Any, **kwargs: Any) -> str:
+        """Say, for each backend, whether ``backend="auto"`` would pick it for this call and why
+        (or why not), and which plug-ins failed to load. Validates the call first."""
+        values = self._values(args, kwargs)
+        variant, _ = self.contract_for(values)
+        info = self.call_info(values, self.validate_values(values), variant)
+        lines, chosen = [], None
+        for b, reasons in self.table.verdicts(info):
+            if not reasons and chosen is None:
+                chosen = b.name
+                lines.append(f"{b.name:>8}: chosen (priority {b.priority}, the highest that supports this call)")
+            elif not reasons:
+                lines.append(f"{b.name:>8}: supports this call, but {chosen} has a higher priority")
+            else:
+                lines.append(f"{b.name:>8}: not chosen: {'; '.join(reasons)}")
+        for ep, why in self.plugin_errors().items():
+            lines.append(f"plug-in {ep}: failed to load: {why}")
+        return "\n".join(lines)
+
+    def plugin_errors(self) -> dict[str, str]:
+        """Plug-ins (of any op) that failed to load, with why."""
+        self.table.load_plugins()
+        return {**_PLUGIN_ERRORS, **self.table.plugin_errors}
+
+    @property
+    def torch_op(self) -> Any:
+        """This op as a ``torch.library`` custom op (made on first use), whose fake implementation
+        is the contract; see :mod:`kda_contracts.torch_op`."""
+        if self._torch_op is None:
+            from .torch_op import make_torch_op
+
+            self._torch_op = make_torch_op(self)
+        return self._torch_op
+
+    def __repr__(self) -> str:
+        return f"<kda_contracts op {self.name} (backends: {', '.join(self.table.names())})>"
+
+    # -- the dispatcher --------------------------------------------------------------------------
+    def _rebuild(self) -> None:
+        """Regenerate ``__call__`` (the selection key depends on what the backends declare)."""
+        if not getattr(self, "_rebuild_enabled", False):
+            return
+        from .op_codegen import build_dispatcher
+
+        cls = type(self)
+        if cls is Op:  # each op gets its own class, so that __call__ is its generated function
+            cls = type(f"Op[{self.name}]", (Op,), {"__module__": __name__})
+            self.__class__ = cls
+        cls.__call__ = build_dispatcher(self)  # type: ignore[method-assign]
+
+    def _after_positional(self, backend: str, dims: tuple[int, ...], variant: str | None, *vals_and_cfg: Any) -> None:
+        """Strict mode, after the backend ran: the op's ``after`` checks."""
+        assert self.after is not None
+        c = self.contracts[variant]
+        config = vals_and_cfg[-1]
+        values = dict(zip(c._param_names, vals_and_cfg[:-1], strict=True))
+        env = dict(zip(c.spec.symbols, dims, strict=True))
+        violations = self.after(CallContext(c.spec, values, config, env, c.provenance(config)), backend)
+        if violations:
+            c.rejections += 1
+            raise_violations(f"{self.name} (after backend {backend!r})", violations, env, c.provenance(config))
+
+    def _dims_off(self, variant: str | None, *vals_and_cfg: Any) -> tuple[int, ...] | None:
+        """The dims of a call in mode ``off`` (taken on trust; None when they cannot be read)."""
+        c = self.contracts[variant]
+        if self.unchecked_dims is not None:
+            return self.unchecked_dims(variant, *vals_and_cfg[:-1])
+        d = c._check(*vals_and_cfg)
+        if d is None:
+            try:
+                env, _, _ = c.spec.explain(dict(zip(c._param_names, vals_and_cfg[:-1], strict=True)), vals_and_cfg[-1])
+            except Exception:
+                return None
+            return tuple(env.get(s, -1) for s in c.spec.symbols)
+        return d
+
+
+def _make_select(o: Op) -> Callable[[tuple[Any, ...], str], Chosen]:
+    """``select(key, backend)``: the cached choice of backend. Under torch.compile the choice is
+    made once, at trace time, without the (possibly symbolic) dims; a backend whose support
+    depends on the dims is then refused rather than judged on the traced sizes."""
+    table = o.table
+    layout = o._key_layout  # type: ignore[attr-defined]
+
+    def info_of(key: tuple[Any, ...]) -> CallInfo:
+        return layout.info(key)
+
+    def select(key: tuple[Any, ...], backend: str) -> Chosen:
+        hit = table.selected.get(key)
+        if hit is not None:
+            return hit
+        return table.select_cached(key, backend, lambda: info_of(key))
+
+    def static(key: tuple[Any, ...], backend: str) -> str:
+        info = info_of((*key[:-1], None))
+        b = table.choose(backend, info)
+        if b._constraints:
+            raise_violations(o.name, [Violation(
+                _backend_error(), "backend", "a backend whose support does not depend on the dims, under torch.compile",
+                f"{b.name!r}, which needs {', '.join(b.where)}",
+                hint=f"call {o.name} outside the compiled region, or pass a backend= without where= constraints")],
+                {}, {})
+        table.runner(b)
+        return b.name
+
+    static_outside = _outside_compile(static)
+
+    def traced(key: tuple[Any, ...], backend: str) -> Chosen:
+        name = static_outside(key, backend)
+        return Chosen(name, table.runners[name])
+
+    select._torchdynamo_inline = traced  # type: ignore[attr-defined]
+    return select
+
+
+def _backend_error() -> type[ContractError]:
+    from .backends import BackendError
+
+    return BackendError
+
+
+def op(fn: Callable[..., Any] | None = None, /, *, name: str | None = None, config: Any = None,
+       config_arg: str | None = None, where: Iterable[str | Where] = (), bind_first: Sequence[str] = (),
+       hints: Sequence[Callable[[Violation, CallContext], str | None]] = (),
+       value_checks: Callable[[CallContext], list[Violation]] | None = None,
+       after: Callable[[CallContext, str], list[Violation]] | None = None,
+       returns: str | Sequence[str] | None = None, variants: Mapping[str, Callable[..., Any]] | None = None,
+       variant: Callable[..., str] | None = None, unchecked_dims: Callable[..., tuple[int, ...]] | None = None,
+       namespace: str = "kda_contracts_ops", mode: modes.ModeName | None = None) -> Any:
+    """Make an :class:`Op` of a function whose annotations are the contract and whose body is
+    the torch reference (backend ``"torch"``).
+
+    Options as :func:`kc.contract` (``config``, ``config_arg``, ``where``, ``hints``,
+    ``value_checks``, ``mode``), plus:
+
+    - ``returns``: the argument(s) the op returns (the tensors it writes), e.g. ``("out", "state")``;
+      otherwise it returns what the backend returns (checked against a return annotation).
+    - ``after``: ``(ctx, backend) -> [Violation]``, strict mode's checks after the backend ran.
+    - ``variants``/``variant``: several contracts chosen per call (see the module docstring); a
+      variant is a function, or ``(function, {option: value})`` overriding options for it.
+    - ``unchecked_dims``: ``(variant, *args) -> dims`` read without checking, for mode ``off``.
+    - ``namespace``: the ``torch.library`` namespace of :attr:`Op.torch_op`.
+    """
+    options = ContractOptions(config=config, config_arg=config_arg, where=tuple(where), bind_first=tuple(bind_first),
+                              hints=tuple(hints), value_checks=value_checks, mode=mode, name=name, register=False)
+
+    def make(f: Callable[..., Any]) -> Op:
+        return Op(f, options, variants=variants, variant=variant, returns=returns, after=after,
+                  unchecked_dims=unchecked_dims, namespace=namespace)
+
+    return make if fn is None else make(fn)
+
+
+_ = eager_value_checks  # re-exported for op_codegen

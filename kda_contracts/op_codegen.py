@@ -1,0 +1,182 @@
+"""The generated ``__call__`` of an op: read the mode, run the contract's generated checker (as
+the ``@kc.contract`` wrapper does), look the backend up by a key of what the backends declare
+(device type, the dtypes some backend restricts, the optional arguments some backend cares
+about, the variant, the dims when some backend has ``where=``), run it, and in strict mode run
+the op's ``after`` checks. Regenerated whenever the op's backends change.
+
+Example::
+
+    cls.__call__ = build_dispatcher(op)
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+from beartype.roar import BeartypeCallHintParamViolation
+
+from . import modes
+from .backends import CallInfo, signature_problem
+from .codegen import checked_parameters
+from .decorator import _outside_compile, eager_value_checks
+from .snippets import Names
+from .wrapper import formal_parameters
+
+if TYPE_CHECKING:
+    from .op import Op
+
+__all__ = ["KeyLayout", "build_dispatcher"]
+
+
+@dataclass(frozen=True)
+class KeyLayout:
+    """What the selection key holds, in order: the backend asked for, the device type, the
+    dtypes of ``dtype_args``, whether each of ``absent_args`` is None, the variant, the dims
+    (or None when no backend has ``where=``)."""
+
+    symbols: tuple[str, ...]
+    dtype_args: tuple[str, ...]
+    absent_args: tuple[str, ...]
+    with_dims: bool
+
+    def info(self, key: tuple[Any, ...]) -> CallInfo:
+        i = 2
+        dtypes = {n: d for n, d in zip(self.dtype_args, key[i:i + len(self.dtype_args)], strict=True) if d is not None}
+        i += len(self.dtype_args)
+        absent = frozenset(n for n, a in zip(self.absent_args, key[i:i + len(self.absent_args)], strict=True) if a)
+        variant, dims = key[-2], key[-1]
+        return CallInfo(device_type=key[1], dtypes=dtypes, absent=absent, variant=variant,
+                        dims={} if dims is None else dict(zip(self.symbols, dims, strict=True)))
+
+
+def key_layout(o: Op) -> KeyLayout:
+    backends = o.table.registry.values()
+    tensors = o.contract.spec.tensors
+    dtype_args: list[str] = []
+    absent: list[str] = []
+    for b in backends:
+        d_args, a_args = b.key_args(o.table.floating)
+        dtype_args += [n for n in d_args if n not in dtype_args]
+        absent += [n for n in a_args if n not in absent]
+    unknown = [n for n in dtype_args if n not in tensors]
+    if unknown:  # never silent: a dtype restriction on something not a plain tensor argument
+        raise TypeError(f"{o.name}: backend dtypes= name {', '.join(unknown)}, not tensor arguments of the op")
+    return KeyLayout(o.contract.spec.symbols, tuple(dtype_args), tuple(absent),
+                     any(b._constraints for b in backends))
+
+
+def _device_of(*vals: Any) -> str:
+    return next((v.device.type for v in vals if isinstance(v, torch.Tensor)), "cpu")
+
+
+def build_dispatcher(o: Op) -> Any:
+    """The op's ``__call__`` (source generated for its signature and backends)."""
+    from .op import _make_select
+
+    layout = key_layout(o)
+    o._key_layout = layout  # type: ignore[attr-defined]
+    c = o.contract
+    spec = c.spec
+    n = Names([*o.signature.parameters, o.name if o.name.isidentifier() else "op"])
+    parts, call = formal_parameters(o.signature, n, (f"backend={n('default_backend')}",))
+    plain_list = checked_parameters(spec)
+    plain = ", ".join(plain_list)
+    sep = ", " if plain else ""
+    cfg = spec.config_arg if spec.config_arg is not None else n("static_cfg")
+    fixed = modes.parse_mode(o.options.mode, f"op(mode={o.options.mode!r})") if o.options.mode else None
+    ns: dict[str, Any] = {
+        n("default_backend"): "auto",
+        n("static_cfg"): spec.config,
+        n("select"): _make_select(o),
+        n("devof"): _device_of,
+        n("offdims"): o._dims_off,
+    }
+    for i, p in enumerate(o.signature.parameters.values()):
+        if p.default is not inspect.Parameter.empty:
+            ns[n("default", i)] = p.default
+    mode, dims, res, v, chosen = n("mode"), n("dims"), n("res"), n("v"), n("b")
+    lines = [f"def __call__({n('self')}, {', '.join(parts)}):" if parts else f"def __call__({n('self')}):"]
+    if o.variant_of is not None:
+        ns[n("variant")] = o.variant_of
+        ns[n("contracts")] = o.contracts
+        ns[n("enters")] = {k: modes.counting_mode(vc, fixed) for k, vc in o.contracts.items()}
+        lines += [
+            f"    {v} = {n('variant')}({', '.join(o._variant_params)})",
+            f"    {mode} = {n('enters')}[{v}]()",
+            f"    if {mode}:",
+            f"        {dims} = {n('contracts')}[{v}].run_checks(({plain}{',' if plain else ''}), {cfg}, {mode})",
+        ]
+    else:
+        ns.update({
+            n("enter"): modes.counting_mode(c, fixed),
+            n("types"): modes.mark_constant_result(c.check_types),
+            n("TypeViolation"): BeartypeCallHintParamViolation,
+            n("check"): c._check,
+            n("reject"): c._reject,
+            n("strict"): c._strict_checks,
+        })
+        lines += [f"    {v} = None", f"    {mode} = {n('enter')}()", f"    if {mode}:"]
+        if not c.types_in_checker:
+            lines += ["        try:", f"            {n('types')}({plain})", f"        except {n('TypeViolation')}:",
+                      f"            {n('reject')}({plain}{sep}{cfg})"]
+        lines += [f"        {dims} = {n('check')}({plain}{sep}{cfg})",
+                  f"        if {dims} is None:", f"            {dims} = {n('reject')}({plain}{sep}{cfg})"]
+        if spec.value_checks is not None:
+            lines += [f"        if {mode} == 2:", f"            {n('strict')}({dims}, {plain}{sep}{cfg})"]
+    if _off_dims_needed(o, layout):
+        lines += ["    else:", f"        {dims} = {n('offdims')}({v}{sep}{plain}, {cfg})"]
+    else:
+        lines += ["    else:", f"        {dims} = None"]
+    lines.append(f"    {chosen} = {n('select')}(({_key_source(o, layout, n, v, dims)}), backend)")
+    lines.append(f"    {res} = {chosen}.run({dims}, {v}{', ' if call else ''}{', '.join(call)})")
+    if o.after is not None:
+        ns[n("after")] = eager_value_checks(o._after_positional, o.name)
+        lines += [f"    if {mode} == 2:", f"        {n('after')}({chosen}.name, {dims}, {v}{sep}{plain}, {cfg})"]
+    if spec.returns is not None and o.variant_of is None:
+        ns[n("check_return")] = c._check_return
+        ns[n("fail_return")] = _outside_compile(lambda r, *vc: c.fail_return(r, c._check(*vc)))
+        lines += [f"    if {mode} and not {n('check_return')}({res}, {dims}):",
+                  f"        {n('fail_return')}({res}{sep}{plain}, {cfg})"]
+    lines.append(f"    return {_returns_source(o.returns, res)}")
+    src = "\n".join(lines) + "\n"
+    exec(compile(src, f"<kda_contracts op {o.name}>", "exec"), ns)  # our own source
+    fn = ns["__call__"]
+    fn.__kda_source__ = src
+    return fn
+
+
+def _off_dims_needed(o: Op, layout: KeyLayout) -> bool:
+    """Whether mode ``off`` must still read the dims: some backend's support or kernel needs them."""
+    if layout.with_dims:
+        return True
+    for b in o.table.registry.values():
+        if not callable(b.kernel) or "dims" in signature_problem(b.kernel, o.table.params)[1]:
+            return True
+        if getattr(b, "wants_dims", False):
+            return True
+    return False
+
+
+def _key_source(o: Op, layout: KeyLayout, n: Names, v: str, dims: str) -> str:
+    tensors = o.contract.spec.tensors
+    dev_arg = next((t for t, tp in tensors.items() if not tp.optional), None)
+    params = [p.name for p in o.signature.parameters.values() if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+    dev = f"{dev_arg}.device.type" if dev_arg is not None else f"{n('devof')}({', '.join(params)})"
+    parts = ["backend", dev]
+    for a in layout.dtype_args:
+        parts.append(f"{a}.dtype" if not tensors[a].optional else f"({a}.dtype if {a} is not None else None)")
+    parts += [f"{a} is None" for a in layout.absent_args]
+    parts += [v, dims if layout.with_dims else "None"]
+    return ", ".join(parts)
+
+
+def _returns_source(returns: str | Sequence[str] | None, res: str) -> str:
+    if returns is None:
+        return res
+    if isinstance(returns, str):
+        return returns
+    return "(" + ", ".join(returns) + ("," if len(returns) == 1 else "") + ")"
