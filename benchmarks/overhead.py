@@ -324,7 +324,8 @@ def signature_function(contract: kc.Contract) -> Callable[..., Any]:
                       use_qk_l2norm_in_kernel=False, lower_bound=None):
         return None
 
-    packed_decode.__annotations__ = {k: v for k, v in contract.fn.__annotations__.items() if k not in ("config", "state_layout")}
+    packed_decode.__annotations__ = {k: v for k, v in contract.fn.__annotations__.items()
+                                     if k not in ("config", "state_layout")}
     return packed_decode
 
 
@@ -493,12 +494,14 @@ def breakdown(ctx: dict[str, Any], repeats: int, target_s: float) -> list[TimedP
         TimedPath("mode", "mode read (`kc.modes.current_mode()`)", kc.modes.current_mode, ()),
         TimedPath("types", "beartype type shim (`Contract.check_types`)", c.check_types, vals),
         TimedPath("checker", "generated checker (`Contract.check`)", c.check, vals, kwargs={"_cfg": None}),
-        TimedPath("checker_direct", "generated checker called directly (`Contract._check(*args, None, None)`)", c._check,
+        TimedPath("checker_direct", "generated checker called directly (`Contract._check(*args, None, None)`)",
+                  c._check,
                   (*vals, None)),
         TimedPath("checker_cfg", "generated checker with the KDAConfig (`Contract.check(..., _cfg=cfg)`)", c.check,
                   vals, kwargs={"_cfg": ctx["cfg"]}),
         TimedPath("enforce", "`Contract.enforce` (calls + types + checker)", c.enforce, (vals, None)),
-        TimedPath("wrapper", "whole wrapper (`Contract.wrap()`), check mode", ctx["checked"], ctx["args"], mode="check"),
+        TimedPath("wrapper", "whole wrapper (`Contract.wrap()`), check mode", ctx["checked"], ctx["args"],
+                  mode="check"),
     ]
     measure(pieces, repeats, target_s)
     return pieces

@@ -40,9 +40,12 @@ from .markers import Where as Where
 from .modes import get_mode as get_mode
 from .modes import mode as mode
 from .modes import set_default_mode as set_default_mode
-from .op import Op as Op
-from .op import op as op
-from .op import ops as ops
+from .opdef import Op as Op
+from .opdef import op as op
+
+# Last: the name ``ops`` is both this function and the package of the ops we ship, whose import
+# above bound it to the package (which is callable too, as a fallback; see ops/__init__.py).
+from .opdef import ops as ops
 from .ops.packed_decode import PRESETS as PRESETS
 from .ops.packed_decode import KDAConfig as KDAConfig
 from .ops.packed_decode import adapters as adapters

@@ -89,13 +89,13 @@ class Backend:
     _constraints: tuple[Constraint, ...] = field(default=(), init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        for attr in ("devices", "where", "requires"):
+        for attr in ("devices", "where", "requires", "variants"):
             value = getattr(self, attr)
+            if value is None:
+                continue
             if isinstance(value, str):  # ("cuda") is a string, not a tuple: never split it silently
                 raise TypeError(f"backend {self.name!r}: {attr}= takes a sequence of strings, got {value!r}")
             object.__setattr__(self, attr, tuple(value))
-        if self.variants is not None:
-            object.__setattr__(self, "variants", tuple(self.variants))
         word = type(self).__name__.lower()  # "backend", or "adapter" for packed decode's kind
         object.__setattr__(self, "_constraints", tuple(parse_constraint(w, f"{word} {self.name!r}")
                                                        for w in self.where))
@@ -135,11 +135,12 @@ class Backend:
         return signature_problem(kernel, params)[0]
 
     def make_runner(self, kernel: Callable[..., Any], params: Sequence[inspect.Parameter],
-                    dims_type: type) -> Callable[..., Any]:
+                    dims_types: Mapping[str | None, type]) -> Callable[..., Any]:
         """``run(dims, variant, *op_args)``: calls ``kernel`` with the op's arguments (positional
-        ones by position, keyword-only ones by name) plus the extras its signature asks for."""
+        ones by position, keyword-only ones by name) plus the extras its signature asks for.
+        ``dims_types``: the named tuple of the dims of each variant (None: an op without)."""
         _, wants = signature_problem(kernel, params)
-        return _runner(kernel, params, dims_type, wants)
+        return _runner(kernel, params, dims_types, wants)
 
 
 def signature_problem(kernel: Callable[..., Any], params: Sequence[inspect.Parameter]) -> tuple[str | None, set[str]]:
@@ -169,10 +170,10 @@ def signature_problem(kernel: Callable[..., Any], params: Sequence[inspect.Param
             f"{' and '.join(EXTRA_PARAMETERS)})"), extras
 
 
-def _runner(kernel: Callable[..., Any], params: Sequence[inspect.Parameter], dims_type: type,
+def _runner(kernel: Callable[..., Any], params: Sequence[inspect.Parameter], dims_types: Mapping[str | None, type],
             wants: set[str], *, dims_first: bool = False) -> Callable[..., Any]:
     """``run(dims, variant, *op_args)`` calling ``kernel`` in kind (``dims_first``: with the raw
-    dims tuple as its first argument)."""
+    dims tuple and the variant as its first two arguments)."""
     names = [p.name for p in params]
     prefix = "_kc_"
     while any(n.startswith(prefix) for n in names):
@@ -188,16 +189,16 @@ def _runner(kernel: Callable[..., Any], params: Sequence[inspect.Parameter], dim
         else:
             args.append(p.name)
     if dims_first:
-        args.insert(0, f"{prefix}d")
+        args[:0] = [f"{prefix}d", f"{prefix}v"]
     if "dims" in wants:
-        args.append(f"dims={prefix}D._make({prefix}d)")
+        args.append(f"dims={prefix}D[{prefix}v]._make({prefix}d)")
     if "variant" in wants:
         args.append(f"variant={prefix}v")
     formal = [f"*{p.name}" if p.kind is p.VAR_POSITIONAL else f"**{p.name}" if p.kind is p.VAR_KEYWORD
               else p.name for p in params]
     src = (f"def run({prefix}d, {prefix}v, {', '.join(formal)}):\n"
            f"    return {prefix}k({', '.join(args)})\n")
-    ns: dict[str, Any] = {f"{prefix}k": kernel, f"{prefix}D": dims_type}
+    ns: dict[str, Any] = {f"{prefix}k": kernel, f"{prefix}D": dims_types}
     exec(compile(src, "<kda_contracts backend runner>", "exec"), ns)  # our own source
     return ns["run"]
 
@@ -206,18 +207,20 @@ def _runner(kernel: Callable[..., Any], params: Sequence[inspect.Parameter], dim
 class BackendTable:
     """The backends of one op: registry, lazy loading, availability, selection and its cache.
 
-    ``params``: the op's parameters (what a kernel must take); ``symbols``: its dims;
+    ``params``: the op's parameters (what a kernel must take); ``symbols``: its dims, in the
+    order each variant's checker binds them (one entry, None, for an op without variants);
     ``floating``: its floating tensor arguments; ``optional``: arguments that may be None.
     ``on_change`` is called whenever the set of backends changes (the op rebuilds its key).
     """
 
     SELECTED_MAX = 512
 
-    def __init__(self, op_name: str, params: Sequence[inspect.Parameter], symbols: Sequence[str],
+    def __init__(self, op_name: str, params: Sequence[inspect.Parameter], symbols: Mapping[str | None, Sequence[str]],
                  floating: Sequence[str], on_change: Callable[[], None]) -> None:
         self.op_name = op_name
         self.params = tuple(params)
-        self.dims_type = namedtuple("BoundDims", symbols, rename=True)  # type: ignore[misc]  # noqa: PYI024
+        self.dims_types: dict[str | None, type] = {
+            v: namedtuple("BoundDims", s, rename=True) for v, s in symbols.items()}  # type: ignore[misc]
         self.floating = tuple(floating)
         self.on_change = on_change
         self.registry: dict[str, Backend] = {}
@@ -321,7 +324,7 @@ class BackendTable:
                 why = b.signature_problem(kernel, self.params)
                 if why is not None:
                     raise TypeError(f"it does not take the op's parameters: {why}")
-            fn = self.runners[b.name] = b.make_runner(kernel, self.params, self.dims_type)
+            fn = self.runners[b.name] = b.make_runner(kernel, self.params, self.dims_types)
         return fn
 
     # -- support and selection -------------------------------------------------------------------
@@ -335,7 +338,8 @@ class BackendTable:
         for arg, allowed in b.dtype_table(self.floating).items():
             got = info.dtypes.get(arg)
             if got is not None and got not in allowed:
-                why.append(f"{arg} dtype {_dtype_names([got])} not supported (supports {_dtype_names(sorted(allowed, key=str))})")
+                supports = _dtype_names(sorted(allowed, key=str))
+                why.append(f"{arg} dtype {_dtype_names([got])} not supported (supports {supports})")
         if b.variants is not None and info.variant is not None and info.variant not in b.variants:
             why.append(f"variant {info.variant} not supported")
         why += b.extra_unsupported(info)
@@ -367,7 +371,8 @@ class BackendTable:
                 raise_violations(self.op_name, [Violation(
                     BackendError, "backend", f"a backend that can run this call ({backend!r} was asked for)",
                     f"{backend!r}: {'; '.join(reasons)}",
-                    hint=f"pass backend='auto' to let kda_contracts pick, or see {self.op_name}.explain_backends(...)")],
+                    hint=f"pass backend='auto' to let kda_contracts pick, or see "
+                         f"{self.op_name}.explain_backends(...)")],
                     dict(info.dims), {})
             return b
         table = self.verdicts(info)

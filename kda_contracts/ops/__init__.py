@@ -11,12 +11,27 @@ Example::
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import sys
+import types
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from ..cli import Command
 
 __all__ = ["cli_commands"]
+
+
+class _CallablePackage(types.ModuleType):
+    """``kc.ops()`` lists every op; ``kc.ops`` is also the name of this package, and importing a
+    package binds its name on the parent, so the package answers the call the same way."""
+
+    def __call__(self) -> dict[str, Any]:
+        from ..opdef import ops
+
+        return ops()
+
+
+sys.modules[__name__].__class__ = _CallablePackage
 
 
 def cli_commands() -> list[Command]:

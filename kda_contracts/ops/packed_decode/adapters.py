@@ -22,7 +22,7 @@ from __future__ import annotations
 import importlib
 import inspect
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -31,7 +31,7 @@ import torch
 from ...backends import Backend, BackendError, CallInfo
 
 if TYPE_CHECKING:
-    from ...op import Op
+    from ...opdef import Op
 
 __all__ = ["Adapter", "BackendError", "available", "describe", "get", "load_plugins", "names", "refresh", "register",
            "unregister", "verdicts"]
@@ -94,13 +94,14 @@ class Adapter(Backend):
         return None
 
     def make_runner(self, kernel: Callable[..., Any], params: Sequence[inspect.Parameter],
-                    dims_type: type) -> Callable[..., Any]:
-        h = dims_type._fields.index("H")  # type: ignore[attr-defined]
+                    dims_types: Mapping[str | None, type]) -> Callable[..., Any]:
+        heads = {v: t._fields.index("H") for v, t in dims_types.items()}  # type: ignore[attr-defined]
 
         def run(d: tuple[int, ...], layout: str, mixed_qkv: Any, a: Any, b: Any, A_log: Any, dt_bias: Any,
                 scale: float, initial_state: Any, out: Any, ssm_state_indices: Any, use_qk_l2norm_in_kernel: bool,
                 lower_bound: float | None, *, config: Any, state_layout: Any) -> None:
-            kernel(mixed_qkv, a, b, A_log, dt_bias, scale, initial_state, out, ssm_state_indices, num_heads=d[h],
+            kernel(mixed_qkv, a, b, A_log, dt_bias, scale, initial_state, out, ssm_state_indices,
+                   num_heads=d[heads[layout]],
                    use_qk_l2norm=use_qk_l2norm_in_kernel, lower_bound=lower_bound, state_layout=layout)
 
         return run
@@ -145,7 +146,7 @@ def load_plugins(*, force: bool = False) -> dict[str, str]:
     load, with why; a broken plug-in never breaks dispatch (``explain_backends`` lists it)."""
     from importlib.metadata import entry_points
 
-    from ...op import load_plugins as load_op_plugins
+    from ...opdef import load_plugins as load_op_plugins
 
     table = _op().table
     if table.plugins_loaded and not force:

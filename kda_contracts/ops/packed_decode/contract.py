@@ -26,9 +26,9 @@ from ...errors import LayoutError, Violation, raise_violations
 from ...markers import MatchConfig, Range, Spec, Where
 from .checks import value_checks
 from .dtypes import ACTIVATION_DTYPES, INDEX_DTYPES, STATE_DTYPES
-from .hints import hints_for
 
-__all__ = ["LAYOUTS", "OPTIONS", "PACKED_DECODE_ARGS", "SYMBOLS", "VARIANTS", "packed_decode_contract", "resolve_layout"]
+__all__ = ["LAYOUTS", "OPTIONS", "PACKED_DECODE_ARGS", "SYMBOLS", "VARIANTS", "packed_decode_contract",
+           "resolve_layout"]
 
 Layout = Literal["VK", "KV"]
 LAYOUTS: tuple[Layout, ...] = ("VK", "KV")
@@ -58,9 +58,10 @@ def _make_signature(layout: Layout) -> Callable[..., Any]:
         dt_bias: Annotated[Float[Tensor, "HV*K"], Spec(dtypes=(torch.float32,), contiguous=True)],
         scale: Annotated[float, Range(gt=0), MatchConfig("scale", rel_tol=1e-6)],
         initial_state: Annotated[Float[Tensor, state_dims],
-                                 Spec(dtypes=STATE_DTYPES, inner_contiguous=3, config_dtype="state", disjoint=True)],
+                                 Spec(dtypes=STATE_DTYPES, inner_contiguous=3, config_dtype="state", disjoint=True,
+                                      mutated=True)],
         out: Annotated[Float[Tensor, "B 1 HV V"],
-                       Spec(dtypes=ACTIVATION_DTYPES, contiguous=True, same_dtype_as="mixed_qkv")],
+                       Spec(dtypes=ACTIVATION_DTYPES, contiguous=True, same_dtype_as="mixed_qkv", mutated=True)],
         ssm_state_indices: Annotated[Int[Tensor, "B"],
                                      Spec(dtypes=INDEX_DTYPES, config_dtype="index", contiguous=True)],
         use_qk_l2norm_in_kernel: Annotated[bool, MatchConfig("use_qk_l2norm")] = False,
@@ -109,7 +110,8 @@ def resolve_layout(config: Any, state_layout: str | None) -> Layout:
         return cfg_layout or "VK"
     if state_layout not in LAYOUTS:
         raise_violations("packed_decode", [Violation(
-            LayoutError, "state_layout", "'VK' or 'KV' (or None: the config's, else 'VK')", repr(state_layout))], {}, {})
+            LayoutError, "state_layout", "'VK' or 'KV' (or None: the config's, else 'VK')", repr(state_layout))],
+            {}, {})
     if cfg_layout is not None and cfg_layout != state_layout:
         raise_violations("packed_decode", [Violation(
             LayoutError, "state_layout", f"{cfg_layout!r} (config state_layout)", repr(state_layout),

@@ -16,7 +16,7 @@ from typing import Any, Literal
 
 from torch import Tensor
 
-from ...op import op
+from ...opdef import op
 from ...spec import CallContext, Dims
 from . import adapters
 from .checks import output_violations
@@ -44,7 +44,7 @@ def _after(ctx: CallContext, backend: str) -> list:
 
 @op(name="packed_decode", namespace="kda_contracts", returns=("out", "initial_state"), after=_after,
     variants={layout: (fn, {"hints": hints_for(layout)}) for layout, fn in VARIANTS.items()},
-    variant=resolve_layout, unchecked_dims=_dims_unchecked, **OPTIONS)
+    variant=resolve_layout, unchecked_dims=_dims_unchecked, **OPTIONS)  # type: ignore[arg-type]
 def packed_decode(
     mixed_qkv, a, b, A_log, dt_bias, scale, initial_state, out, ssm_state_indices,  # type: ignore[no-untyped-def]
     use_qk_l2norm_in_kernel=False, lower_bound=None, *, config: Any = None,

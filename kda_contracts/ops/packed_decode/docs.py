@@ -18,6 +18,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
+from ...backends import Backend
 from ...decorator import Contract
 from ...docs import (
     DO_NOT_EDIT,
@@ -39,7 +40,7 @@ __all__ = ["FILES", "describe", "generate", "render_contracts_md", "render_error
 FILES = ("contracts.md", "contracts.json", "errors.md", "mixed_qkv.svg", "state_pool_vk.svg", "state_pool_kv.svg")
 
 
-def describe_adapter(ad: adapters.Adapter, cfg: KDAConfig | None) -> dict[str, Any]:
+def describe_adapter(ad: Backend, cfg: KDAConfig | None) -> dict[str, Any]:
     """One backend as data. Leaves out whatever depends on this machine (availability, the
     Triton-interpreter devices), so the docs are the same everywhere."""
     out = adapters.describe(ad)

@@ -27,7 +27,7 @@ from .snippets import Names
 from .wrapper import formal_parameters
 
 if TYPE_CHECKING:
-    from .op import Op
+    from .opdef import Op
 
 __all__ = ["KeyLayout", "build_dispatcher"]
 
@@ -38,7 +38,7 @@ class KeyLayout:
     dtypes of ``dtype_args``, whether each of ``absent_args`` is None, the variant, the dims
     (or None when no backend has ``where=``)."""
 
-    symbols: tuple[str, ...]
+    symbols: dict[str | None, tuple[str, ...]]  # per variant
     dtype_args: tuple[str, ...]
     absent_args: tuple[str, ...]
     with_dims: bool
@@ -50,7 +50,7 @@ class KeyLayout:
         absent = frozenset(n for n, a in zip(self.absent_args, key[i:i + len(self.absent_args)], strict=True) if a)
         variant, dims = key[-2], key[-1]
         return CallInfo(device_type=key[1], dtypes=dtypes, absent=absent, variant=variant,
-                        dims={} if dims is None else dict(zip(self.symbols, dims, strict=True)))
+                        dims={} if dims is None else dict(zip(self.symbols[variant], dims, strict=True)))
 
 
 def key_layout(o: Op) -> KeyLayout:
@@ -65,7 +65,7 @@ def key_layout(o: Op) -> KeyLayout:
     unknown = [n for n in dtype_args if n not in tensors]
     if unknown:  # never silent: a dtype restriction on something not a plain tensor argument
         raise TypeError(f"{o.name}: backend dtypes= name {', '.join(unknown)}, not tensor arguments of the op")
-    return KeyLayout(o.contract.spec.symbols, tuple(dtype_args), tuple(absent),
+    return KeyLayout({v: c.spec.symbols for v, c in o.contracts.items()}, tuple(dtype_args), tuple(absent),
                      any(b._constraints for b in backends))
 
 
@@ -75,7 +75,7 @@ def _device_of(*vals: Any) -> str:
 
 def build_dispatcher(o: Op) -> Any:
     """The op's ``__call__`` (source generated for its signature and backends)."""
-    from .op import _make_select
+    from .opdef import _make_select
 
     layout = key_layout(o)
     o._key_layout = layout  # type: ignore[attr-defined]
@@ -138,7 +138,7 @@ def build_dispatcher(o: Op) -> Any:
         lines += [f"    if {mode} == 2:", f"        {n('after')}({chosen}.name, {dims}, {v}{sep}{plain}, {cfg})"]
     if spec.returns is not None and o.variant_of is None:
         ns[n("check_return")] = c._check_return
-        ns[n("fail_return")] = _outside_compile(lambda r, *vc: c.fail_return(r, c._check(*vc)))
+        ns[n("fail_return")] = _outside_compile(lambda r, *vc: c.fail_return(r, c._check(*vc) or ()))
         lines += [f"    if {mode} and not {n('check_return')}({res}, {dims}):",
                   f"        {n('fail_return')}({res}{sep}{plain}, {cfg})"]
     lines.append(f"    return {_returns_source(o.returns, res)}")

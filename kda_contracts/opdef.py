@@ -43,11 +43,9 @@ from .decorator import Contract, _outside_compile, eager_value_checks, register_
 from .errors import AnnotationError, ContractError, Violation, raise_violations
 from .markers import Where
 from .nested import mentions_array
-from .snippets import Names
 from .spec import CallContext, ContractOptions, Dims, build_spec
-from .wrapper import formal_parameters
 
-__all__ = ["Op", "ops", "op"]
+__all__ = ["Op", "op", "ops"]
 
 _OPS: dict[str, Op] = {}
 PLUGIN_GROUP = "kda_contracts.backends"
@@ -66,15 +64,16 @@ class _Reference(Backend):
     """The op's own body; with ``kc.check``/``kc.dims`` inside, it runs with the call's dims."""
 
     def make_runner(self, kernel: Callable[..., Any], params: Sequence[inspect.Parameter],
-                    dims_type: type) -> Callable[..., Any]:
+                    dims_types: Mapping[str | None, type]) -> Callable[..., Any]:
         if not body_uses_checks(kernel):
-            return super().make_runner(kernel, params, dims_type)
-        body = runner(getattr(kernel, "__name__", "op"), dims_type._fields, kernel, False)  # type: ignore[attr-defined]
+            return super().make_runner(kernel, params, dims_types)
+        name = getattr(kernel, "__name__", "op")
+        bodies = {v: runner(name, t._fields, kernel, False) for v, t in dims_types.items()}  # type: ignore[attr-defined]
 
-        def with_dims(d: tuple[int, ...] | None, *args: Any, **kwargs: Any) -> Any:
-            return kernel(*args, **kwargs) if d is None else body(d, *args, **kwargs)  # None: mode off
+        def with_dims(d: tuple[int, ...] | None, v: Any, *args: Any, **kwargs: Any) -> Any:
+            return kernel(*args, **kwargs) if d is None else bodies[v](d, *args, **kwargs)  # None: mode off
 
-        return _runner(with_dims, params, dims_type, set(), dims_first=True)
+        return _runner(with_dims, params, dims_types, set(), dims_first=True)
 
 
 # -- plug-ins -------------------------------------------------------------------------------------
@@ -119,8 +118,8 @@ class Op:
     Made by :func:`op`; call it like the decorated function (plus ``backend="auto"``).
     """
 
-    def __init__(self, fn: Callable[..., Any], options: ContractOptions, *, variants: Mapping[str, Callable[..., Any]]
-                 | None, variant: Callable[..., str] | None, returns: str | Sequence[str] | None,
+    def __init__(self, fn: Callable[..., Any], options: ContractOptions, *, variants: Mapping[str, Any] | None,
+                 variant: Callable[..., str] | None, returns: str | Sequence[str] | None,
                  after: Callable[[CallContext, str], list[Violation]] | None,
                  unchecked_dims: Callable[..., tuple[int, ...]] | None, namespace: str) -> None:
         self.fn = fn
@@ -140,7 +139,8 @@ class Op:
         self.unchecked_dims = unchecked_dims
         spec = self.contract.spec
         floating = [n for n, tp in spec.tensors.items() if any(d.is_floating_point for d in tp.dtypes)]
-        self.table = BackendTable(self.name, self._params, spec.symbols, floating, self._rebuild)
+        symbols = {v: c.spec.symbols for v, c in self.contracts.items()}
+        self.table = BackendTable(self.name, self._params, symbols, floating, self._rebuild)
         self.table.plugin_loader = self._load_plugins
         self._torch_op: Any = None
         self._rebuild_enabled = False
@@ -160,7 +160,7 @@ class Op:
 
     # -- building --------------------------------------------------------------------------------
     def _build_contracts(self, fn: Callable[..., Any], options: ContractOptions,
-                         variants: Mapping[str, Callable[..., Any]] | None,
+                         variants: Mapping[str, Any] | None,
                          variant: Callable[..., str] | None) -> dict[str | None, Contract]:
         if variants is None:
             if variant is not None:
@@ -183,7 +183,7 @@ class Op:
         out: dict[str | None, Contract] = {}
         want = [(p.name, p.kind) for p in self._params]
         for key, entry in variants.items():
-            vfn, overrides = entry if isinstance(entry, tuple) else (entry, {})
+            vfn, overrides = entry if isinstance(entry, tuple) else (entry, dict[str, Any]())
             got = [(p.name, p.kind) for p in inspect.signature(vfn).parameters.values()]
             if got != want:
                 raise AnnotationError(f"{self.name}: variant {key!r} does not have the op's parameters "
@@ -191,7 +191,7 @@ class Op:
             fields = {**vars(options), "name": self.name, **overrides}
             c = Contract(build_spec(vfn, ContractOptions(**fields)), vfn)
             out[key] = register_contract(f"{self.name}[{key}]", c)
-        symbols = {c.spec.symbols for c in out.values()}
+        symbols = {frozenset(c.spec.symbols) for c in out.values()}
         if len(symbols) != 1:
             raise AnnotationError(f"{self.name}: every variant must bind the same dims, got {sorted(symbols)}")
         return out
@@ -225,10 +225,10 @@ class Op:
 
         def register(kernel: Any) -> Any:
             self.table.register(Backend(
-                name=name, kernel=kernel, devices=tuple(devices), priority=priority, where=tuple(where),
-                dtypes=dtypes, requires=tuple(requires), availability=availability,
+                name=name, kernel=kernel, devices=devices, priority=priority, where=where,  # type: ignore[arg-type]
+                dtypes=dtypes, requires=requires, availability=availability,  # type: ignore[arg-type]
                 description=description or (getattr(kernel, "__doc__", None) or "").strip().split("\n")[0],
-                explicit_devices=explicit_devices, variants=tuple(variants) if variants is not None else None,
+                explicit_devices=explicit_devices, variants=variants,  # type: ignore[arg-type]
                 op=self.name), replace=replace)
             return kernel
 
@@ -321,7 +321,7 @@ class Op:
         """Regenerate ``__call__`` (the selection key depends on what the backends declare)."""
         if not getattr(self, "_rebuild_enabled", False):
             return
-        from .op_codegen import build_dispatcher
+        from .opdef_codegen import build_dispatcher
 
         cls = type(self)
         if cls is Op:  # each op gets its own class, so that __call__ is its generated function
@@ -405,7 +405,7 @@ def op(fn: Callable[..., Any] | None = None, /, *, name: str | None = None, conf
        hints: Sequence[Callable[[Violation, CallContext], str | None]] = (),
        value_checks: Callable[[CallContext], list[Violation]] | None = None,
        after: Callable[[CallContext, str], list[Violation]] | None = None,
-       returns: str | Sequence[str] | None = None, variants: Mapping[str, Callable[..., Any]] | None = None,
+       returns: str | Sequence[str] | None = None, variants: Mapping[str, Any] | None = None,
        variant: Callable[..., str] | None = None, unchecked_dims: Callable[..., tuple[int, ...]] | None = None,
        namespace: str = "kda_contracts_ops", mode: modes.ModeName | None = None) -> Any:
     """Make an :class:`Op` of a function whose annotations are the contract and whose body is
