@@ -137,9 +137,12 @@ class Backend:
     def make_runner(self, kernel: Callable[..., Any], params: Sequence[inspect.Parameter],
                     dims_types: Mapping[str | None, type]) -> Callable[..., Any]:
         """``run(dims, variant, *op_args)``: calls ``kernel`` with the op's arguments (positional
-        ones by position, keyword-only ones by name) plus the extras its signature asks for.
+        ones by position, keyword-only ones by name) plus the extras its signature asks for; the
+        kernel itself when it asks for none (the dispatcher then calls it directly).
         ``dims_types``: the named tuple of the dims of each variant (None: an op without)."""
         _, wants = signature_problem(kernel, params)
+        if not wants:
+            return kernel  # called directly with the op's arguments
         return _runner(kernel, params, dims_types, wants)
 
 
@@ -225,6 +228,7 @@ class BackendTable:
         self.on_change = on_change
         self.registry: dict[str, Backend] = {}
         self.runners: dict[str, Callable[..., Any]] = {}
+        self.direct: set[str] = set()  # backends whose runner is the kernel itself (no extras)
         self.availability: dict[str, tuple[bool, str]] = {}
         self.selected: dict[tuple[Any, ...], Chosen] = {}
         self.plugin_errors: dict[str, str] = {}
@@ -324,7 +328,10 @@ class BackendTable:
                 why = b.signature_problem(kernel, self.params)
                 if why is not None:
                     raise TypeError(f"it does not take the op's parameters: {why}")
-            fn = self.runners[b.name] = b.make_runner(kernel, self.params, self.dims_types)
+            fn = b.make_runner(kernel, self.params, self.dims_types)
+            if fn is kernel:
+                self.direct.add(b.name)
+            self.runners[b.name] = fn
         return fn
 
     # -- support and selection -------------------------------------------------------------------
@@ -392,7 +399,7 @@ class BackendTable:
         if hit is not None:
             return hit
         b = self.choose(backend, make_info())
-        chosen = Chosen(b.name, self.runner(b))
+        chosen = Chosen(b.name, self.runner(b), b.name in self.direct)
         if len(self.selected) >= self.SELECTED_MAX:
             self.selected.clear()
         self.selected[key] = chosen
@@ -401,8 +408,11 @@ class BackendTable:
 
 @dataclass(frozen=True)
 class Chosen:
-    """A selected backend as compiled code sees it: its name and its runner."""
+    """A selected backend as the dispatcher sees it: its name and its runner, which takes
+    ``(dims, variant, *op_args)`` — or, when ``direct``, the op's arguments alone (the kernel
+    itself, when it asks for no extras: one call frame less)."""
 
     name: str
     run: Callable[..., Any]
+    direct: bool = False
 

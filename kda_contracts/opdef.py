@@ -388,7 +388,7 @@ def _make_select(o: Op) -> Callable[[tuple[Any, ...], str], Chosen]:
 
     def traced(key: tuple[Any, ...], backend: str) -> Chosen:
         name = static_outside(key, backend)
-        return Chosen(name, table.runners[name])
+        return Chosen(name, table.runners[name], name in table.direct)
 
     select._torchdynamo_inline = traced  # type: ignore[attr-defined]
     return select

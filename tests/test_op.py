@@ -376,3 +376,19 @@ def test_a_compiled_function_calling_an_op_compiles_once_per_shape_class():
     assert counter.frame_count == 2  # one static graph for B=2, one dynamic for the rest
     with pytest.raises(kc.ShapeError):
         compiled(*args(B=5)[:2], torch.empty(5, 4))
+
+
+# -- the overhead benchmark runs (its figures are in docs/benchmarks.md, never asserted here) -----
+def test_the_op_overhead_benchmark_runs_and_compares_like_with_like(tmp_path):
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "op_overhead.py"
+    spec = importlib.util.spec_from_file_location("op_overhead_bench", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    out = tmp_path / "op.md"
+    assert bench.main(["--number", "50", "--repeats", "2", "--out", str(out)]) == 0
+    text = out.read_text()
+    assert "| user op (3 tensors) | check |" in text and "| packed decode | off |" in text
+    assert "bench-noop" not in kc.packed_decode.table.registry  # the benchmark cleans up after itself
