@@ -18,7 +18,6 @@ import functools
 import inspect
 import itertools
 import keyword
-import typing
 import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, TypeVar, overload
@@ -42,7 +41,7 @@ from .errors import (
 )
 from .explain import explain_return
 from .markers import Where
-from .nested import mentions_array
+from .members import contract_members
 from .snippets import Names
 from .spec import CallContext, ContractOptions, ContractSpec, Dims, build_spec
 from .wrapper import wrapper_source
@@ -439,28 +438,15 @@ def contract(
 
 
 def _contract_class(cls: type, options: ContractOptions) -> type:
-    """Contract every method of ``cls`` whose annotations mention a tensor type (plain, static and
-    class methods); a class with none is an AnnotationError (nothing would be checked)."""
-    done = []
-    for attr, member in list(vars(cls).items()):
-        wrapper = type(member) if isinstance(member, (staticmethod, classmethod)) else None
-        fn = member.__func__ if wrapper is not None else member
-        if not inspect.isfunction(fn):
-            continue
-        try:
-            hints = typing.get_type_hints(fn, include_extras=True)
-        except Exception as exc:
-            raise AnnotationError(f"{cls.__qualname__}.{attr}: cannot read the annotations: {exc}") from exc
-        if not any(mentions_array(h) for h in hints.values()):
-            continue
-        named = dataclasses.replace(options, name=f"{options.name or cls.__qualname__}.{attr}")
-        contracted = _decorate(fn, named)
-        setattr(cls, attr, wrapper(contracted) if wrapper is not None else contracted)
-        done.append(attr)
+    """Contract every method of ``cls`` whose annotations mention a tensor type (see
+    :func:`~kda_contracts.members.contract_members`); a class with none is an AnnotationError
+    (nothing would be checked)."""
+    done = contract_members(cls, lambda fn, name: _decorate(fn, dataclasses.replace(options, name=name)),
+                            base=options.name)
     if not done:
         raise AnnotationError(f"{cls.__qualname__}: kc.contract on a class contracts its methods annotated with "
                               "tensor types, and it has none")
-    cls.__kda_contracted__ = tuple(done)  # type: ignore[attr-defined]
+    cls.__kda_contracted__ = done  # type: ignore[attr-defined]
     return cls
 
 
