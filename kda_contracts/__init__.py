@@ -22,6 +22,8 @@ from .body import dims as dims
 from .decorator import Contract as Contract
 from .decorator import contract as contract
 from .decorator import registered_contracts as registered_contracts
+from .docstrings import contract_docs as contract_docs
+from .docstrings import set_contract_docs as set_contract_docs
 from .errors import AnnotationError as AnnotationError
 from .errors import ArgumentTypeError as ArgumentTypeError
 from .errors import ContractError as ContractError

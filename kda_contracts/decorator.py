@@ -31,6 +31,7 @@ from . import modes
 from .body import body_uses_checks, runner
 from .codegen import checked_parameters, checker_names, generate_checker, generate_return_checker
 from .config_views import ConfigViews
+from .docstrings import add_class_note, add_contract_doc, wants_doc
 from .errors import (
     AnnotationError,
     ArgumentTypeError,
@@ -41,7 +42,7 @@ from .errors import (
 )
 from .explain import explain_return
 from .markers import Where
-from .members import contract_members
+from .members import accessors, contract_members, is_contracted
 from .snippets import Names
 from .spec import CallContext, ContractOptions, ContractSpec, Dims, build_spec
 from .wrapper import wrapper_source
@@ -396,6 +397,7 @@ def contract(
     mode: modes.ModeName | None = None,
     name: str | None = None,
     register: bool = True,
+    doc: bool | None = None,
 ) -> Callable[[F], F]: ...
 def contract(
     fn: Callable[..., Any] | None = None,
@@ -410,6 +412,7 @@ def contract(
     mode: modes.ModeName | None = None,
     name: str | None = None,
     register: bool = True,
+    doc: bool | None = None,
 ) -> Any:
     """Enforce a function's jaxtyping annotations (plus ``kc.Spec``/``kc.Range``/``where``) per call.
 
@@ -422,6 +425,8 @@ def contract(
     - ``mode``: pin this contract's mode (``"off"`` returns ``fn`` itself); None follows
       ``kc.mode``/``KDA_CONTRACTS_MODE``. If the mode in force at decoration is ``off``, ``fn`` is
       returned unchanged: a true zero-cost switch.
+    - ``doc``: append the contract's shape table to the wrapper's ``__doc__`` (for ``help()``, IDE
+      hovers, Sphinx); None follows ``kc.set_contract_docs`` / ``KDA_CONTRACTS_DOC``.
 
     Example::
 
@@ -431,7 +436,7 @@ def contract(
     """
     options = ContractOptions(config=config, config_arg=config_arg, where=tuple(where),
                               bind_first=tuple(bind_first), hints=tuple(hints), value_checks=value_checks,
-                              mode=mode, name=name, register=register)
+                              mode=mode, name=name, register=register, doc=doc)
     if fn is None:
         return functools.partial(_decorate, options=options)
     return _decorate(fn, options)
@@ -447,6 +452,8 @@ def _contract_class(cls: type, options: ContractOptions) -> type:
         raise AnnotationError(f"{cls.__qualname__}: kc.contract on a class contracts its methods annotated with "
                               "tensor types, and it has none")
     cls.__kda_contracted__ = done  # type: ignore[attr-defined]
+    if wants_doc(options.doc) and any(is_contracted(f) for a in done for f in accessors(vars(cls)[a]).values()):
+        add_class_note(cls, done)
     return cls
 
 
@@ -461,4 +468,7 @@ def _decorate(fn: Callable[..., Any], options: ContractOptions) -> Any:
     c = Contract(spec, fn)
     if options.register:
         _REGISTRY[c.name] = c
-    return c.wrap(fixed)
+    wrapper = c.wrap(fixed)
+    if wants_doc(options.doc):
+        add_contract_doc(wrapper, c)
+    return wrapper
