@@ -33,6 +33,9 @@ from .errors import LayoutError as LayoutError
 from .errors import ShapeError as ShapeError
 from .errors import ValueRangeError as ValueRangeError
 from .errors import Violation as Violation
+from .import_hook import ImportHook as ImportHook
+from .import_hook import ImportHookWarning as ImportHookWarning
+from .import_hook import install_import_hook as install_import_hook
 from .markers import MatchConfig as MatchConfig
 from .markers import Range as Range
 from .markers import Spec as Spec
