@@ -24,6 +24,8 @@ from .body import dims as dims
 from .decorator import Contract as Contract
 from .decorator import contract as contract
 from .decorator import registered_contracts as registered_contracts
+from .docstrings import contract_docs as contract_docs
+from .docstrings import set_contract_docs as set_contract_docs
 from .errors import AnnotationError as AnnotationError
 from .errors import ArgumentTypeError as ArgumentTypeError
 from .errors import ContractError as ContractError
@@ -33,6 +35,9 @@ from .errors import LayoutError as LayoutError
 from .errors import ShapeError as ShapeError
 from .errors import ValueRangeError as ValueRangeError
 from .errors import Violation as Violation
+from .import_hook import ImportHook as ImportHook
+from .import_hook import ImportHookWarning as ImportHookWarning
+from .import_hook import install_import_hook as install_import_hook
 from .markers import MatchConfig as MatchConfig
 from .markers import Range as Range
 from .markers import Spec as Spec

@@ -18,7 +18,6 @@ import functools
 import inspect
 import itertools
 import keyword
-import typing
 import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, TypeVar, overload
@@ -32,6 +31,7 @@ from . import modes
 from .body import body_uses_checks, runner
 from .codegen import checked_parameters, checker_names, generate_checker, generate_return_checker
 from .config_views import ConfigViews
+from .docstrings import add_class_note, add_contract_doc, wants_doc
 from .errors import (
     AnnotationError,
     ArgumentTypeError,
@@ -42,7 +42,7 @@ from .errors import (
 )
 from .explain import explain_return
 from .markers import Where
-from .nested import mentions_array
+from .members import accessors, contract_members, is_contracted
 from .snippets import Names
 from .spec import CallContext, ContractOptions, ContractSpec, Dims, build_spec
 from .wrapper import wrapper_source
@@ -397,6 +397,7 @@ def contract(
     mode: modes.ModeName | None = None,
     name: str | None = None,
     register: bool = True,
+    doc: bool | None = None,
 ) -> Callable[[F], F]: ...
 def contract(
     fn: Callable[..., Any] | None = None,
@@ -411,6 +412,7 @@ def contract(
     mode: modes.ModeName | None = None,
     name: str | None = None,
     register: bool = True,
+    doc: bool | None = None,
 ) -> Any:
     """Enforce a function's jaxtyping annotations (plus ``kc.Spec``/``kc.Range``/``where``) per call.
 
@@ -423,6 +425,8 @@ def contract(
     - ``mode``: pin this contract's mode (``"off"`` returns ``fn`` itself); None follows
       ``kc.mode``/``KDA_CONTRACTS_MODE``. If the mode in force at decoration is ``off``, ``fn`` is
       returned unchanged: a true zero-cost switch.
+    - ``doc``: append the contract's shape table to the wrapper's ``__doc__`` (for ``help()``, IDE
+      hovers, Sphinx); None follows ``kc.set_contract_docs`` / ``KDA_CONTRACTS_DOC``.
 
     Example::
 
@@ -432,35 +436,24 @@ def contract(
     """
     options = ContractOptions(config=config, config_arg=config_arg, where=tuple(where),
                               bind_first=tuple(bind_first), hints=tuple(hints), value_checks=value_checks,
-                              mode=mode, name=name, register=register)
+                              mode=mode, name=name, register=register, doc=doc)
     if fn is None:
         return functools.partial(_decorate, options=options)
     return _decorate(fn, options)
 
 
 def _contract_class(cls: type, options: ContractOptions) -> type:
-    """Contract every method of ``cls`` whose annotations mention a tensor type (plain, static and
-    class methods); a class with none is an AnnotationError (nothing would be checked)."""
-    done = []
-    for attr, member in list(vars(cls).items()):
-        wrapper = type(member) if isinstance(member, (staticmethod, classmethod)) else None
-        fn = member.__func__ if wrapper is not None else member
-        if not inspect.isfunction(fn):
-            continue
-        try:
-            hints = typing.get_type_hints(fn, include_extras=True)
-        except Exception as exc:
-            raise AnnotationError(f"{cls.__qualname__}.{attr}: cannot read the annotations: {exc}") from exc
-        if not any(mentions_array(h) for h in hints.values()):
-            continue
-        named = dataclasses.replace(options, name=f"{options.name or cls.__qualname__}.{attr}")
-        contracted = _decorate(fn, named)
-        setattr(cls, attr, wrapper(contracted) if wrapper is not None else contracted)
-        done.append(attr)
+    """Contract every method of ``cls`` whose annotations mention a tensor type (see
+    :func:`~kda_contracts.members.contract_members`); a class with none is an AnnotationError
+    (nothing would be checked)."""
+    done = contract_members(cls, lambda fn, name: _decorate(fn, dataclasses.replace(options, name=name)),
+                            base=options.name)
     if not done:
         raise AnnotationError(f"{cls.__qualname__}: kc.contract on a class contracts its methods annotated with "
                               "tensor types, and it has none")
-    cls.__kda_contracted__ = tuple(done)  # type: ignore[attr-defined]
+    cls.__kda_contracted__ = done  # type: ignore[attr-defined]
+    if wants_doc(options.doc) and any(is_contracted(f) for a in done for f in accessors(vars(cls)[a]).values()):
+        add_class_note(cls, done)
     return cls
 
 
@@ -475,4 +468,7 @@ def _decorate(fn: Callable[..., Any], options: ContractOptions) -> Any:
     c = Contract(spec, fn)
     if options.register:
         _REGISTRY[c.name] = c
-    return c.wrap(fixed)
+    wrapper = c.wrap(fixed)
+    if wants_doc(options.doc):
+        add_contract_doc(wrapper, c)
+    return wrapper

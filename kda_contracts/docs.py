@@ -60,7 +60,7 @@ def _config_of(c: Contract, doc_config: Any) -> tuple[Any, str]:
 def _appearances(spec: ContractSpec, sym: str) -> list[str]:
     out = []
     for tp in spec.tensors.values():
-        for axis, d in enumerate(tp.dims):
+        for axis, d in tp.fixed_axes():  # counted from the back after a variadic dim
             if isinstance(d, Expr) and sym in d.symbols():
                 out.append(f"{tp.name}.shape[{axis}]" + ("" if str(d) == sym else f" ({d})"))
     return out
@@ -236,9 +236,13 @@ def _rules(c: Mapping[str, Any]) -> list[str]:
     return ["Cross-argument constraints:", "", *rules, ""] if rules else []
 
 
-def render_contract(c: Mapping[str, Any]) -> list[str]:
-    """The Markdown lines of one described contract (:func:`describe_contract`), heading first."""
-    out = [f"## {c['key']}", "", f"`{c['signature']}`", "", f"Config: {c['config']}.", ""]
+def render_contract(c: Mapping[str, Any], *, heading: bool = True, errors_page: str | None = "errors.md") -> list[str]:
+    """The Markdown lines of one described contract (:func:`describe_contract`): a ``## key``
+    heading and the signature (unless ``heading`` is false: a docstring has its own), the config,
+    the argument and dim tables, the constraints, the return and the strict value checks (with a
+    link to ``errors_page``, the error catalogue, when there is one)."""
+    out = [f"## {c['key']}", "", f"`{c['signature']}`", ""] if heading else []
+    out += [f"Config: {c['config']}.", ""]
     out += _argument_tables(c)
     if c["dims"]:
         out += ["Where each dim is bound from (the first source binds it; every other appearance is checked "
@@ -254,8 +258,9 @@ def render_contract(c: Mapping[str, Any]) -> list[str]:
         out += ["Returns: " + ", ".join(f"`{r['name']}` `{r['shape']}` = `{r['concrete_shape']}` "
                                          f"({', '.join(r['dtypes'])})" for r in c["returns"]), ""]
     if c["strict_value_checks"]:
+        see = f" See [{errors_page}]({errors_page}) for their messages." if errors_page else ""
         out += [f"Strict mode (`kc.mode(\"strict\")`, and pytest by default) also runs the contract's value "
-                f"checks: {c['strict_value_checks']} See [errors.md](errors.md) for their messages.", ""]
+                f"checks: {c['strict_value_checks']}{see}", ""]
     return out
 
 

@@ -9,9 +9,16 @@ under pytest, per-test modes, and a summary of what the session exercised.
 - The ``kda_contracts_mode`` fixture gives a test a :class:`ModeControl`; parametrizing it
   (``@pytest.mark.parametrize("kda_contracts_mode", ["check", "strict"], indirect=True)``) runs
   the test once per mode, and wins over the marker.
+- ``--kda-contracts-packages=pkg1,pkg2`` installs :func:`kda_contracts.install_import_hook` for
+  those packages before conftest files and test modules are imported (contracts in the session's
+  mode; uninstalled when the session ends).
 - A terminal summary line counts the contracts exercised, the checked calls and the violations
-  raised during the session; ``--kda-contracts-require-all`` fails the session when a registered
-  contract was never called.
+  raised during the session; it is printed when a contract was called in the session or an option
+  of this plugin was given (command line or ini), so an unrelated project's output stays as it was.
+- ``--kda-contracts-require-all`` fails the session when a registered contract defined outside
+  kda_contracts was never called (the built-in ones are exercised by kda-contracts's own tests);
+  ``--kda-contracts-require=PATTERN`` (repeatable) when a contract whose name, registry key or
+  ``module:name`` matches the fnmatch pattern was never called, or when nothing matches it.
 
 Example::
 
@@ -27,7 +34,9 @@ Example::
 from __future__ import annotations
 
 import contextlib
+import fnmatch
 import os
+import warnings
 from collections.abc import Generator
 from dataclasses import dataclass, field
 
@@ -35,6 +44,7 @@ import pytest
 
 from . import modes
 from .decorator import Contract, registered_contracts
+from .import_hook import ImportHook, ImportHookWarning, install_import_hook
 
 __all__ = ["ModeControl"]
 
@@ -52,7 +62,9 @@ class _SessionState:
     previous_default: int | None  # the process default before the session (see modes.replace_default)
     baseline: dict[int, tuple[int, int]] = field(default_factory=dict)  # id(contract) -> (calls, rejections)
     seen: dict[int, tuple[str, Contract]] = field(default_factory=dict)  # every contract met, by id
-    missing: list[str] = field(default_factory=list)  # registered, never exercised
+    unmet: list[str] = field(default_factory=list)  # --kda-contracts-require(-all) lines, when the session fails them
+    hook: ImportHook | None = None  # --kda-contracts-packages
+    hook_warnings: list[str] = field(default_factory=list)  # to issue once warnings can be (pytest_configure)
 
 
 _STATE = pytest.StashKey[_SessionState]()
@@ -95,7 +107,18 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
     group.addoption(
         "--kda-contracts-require-all", dest="kda_contracts_require_all", action="store_true", default=False,
-        help="fail the session if a registered contract was never called.",
+        help="fail the session if a registered contract defined outside kda_contracts was never called.",
+    )
+    group.addoption(
+        "--kda-contracts-require", dest="kda_contracts_require", action="append", default=[], metavar="PATTERN",
+        help="fail the session if a contract whose name, key or module:name matches PATTERN (fnmatch) was never "
+             "called, or if none matches. Repeatable.",
+    )
+    group.addoption(
+        "--kda-contracts-packages", dest="kda_contracts_packages", action="append", default=[],
+        metavar="PKG[,PKG...]",
+        help="contract every tensor-annotated function of these packages (kc.install_import_hook), installed "
+             "before conftest files and test modules are imported.",
     )
     parser.addini(INI, "contract mode for the session: strict, check or off (default strict).", default="")
 
@@ -138,11 +161,28 @@ def _apply_session_mode(config: pytest.Config, cli: str | None, *, warn: bool) -
     state.mode = name
 
 
+def _install_hook(config: pytest.Config, values: list[str]) -> None:
+    """``--kda-contracts-packages``: the import hook, once, for the packages named."""
+    state = config.stash.get(_STATE, None)
+    if state is None or state.hook is not None or not values:
+        return
+    packages = [p.strip() for value in values for p in value.split(",") if p.strip()]
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            state.hook = install_import_hook(packages)
+    except (TypeError, ValueError) as err:
+        raise pytest.UsageError(f"--kda-contracts-packages={','.join(values)}: {err}") from None
+    state.hook_warnings = [str(w.message) for w in caught]
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_load_initial_conftests(early_config: pytest.Config) -> None:
     # As early as possible: a contract decorated while the mode is "off" is the function itself,
-    # and conftest files and test modules are imported after this.
-    _apply_session_mode(early_config, early_config.known_args_namespace.kda_contracts, warn=False)
+    # and conftest files and test modules are imported after this (so are the hooked packages).
+    args = early_config.known_args_namespace
+    _apply_session_mode(early_config, args.kda_contracts, warn=False)
+    _install_hook(early_config, args.kda_contracts_packages)
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -154,12 +194,18 @@ def pytest_configure(config: pytest.Config) -> None:
     )
     # Again here, for sessions where the plugin was registered after the initial conftests.
     _apply_session_mode(config, config.getoption("kda_contracts"), warn=True)
+    _install_hook(config, config.getoption("kda_contracts_packages"))
+    state = config.stash.get(_STATE, None)
+    for message in state.hook_warnings if state is not None else ():
+        config.issue_config_time_warning(ImportHookWarning(message), stacklevel=2)
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
     state = config.stash.get(_STATE, None)
     if state is not None:
         modes.replace_default(state.previous_default)
+        if state.hook is not None:
+            state.hook.uninstall()
 
 
 def _note_registered(state: _SessionState) -> dict[str, Contract]:
@@ -241,19 +287,63 @@ def _counts(state: _SessionState) -> tuple[set[str], int, int]:
     return exercised, calls, rejections
 
 
+def _is_builtin(c: Contract) -> bool:
+    """Whether a contract is one kda_contracts defines (its own tests exercise those)."""
+    module = getattr(c.fn, "__module__", None) or ""
+    return module == "kda_contracts" or module.startswith("kda_contracts.")
+
+
+def _matches(pattern: str, key: str, c: Contract) -> bool:
+    module = getattr(c.fn, "__module__", None)
+    names = (key, c.name, f"{module}:{c.name}")
+    return any(fnmatch.fnmatchcase(n, pattern) for n in names)
+
+
+def _listed(names: list[str], at_most: int = 8) -> str:
+    more = len(names) - at_most
+    return ", ".join(names[:at_most]) + (f" and {more} more" if more > 0 else "")
+
+
+def _unmet(config: pytest.Config, state: _SessionState, registered: dict[str, Contract]) -> list[str]:
+    """One line per requirement (``--kda-contracts-require-all``, each ``--kda-contracts-require``)
+    the session did not meet."""
+    exercised, _, _ = _counts(state)
+    known = {**{key: c for key, c in state.seen.values()}, **registered}
+    lines = []
+    if config.getoption("kda_contracts_require_all"):
+        missing = sorted(k for k, c in registered.items() if not _is_builtin(c) and k not in exercised)
+        if missing:
+            lines.append(f"--kda-contracts-require-all: {_plural(len(missing), 'registered contract')} never "
+                         f"exercised: {', '.join(missing)}")
+    for pattern in config.getoption("kda_contracts_require"):
+        matching = sorted(k for k, c in known.items() if _matches(pattern, k, c))
+        missing = [k for k in matching if k not in exercised]
+        if not matching:
+            lines.append(f"--kda-contracts-require={pattern}: matches no registered contract (registered: "
+                         f"{_listed(sorted(known)) or 'none'})")
+        elif missing:
+            of = _plural(len(matching), "matching contract")
+            lines.append(f"--kda-contracts-require={pattern}: {len(missing)} of {of} never exercised: "
+                         f"{', '.join(missing)}")
+    return lines
+
+
 def pytest_sessionfinish(session: pytest.Session) -> None:
     config = session.config
     state = config.stash[_STATE]
-    registered = _note_registered(state)
-    if config.getoption("kda_contracts_require_all"):
-        exercised, _, _ = _counts(state)
-        state.missing = sorted(set(registered) - exercised)
-        if state.missing and session.exitstatus == pytest.ExitCode.OK:
-            session.exitstatus = pytest.ExitCode.TESTS_FAILED
+    state.unmet = _unmet(config, state, _note_registered(state))
+    if state.unmet and session.exitstatus == pytest.ExitCode.OK:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 def _plural(n: int, word: str) -> str:
     return f"{n} {word}" if n == 1 else f"{n} {word}s"
+
+
+def _option_given(config: pytest.Config) -> bool:
+    """Whether this session asked for the plugin: an option of it on the command line or in the ini file."""
+    options = ("kda_contracts", "kda_contracts_require_all", "kda_contracts_require", "kda_contracts_packages")
+    return any(config.getoption(o) for o in options) or bool(str(config.getini(INI)).strip())
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: pytest.Config) -> None:
@@ -262,14 +352,11 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: p
         return
     registered = _note_registered(state)
     exercised, calls, rejections = _counts(state)
-    n_exercised = len(exercised & set(registered))
-    terminalreporter.write_line(
-        f"kda-contracts: mode {state.mode}; {_plural(n_exercised, 'contract')} exercised of "
-        f"{len(registered)} registered, {_plural(calls, 'checked call')}, {_plural(rejections, 'violation')} raised"
-    )
-    if state.missing:
+    if calls or rejections or _option_given(config):
+        n_exercised = len(exercised & set(registered))
         terminalreporter.write_line(
-            f"kda-contracts: --kda-contracts-require-all: {_plural(len(state.missing), 'registered contract')} "
-            f"never exercised: {', '.join(state.missing)}",
-            red=True, bold=True,
+            f"kda-contracts: mode {state.mode}; {_plural(n_exercised, 'contract')} exercised of {len(registered)} "
+            f"registered, {_plural(calls, 'checked call')}, {_plural(rejections, 'violation')} raised"
         )
+    for line in state.unmet:
+        terminalreporter.write_line(f"kda-contracts: {line}", red=True, bold=True)

@@ -138,6 +138,7 @@ class ContractOptions:
     mode: str | None = None  # pins the contract's mode
     name: str | None = None  # the name errors and docs use (default: the qualname)
     register: bool = True  # list it in kc.registered_contracts()
+    doc: bool | None = None  # append the shape table to __doc__ (None: kc.set_contract_docs / $KDA_CONTRACTS_DOC)
 
 
 @dataclass

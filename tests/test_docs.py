@@ -14,7 +14,7 @@ import kda_contracts as kc
 from kda_contracts import Float, Int, Tensor
 from kda_contracts import decorator as enforce
 from kda_contracts.cli import main
-from kda_contracts.docs import GENERATED_MARK, check, write
+from kda_contracts.docs import GENERATED_MARK, check, describe_contract, render_contract, write
 from kda_contracts.ops.packed_decode.contract import PACKED_DECODE_ARGS
 from kda_contracts.ops.packed_decode.diagrams import mixed_qkv_svg, state_pool_svg
 from kda_contracts.ops.packed_decode.docs import FILES, describe, generate
@@ -110,6 +110,30 @@ def test_a_decorated_function_with_a_static_config_is_documented(builtin_only):
     assert "from config (num_v_heads=4)" in md
     assert "`pow2(K)` (ShapeError; holds for this config)" in md
     assert "Returns: `return` `[B, D]`" in md
+
+
+def test_an_axis_after_a_variadic_dim_is_counted_from_the_back():
+    @kc.contract(register=False)
+    def f(x: Float[Tensor, "B *batch D"], w: Float[Tensor, "D E"]) -> None: ...
+
+    dims = {d["symbol"]: d for d in describe_contract("f", f.__kda_contract__, None)["dims"]}
+    assert dims["B"]["appears_in"] == ["x.shape[0]"]
+    assert dims["D"]["appears_in"] == ["x.shape[-1]", "w.shape[0]"]
+
+
+def test_a_contract_renders_without_its_heading_and_catalogue_link_for_a_docstring():
+    def positive(ctx):
+        """Strict mode: every value is positive."""
+        return []
+
+    @kc.contract(register=False, value_checks=positive)
+    def f(x: Float[Tensor, "B"]) -> None: ...
+
+    described = describe_contract("f", f.__kda_contract__, None)
+    full, bare = render_contract(described), render_contract(described, heading=False, errors_page=None)
+    assert full[:4] == ["## f", "", f"`{described['signature']}`", ""] and full[4:-2] == bare[:-2]
+    assert full[-2].endswith("every value is positive. See [errors.md](errors.md) for their messages.")
+    assert bare[-2].endswith("every value is positive.")
 
 
 def test_the_docs_config_sets_the_concrete_shapes():

@@ -4,6 +4,8 @@ metadata and roles, and hostile arguments that must only ever raise a ContractEr
 from __future__ import annotations
 
 import dataclasses
+import functools
+import typing
 from typing import Annotated
 
 import pytest
@@ -44,6 +46,56 @@ def test_kc_contract_on_a_class_without_tensor_annotations_is_refused() -> None:
         class Nothing:
             def f(self, x: int) -> int:
                 return x
+
+
+def test_no_type_check_and_already_contracted_methods_are_left_as_they_are():
+    class Layer:
+        @typing.no_type_check
+        def raw(self, x: Float[Tensor, "B D"]) -> None: ...
+
+        @kc.contract(name="own", register=False, where=["D == 3"])
+        def own(self, x: Float[Tensor, "B D"]) -> None: ...
+
+        def forward(self, x: Float[Tensor, "B D"]) -> None: ...
+
+    raw, own = Layer.raw, Layer.own
+    kc.contract(Layer)
+    assert Layer.__kda_contracted__ == ("forward",)
+    assert Layer.raw is raw and Layer.own is own and Layer.own.__kda_contract__.name == "own"
+
+
+def test_property_and_cached_property_accessors_are_contracted():
+    @kc.contract
+    class Box:
+        def __init__(self, n: int) -> None:
+            self.n = n
+
+        @property
+        def data(self) -> Float[Tensor, "_"]:
+            return torch.zeros(self.n)
+
+        @data.setter
+        def data(self, x: Float[Tensor, "B"]) -> None:
+            self.n = x.shape[0]
+
+        @functools.cached_property
+        def grid(self) -> Float[Tensor, "_ _"]:
+            return torch.zeros(self.n) if self.n == 1 else torch.zeros(self.n, self.n)
+
+        def twice(self, x: Float[Tensor, "B"]) -> Float[Tensor, "B"]:
+            return 2 * x
+
+    assert Box.__kda_contracted__ == ("data", "grid", "twice")
+    assert Box.data.fget.__kda_contract__.name.endswith("<locals>.Box.data")
+    assert Box.data.fset.__kda_contract__.name.endswith("<locals>.Box.data.setter")
+    box = Box(3)
+    box.data = torch.zeros(2)
+    assert box.data.shape == (2,) and box.grid.shape == (2, 2)
+    with pytest.raises(kc.ShapeError, match=r"Box\.data\.setter"):
+        box.data = torch.zeros(2, 2)
+    with pytest.raises(kc.ShapeError, match=r"Box\.grid"):
+        _ = Box(1).grid
+    assert box.twice(torch.ones(4)).shape == (4,)
 
 
 class Mutable(BaseModel):

@@ -1,5 +1,6 @@
 """The pytest plugin: session mode (command line, environment, ini, default strict), the marker,
-the fixture, the summary line and --kda-contracts-require-all.
+the fixture, the summary line, --kda-contracts-require-all, --kda-contracts-require and
+--kda-contracts-packages.
 
 Each test runs an inner pytest session in-process with pytester, except those about
 $KDA_CONTRACTS_MODE in a fresh ``python -m pytest`` (the plugin imports kda_contracts there). The contract registry is
@@ -69,9 +70,7 @@ def test_the_plugin_is_registered_by_its_entry_point(request):
 
 def test_the_default_mode_under_pytest_is_strict(pytester):
     reports_mode(pytester, "strict")
-    result = run(pytester)
-    result.assert_outcomes(passed=1)
-    result.stdout.fnmatch_lines(["kda-contracts: mode strict; *"])
+    run(pytester).assert_outcomes(passed=1)
 
 
 @pytest.mark.parametrize("name", ["check", "off", "strict"])
@@ -177,7 +176,7 @@ def test_an_empty_environment_value_lets_an_unrelated_project_run(tmp_path):
     done = run_unrelated_project(tmp_path, "")
     assert done.returncode == pytest.ExitCode.OK, done.stdout + done.stderr
     assert "1 passed" in done.stdout
-    assert "kda-contracts: mode strict;" in done.stdout
+    assert "kda-contracts:" not in done.stdout  # no contract ran, no option given: nothing to say
 
 
 def test_a_bad_environment_value_is_a_usage_error_naming_it_and_the_modes_not_a_crash(tmp_path):
@@ -356,3 +355,199 @@ def test_calls():
     result.assert_outcomes(passed=1)
     assert result.ret == pytest.ExitCode.OK
     result.stdout.no_fnmatch_line("*never exercised*")
+
+
+def builtin_contracts_registered():
+    """The registry as a real session has it: kda_contracts's packed-decode contracts are there."""
+    for layout in ("VK", "KV"):
+        enforce.register_contract(f"packed_decode[{layout}]", kc.packed_decode_contract(layout))
+
+
+def test_require_all_leaves_out_the_contracts_kda_contracts_defines(pytester):
+    builtin_contracts_registered()
+    pytester.makepyfile(test_inner=CONTRACTS + """
+def test_calls():
+    nonneg(torch.ones(2))
+    unused(torch.ones(2))
+""")
+    result = run(pytester, "--kda-contracts-require-all")
+    assert result.ret == pytest.ExitCode.OK
+    result.stdout.fnmatch_lines(["kda-contracts: mode strict; 2 contracts exercised of 4 registered, *"])
+
+
+def test_require_all_in_a_fresh_session_of_a_project_with_one_contract(tmp_path):
+    (tmp_path / "test_mine.py").write_text(
+        "import torch, kda_contracts as kc\nfrom kda_contracts import Float, Tensor\n\n"
+        "@kc.contract\ndef mine(x: Float[Tensor, 'B']) -> None: ...\n\n"
+        "def test_it():\n    mine(torch.ones(3))\n")
+    done = run_unrelated_project(tmp_path, "", "--kda-contracts-require-all")
+    assert done.returncode == pytest.ExitCode.OK, done.stdout + done.stderr
+    assert "never exercised" not in done.stdout
+
+
+# -- --kda-contracts-require=PATTERN ----------------------------------------------------------------
+def test_require_fails_the_session_naming_the_matching_contracts_never_exercised(pytester):
+    pytester.makepyfile(test_inner=CONTRACTS + """
+def test_calls():
+    nonneg(torch.ones(2))
+""")
+    result = run(pytester, "--kda-contracts-require=*n*")
+    result.assert_outcomes(passed=1)
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    result.stdout.fnmatch_lines(["kda-contracts: --kda-contracts-require=*n*: 1 of 2 matching contracts never "
+                                 "exercised: unused"])
+
+
+def test_require_matches_the_qualified_module_and_name_and_is_repeatable(pytester):
+    pytester.makepyfile(test_inner=CONTRACTS + """
+def test_calls():
+    nonneg(torch.ones(2))
+""")
+    result = run(pytester, "--kda-contracts-require=test_inner:non*", "--kda-contracts-require=unused")
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    result.stdout.no_fnmatch_line("*--kda-contracts-require=test_inner:non*")
+    result.stdout.fnmatch_lines(["kda-contracts: --kda-contracts-require=unused: 1 of 1 matching contract never "
+                                 "exercised: unused"])
+
+
+def test_require_passes_when_every_matching_contract_was_called(pytester):
+    pytester.makepyfile(test_inner=CONTRACTS + """
+def test_calls():
+    nonneg(torch.ones(2))
+""")
+    result = run(pytester, "--kda-contracts-require=nonneg")
+    assert result.ret == pytest.ExitCode.OK
+    result.stdout.no_fnmatch_line("*never exercised*")
+
+
+def test_a_pattern_that_matches_no_contract_fails_the_session_and_lists_the_registered_ones(pytester):
+    pytester.makepyfile(test_inner=CONTRACTS + """
+def test_calls():
+    nonneg(torch.ones(2))
+""")
+    result = run(pytester, "--kda-contracts-require=nonnegative")
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    result.stdout.fnmatch_lines(["kda-contracts: --kda-contracts-require=nonnegative: matches no registered contract "
+                                 "(registered: nonneg, unused)"])
+
+
+def test_the_built_in_contracts_can_be_required_by_name(pytester):
+    builtin_contracts_registered()
+    reports_mode(pytester, "strict")
+    result = run(pytester, "--kda-contracts-require=packed_decode*")
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    result.stdout.fnmatch_lines(["kda-contracts: --kda-contracts-require=packed_decode*: 2 of 2 matching contracts "
+                                 "never exercised: packed_decode[KV], packed_decode[VK]"])
+
+
+# -- when the summary line is printed -----------------------------------------------------------------
+def test_no_summary_line_when_no_contract_ran_and_no_option_was_given(pytester):
+    pytester.makepyfile(test_inner=CONTRACTS + """
+def test_nothing_called():
+    pass
+""")
+    result = run(pytester)
+    result.assert_outcomes(passed=1)
+    result.stdout.no_fnmatch_line("kda-contracts:*")
+
+
+def test_the_summary_line_is_printed_when_a_contract_ran(pytester):
+    pytester.makepyfile(test_inner=CONTRACTS + """
+def test_calls():
+    nonneg(torch.ones(2))
+""")
+    run(pytester).stdout.fnmatch_lines(["kda-contracts: mode strict; 1 contract exercised of 2 registered, "
+                                        "1 checked call, 0 violations raised"])
+
+
+@pytest.mark.parametrize("option", ["--kda-contracts=strict", "--kda-contracts-require-all", "ini"])
+def test_the_summary_line_is_printed_when_an_option_of_the_plugin_was_given(pytester, option):
+    reports_mode(pytester, "strict")
+    if option == "ini":
+        pytester.makeini("[pytest]\nkda_contracts_mode = strict\n")
+    result = run(pytester, *([] if option == "ini" else [option]))
+    result.stdout.fnmatch_lines(["kda-contracts: mode strict; 0 contracts exercised of 0 registered, "
+                                 "0 checked calls, 0 violations raised"])
+
+
+# -- --kda-contracts-packages ---------------------------------------------------------------------------
+PACKAGE = """
+import torch
+from kda_contracts import Float, Tensor
+
+def rmsnorm(x: Float[Tensor, "B D"], weight: Float[Tensor, "D"]) -> Float[Tensor, "B D"]:
+    return x * weight
+"""
+
+
+def make_package(pytester, name, source=PACKAGE):
+    pytester.mkpydir(name)
+    pytester.path.joinpath(name, "layers.py").write_text(source)
+    pytester.syspathinsert()
+
+
+def test_packages_are_contracted_before_conftest_files_and_test_modules_import_them(pytester):
+    make_package(pytester, "hooked_a")
+    make_package(pytester, "hooked_b")
+    pytester.makeconftest("import hooked_a.layers\n")
+    pytester.makepyfile(test_inner="""
+import pytest, torch
+import kda_contracts as kc
+import hooked_a.layers, hooked_b.layers
+
+def test_contracted():
+    for layers in (hooked_a.layers, hooked_b.layers):
+        assert layers.rmsnorm(torch.ones(2, 4), torch.ones(4)).shape == (2, 4)
+        with pytest.raises(kc.ShapeError, match="rmsnorm"):
+            layers.rmsnorm(torch.ones(2, 4), torch.ones(1))
+""")
+    result = run(pytester, "--kda-contracts-packages=hooked_a", "--kda-contracts-packages", " hooked_b, ")
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines(["kda-contracts: mode strict; 2 contracts exercised of 2 registered, 4 checked calls, "
+                                 "2 violations raised"])
+    assert not any(type(f).__name__ == "ImportHook" for f in sys.meta_path)  # uninstalled with the session
+
+
+def test_without_the_option_the_package_is_not_contracted(pytester):
+    make_package(pytester, "hooked_c")
+    pytester.makepyfile(test_inner="""
+import hooked_c.layers
+
+def test_plain():
+    assert not hasattr(hooked_c.layers.rmsnorm, "__kda_contract__")
+""")
+    run(pytester).assert_outcomes(passed=1)
+
+
+def test_a_function_the_engine_refuses_is_a_collection_error_naming_it(pytester):
+    make_package(pytester, "hooked_d", PACKAGE + '\ndef mask(n: Float[Tensor, "B"]) -> Float[Tensor, "B T"]: ...\n')
+    pytester.makepyfile(test_inner="import hooked_d.layers\n\ndef test_never_runs():\n    pass\n")
+    result = run(pytester, "--kda-contracts-packages=hooked_d")
+    result.assert_outcomes(errors=1)
+    result.stdout.fnmatch_lines(["*AnnotationError: kc.install_import_hook: cannot contract a function of "
+                                 "hooked_d.layers (fix the annotations, or mark a function or class "
+                                 "@typing.no_type_check to leave it unchecked):",
+                                 "*  mask: cannot bind dim 'T'*"])
+
+
+def test_a_package_imported_before_the_session_is_named_in_a_warning(pytester, request):
+    make_package(pytester, "hooked_e")
+    request.addfinalizer(lambda: sys.modules.pop("hooked_e", None))
+    import hooked_e  # noqa: F401  (imported before the session starts)
+    reports_mode(pytester, "strict")
+    result = run(pytester, "--kda-contracts-packages=hooked_e")
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines(["*ImportHookWarning: kc.install_import_hook: hooked_e imported before the hook "
+                                 "was installed, not contracted; *"])
+
+
+@pytest.mark.parametrize(("value", "message"), [
+    ("kda_contracts", "'kda_contracts': kda_contracts is never hooked*"),
+    ("my-model", "'my-model' is not a module name*"),
+    (",", "no package named*"),
+])
+def test_a_bad_package_list_is_a_usage_error(pytester, value, message):
+    reports_mode(pytester, "strict")
+    result = run(pytester, f"--kda-contracts-packages={value}")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([f"ERROR: --kda-contracts-packages={value}: kc.install_import_hook: {message}"])
