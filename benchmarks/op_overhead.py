@@ -69,7 +69,8 @@ def decode_cases() -> tuple[Callable[..., Any], Callable[..., Any], tuple[Any, .
 
     def kernel_after_contract(mixed_qkv: Any, a: Any, b: Any, A_log: Any, dt_bias: Any, scale: Any,
                               initial_state: Any, out: Any, ssm_state_indices: Any,
-                              use_qk_l2norm_in_kernel: Any = False, lower_bound: Any = None, *, config: Any = None, state_layout: Any = None) -> Any:
+                              use_qk_l2norm_in_kernel: Any = False, lower_bound: Any = None, *,
+                              config: Any = None, state_layout: Any = None) -> Any:
         noop(mixed_qkv, a, b, A_log, dt_bias, scale, initial_state, out, ssm_state_indices, num_heads=32,
              use_qk_l2norm=use_qk_l2norm_in_kernel, lower_bound=lower_bound, state_layout="VK")
         return out, initial_state
