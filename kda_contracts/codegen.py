@@ -82,6 +82,19 @@ def _type_guards(spec: ContractSpec, g: Gen, arg: Mapping[str, str]) -> list[str
     return guards
 
 
+def _bool_for_float(spec: ContractSpec, arg: Mapping[str, str]) -> list[str]:
+    """Conditions true when a float parameter got a bool (``scale=True``): a mistake, although
+    ``bool`` is an ``int`` and the numeric tower lets an int stand for a float."""
+    return [f"({arg[n]} is True or {arg[n]} is False)" for n, sp in spec.scalars.items()
+            if split_optional(sp.hint)[0] is float]
+
+
+def bool_for_float(spec: ContractSpec, values: Mapping[str, Any]) -> list[str]:
+    """The float parameters of a call given a bool (the slow path's side of the same test)."""
+    return [n for n, sp in spec.scalars.items() if split_optional(sp.hint)[0] is float
+            and isinstance(values.get(n), bool)]
+
+
 # -- the checker ---------------------------------------------------------------------------------
 class _Checker:
     """Builds ``check(<args by position>, <config>) -> dims tuple | None`` for one spec."""
@@ -123,6 +136,7 @@ class _Checker:
         spec, g, n = self.spec, self.g, self.names
         guards = _type_guards(spec, g, self.arg)
         g.reject_if(guards or ())
+        g.reject_if(_bool_for_float(spec, self.arg))  # beartype's tower lets True pass as a float
         required = [tp for tp in spec.tensors.values() if not tp.optional]
         for tp in required:
             g.emit(READ_SHAPE, shape=self.shape[tp.name], arg=self.arg[tp.name])

@@ -29,7 +29,7 @@ from beartype.roar import BeartypeCallHintParamViolation
 
 from . import modes
 from .body import body_uses_checks, runner
-from .codegen import checked_parameters, checker_names, generate_checker, generate_return_checker
+from .codegen import bool_for_float, checked_parameters, checker_names, generate_checker, generate_return_checker
 from .config_views import ConfigViews
 from .docstrings import add_class_note, add_contract_doc, wants_doc
 from .errors import (
@@ -146,6 +146,10 @@ class Contract:
                     if self.spec.tensors[name].optional:
                         expected += " or None"
                 out.append(Violation(ArgumentTypeError, name, expected, f"{type(v).__name__}"))
+        for name in bool_for_float(self.spec, values):
+            if all(o.argument != name for o in out):
+                out.append(Violation(ArgumentTypeError, name, "float", f"bool ({values[name]!r})",
+                                     hint="a bool is not a number here; pass a float"))
         return out
 
     def fail(self, values: Mapping[str, Any], config: Any) -> None:
@@ -398,6 +402,7 @@ def contract(
     name: str | None = None,
     register: bool = True,
     doc: bool | None = None,
+    autograd: bool = False,
 ) -> Callable[[F], F]: ...
 def contract(
     fn: Callable[..., Any] | None = None,
@@ -413,6 +418,7 @@ def contract(
     name: str | None = None,
     register: bool = True,
     doc: bool | None = None,
+    autograd: bool = False,
 ) -> Any:
     """Enforce a function's jaxtyping annotations (plus ``kc.Spec``/``kc.Range``/``where``) per call.
 
@@ -425,6 +431,8 @@ def contract(
     - ``mode``: pin this contract's mode (``"off"`` returns ``fn`` itself); None follows
       ``kc.mode``/``KDA_CONTRACTS_MODE``. If the mode in force at decoration is ``off``, ``fn`` is
       returned unchanged: a true zero-cost switch.
+    - ``autograd``: tensors marked ``kc.Spec(mutated=True)`` may require grad (the function supports
+      autograd); by default one that does is rejected before anything is written.
     - ``doc``: append the contract's shape table to the wrapper's ``__doc__`` (for ``help()``, IDE
       hovers, Sphinx); None follows ``kc.set_contract_docs`` / ``KDA_CONTRACTS_DOC``.
 
@@ -436,7 +444,7 @@ def contract(
     """
     options = ContractOptions(config=config, config_arg=config_arg, where=tuple(where),
                               bind_first=tuple(bind_first), hints=tuple(hints), value_checks=value_checks,
-                              mode=mode, name=name, register=register, doc=doc)
+                              mode=mode, name=name, register=register, doc=doc, autograd=autograd)
     if fn is None:
         return functools.partial(_decorate, options=options)
     return _decorate(fn, options)

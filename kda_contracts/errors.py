@@ -219,8 +219,10 @@ def raise_violations(
     violations: Sequence[Violation],
     dims: dict[str, int],
     provenance: dict[str, str],
+    *,
+    cause: BaseException | None = None,
 ) -> None:
-    """Raise one error carrying every violation of the call."""
+    """Raise one error carrying every violation of the call (``cause``: the exception behind it)."""
     cls = error_class_for([v.kind for v in violations])
     message = format_report(function, violations, dims, provenance)
-    raise cls(message, function=function, violations=violations, dims=dims, provenance=provenance)
+    raise cls(message, function=function, violations=violations, dims=dims, provenance=provenance) from cause

@@ -39,6 +39,7 @@ from .rules import (
     Rule,
     SameDevice,
     SameDtype,
+    Writable,
     dtype_name,
     fmt_ints,
 )
@@ -71,6 +72,7 @@ class Explainer:
         self._tensor_rules((DtypeIn, SameDtype))
         self._tensor_rules((SameDevice,))
         self._tensor_rules((Contiguous, InnerDense, Disjoint))
+        self._tensor_rules((Writable,))
         self._scalars()
         dims = {s: self.dims[s] for s in spec.symbols if s in self.dims}
         ctx = CallContext(spec, self.values, self.config, dims, self.prov, self.violations)

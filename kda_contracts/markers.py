@@ -74,6 +74,7 @@ class Range:
     ge: float | None = None
     lt: float | None = None
     le: float | None = None
+    finite: bool = False  # also refuse +-inf
 
     def holds(self, x: float) -> bool:
         """Whether ``x`` is in range: the generated checker's own test (``render``), compiled once."""
@@ -88,11 +89,14 @@ class Range:
     def describe(self) -> str:
         parts = [f"{op} {v}" for op, v in (("> ", self.gt), (">=", self.ge), ("< ", self.lt), ("<=", self.le))
                  if v is not None]
-        return " and ".join(p.replace("  ", " ") for p in parts) or "any number"
+        text = " and ".join(p.replace("  ", " ") for p in parts)
+        if self.finite:
+            return f"finite and {text}" if text else "finite"
+        return text or "any number"
 
     def render(self, var: str) -> str:
         """Python source that is True when ``var`` is in range."""
-        terms = [f"{var} == {var}"]
+        terms = [f"{var} - {var} == 0" if self.finite else f"{var} == {var}"]  # NaN (and inf) fail
         for op, v in ((">", self.gt), (">=", self.ge), ("<", self.lt), ("<=", self.le)):
             if v is not None:  # repr(inf) is not Python source
                 terms.append(f"{var} {op} {v!r}" if math.isfinite(v) else f"{var} {op} float({str(v)!r})")
@@ -263,6 +267,7 @@ def read_metadata(meta: list[Any], where: str) -> Metadata:
     import annotated_types as at
 
     bounds: dict[str, float] = {}
+    finite = False
     multiple: float | None = None
     least, most = 0, None
     has_length = False
@@ -276,6 +281,7 @@ def read_metadata(meta: list[Any], where: str) -> Metadata:
             items = list(m.metadata) + items
             continue
         if isinstance(m, (Range, at.Interval, at.Gt, at.Ge, at.Lt, at.Le)):
+            finite = finite or bool(getattr(m, "finite", False))
             for k in _BOUNDS:
                 v = getattr(m, k, None)
                 if v is None:
@@ -299,5 +305,5 @@ def read_metadata(meta: list[Any], where: str) -> Metadata:
                 f"{where}: cannot check the metadata {m!r}; kda-contracts enforces kc.Spec, kc.Range, "
                 "kc.MatchConfig, annotated_types (Gt, Ge, Lt, Le, Interval, MultipleOf, MinLen, MaxLen, Len, "
                 "Predicate) and pydantic Field constraints, and refuses the rest rather than ignore it")
-    rng = Range(**bounds) if bounds else None  # type: ignore[arg-type]
+    rng = Range(**bounds, finite=finite) if bounds or finite else None  # type: ignore[arg-type]
     return Metadata(rng, multiple, (least, most) if has_length else None, tuple(predicates))

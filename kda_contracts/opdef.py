@@ -28,6 +28,7 @@ Example::
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import inspect
 import typing
@@ -37,13 +38,14 @@ from typing import Any
 import torch
 
 from . import modes
-from .backends import Backend, BackendTable, CallInfo, Chosen, _runner
+from .backends import Backend, BackendError, BackendTable, CallInfo, Chosen, _runner
 from .body import body_uses_checks, runner
 from .decorator import Contract, _outside_compile, eager_value_checks, register_contract
 from .errors import AnnotationError, ContractError, Violation, raise_violations
 from .markers import Where
 from .nested import mentions_array
 from .spec import CallContext, ContractOptions, Dims, build_spec
+from .transact import ROLLED_BACK, restore, snapshot
 
 __all__ = ["Op", "op", "ops"]
 
@@ -121,7 +123,8 @@ class Op:
     def __init__(self, fn: Callable[..., Any], options: ContractOptions, *, variants: Mapping[str, Any] | None,
                  variant: Callable[..., str] | None, returns: str | Sequence[str] | None,
                  after: Callable[[CallContext, str], list[Violation]] | None,
-                 unchecked_dims: Callable[..., tuple[int, ...]] | None, namespace: str) -> None:
+                 unchecked_dims: Callable[..., tuple[int, ...]] | None, namespace: str,
+                 written: Callable[[CallContext], Mapping[str, Any]] | None = None) -> None:
         self.fn = fn
         self.name = options.name or fn.__name__
         self.namespace = namespace
@@ -136,6 +139,7 @@ class Op:
         self._variant_params = tuple(inspect.signature(variant).parameters) if variant is not None else ()
         self.returns = self._read_returns(returns)
         self.after = after
+        self.written = written
         self.unchecked_dims = unchecked_dims
         spec = self.contract.spec
         floating = [n for n, tp in spec.tensors.items() if any(d.is_floating_point for d in tp.dtypes)]
@@ -329,17 +333,43 @@ class Op:
             self.__class__ = cls
         cls.__call__ = build_dispatcher(self)  # type: ignore[method-assign]
 
-    def _after_positional(self, backend: str, dims: tuple[int, ...], variant: str | None, *vals_and_cfg: Any) -> None:
-        """Strict mode, after the backend ran: the op's ``after`` checks."""
-        assert self.after is not None
+    def _transact(self, chosen: Chosen, dims: tuple[int, ...], variant: str | None, vals: tuple[Any, ...],
+                  config: Any, run: Callable[[], Any]) -> Any:
+        """Strict mode: snapshot what the op writes, run the backend, run the ``after`` checks;
+        if the backend raises or a check fails, restore the snapshot, then raise. Compiled code
+        (and CUDA-graph capture) runs the backend alone, as check mode does."""
+        if torch.compiler.is_compiling():
+            return run()
         c = self.contracts[variant]
-        config = vals_and_cfg[-1]
-        values = dict(zip(c._param_names, vals_and_cfg[:-1], strict=True))
+        values = dict(zip(c._param_names, vals, strict=True))
         env = dict(zip(c.spec.symbols, dims, strict=True))
-        violations = self.after(CallContext(c.spec, values, config, env, c.provenance(config)), backend)
-        if violations:
-            c.rejections += 1
-            raise_violations(f"{self.name} (after backend {backend!r})", violations, env, c.provenance(config))
+        ctx = CallContext(c.spec, values, config, env, c.provenance(config))
+        saved = snapshot(self, ctx)
+        try:
+            res = run()
+        except Exception as exc:
+            restore(saved)
+            if isinstance(exc, ContractError):
+                raise
+            self._failed(chosen.name, exc, rolled_back=saved is not None)
+        if self.after is not None:
+            violations = self.after(ctx, chosen.name)
+            if violations:
+                restore(saved)
+                c.rejections += 1
+                if saved is not None:
+                    violations = [dataclasses.replace(v, details=(*v.details, ROLLED_BACK)) for v in violations]
+                raise_violations(f"{self.name} (after backend {chosen.name!r})", violations, env, ctx.provenance)
+        return res
+
+    def _failed(self, backend: str, exc: BaseException, *, rolled_back: bool = False) -> None:
+        """A backend raised: a BackendError naming it, the original as its cause."""
+        what = ("strict mode restored every tensor the op writes" if rolled_back else
+                "check mode does not roll back: the tensors the op writes may be partly written "
+                "(strict mode snapshots and restores them)")
+        raise_violations(self.name, [Violation(
+            BackendError, "backend", f"backend {backend!r} to run the validated call",
+            f"it raised {type(exc).__name__}: {exc}", hint=what)], {}, {}, cause=exc)
 
     def _dims_off(self, variant: str | None, *vals_and_cfg: Any) -> tuple[int, ...] | None:
         """The dims of a call in mode ``off`` (taken on trust; None when they cannot be read)."""
@@ -407,7 +437,8 @@ def op(fn: Callable[..., Any] | None = None, /, *, name: str | None = None, conf
        after: Callable[[CallContext, str], list[Violation]] | None = None,
        returns: str | Sequence[str] | None = None, variants: Mapping[str, Any] | None = None,
        variant: Callable[..., str] | None = None, unchecked_dims: Callable[..., tuple[int, ...]] | None = None,
-       namespace: str = "kda_contracts_ops", mode: modes.ModeName | None = None) -> Any:
+       namespace: str = "kda_contracts_ops", mode: modes.ModeName | None = None, autograd: bool = False,
+       written: Callable[[CallContext], Mapping[str, Any]] | None = None) -> Any:
     """Make an :class:`Op` of a function whose annotations are the contract and whose body is
     the torch reference (backend ``"torch"``).
 
@@ -421,13 +452,19 @@ def op(fn: Callable[..., Any] | None = None, /, *, name: str | None = None, conf
       variant is a function, or ``(function, {option: value})`` overriding options for it.
     - ``unchecked_dims``: ``(variant, *args) -> dims`` read without checking, for mode ``off``.
     - ``namespace``: the ``torch.library`` namespace of :attr:`Op.torch_op`.
+    - ``autograd``: tensors marked ``kc.Spec(mutated=True)`` may require grad.
+    - ``written``: ``ctx -> {arg: None | rows}``, what the op writes of each mutated argument
+      (None: all of it; an index tensor: those rows of dim 0); strict mode snapshots exactly that
+      and restores it when the call is rejected after the backend ran (default: every argument
+      marked ``kc.Spec(mutated=True)``, whole).
     """
     options = ContractOptions(config=config, config_arg=config_arg, where=tuple(where), bind_first=tuple(bind_first),
-                              hints=tuple(hints), value_checks=value_checks, mode=mode, name=name, register=False)
+                              hints=tuple(hints), value_checks=value_checks, mode=mode, name=name, register=False,
+                              autograd=autograd)
 
     def make(f: Callable[..., Any]) -> Op:
         return Op(f, options, variants=variants, variant=variant, returns=returns, after=after,
-                  unchecked_dims=unchecked_dims, namespace=namespace)
+                  unchecked_dims=unchecked_dims, namespace=namespace, written=written)
 
     return make if fn is None else make(fn)
 

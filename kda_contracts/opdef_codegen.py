@@ -22,7 +22,8 @@ from beartype.roar import BeartypeCallHintParamViolation
 from . import modes
 from .backends import CallInfo, signature_problem
 from .codegen import checked_parameters
-from .decorator import _outside_compile, eager_value_checks
+from .decorator import _outside_compile
+from .errors import ContractError
 from .snippets import Names
 from .wrapper import formal_parameters
 
@@ -132,11 +133,18 @@ def build_dispatcher(o: Op) -> Any:
     else:
         lines += ["    else:", f"        {dims} = None"]
     lines.append(f"    {chosen} = {n('select')}(({_key_source(o, layout, n, v, dims)}), backend)")
-    lines += [f"    if {chosen}.direct:", f"        {res} = {chosen}.run({', '.join(call)})", "    else:",
-              f"        {res} = {chosen}.run({dims}, {v}{', ' if call else ''}{', '.join(call)})"]
-    if o.after is not None:
-        ns[n("after")] = eager_value_checks(o._after_positional, o.name)
-        lines += [f"    if {mode} == 2:", f"        {n('after')}({chosen}.name, {dims}, {v}{sep}{plain}, {cfg})"]
+    direct = f"{chosen}.run({', '.join(call)})"
+    extras = f"{chosen}.run({dims}, {v}{', ' if call else ''}{', '.join(call)})"
+    ns.update({n("transact"): o._transact, n("ContractError"): ContractError, n("failed"): _outside_compile(o._failed)})
+    # strict mode: snapshot what the op writes, run, check after, roll back on failure (eager only)
+    lines += [f"    if {mode} == 2:",
+              f"        {res} = {n('transact')}({chosen}, {dims}, {v}, ({plain}{',' if plain else ''}), {cfg}, "
+              f"lambda: {direct} if {chosen}.direct else {extras})",
+              "    else:", "        try:",
+              f"            if {chosen}.direct:", f"                {res} = {direct}", "            else:",
+              f"                {res} = {extras}",
+              f"        except {n('ContractError')}:", "            raise",
+              f"        except Exception as {n('exc')}:", f"            {n('failed')}({chosen}.name, {n('exc')})"]
     if spec.returns is not None and o.variant_of is None:
         ns[n("check_return")] = c._check_return
         ns[n("fail_return")] = _outside_compile(lambda r, *vc: c.fail_return(r, c._check(*vc) or ()))

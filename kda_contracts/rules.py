@@ -24,7 +24,7 @@ from typing import Any, ClassVar
 import torch
 
 from .dims import BinOp, Const, Expr
-from .errors import ContractError, DeviceError, DtypeError, LayoutError, Violation
+from .errors import ArgumentTypeError, ContractError, DeviceError, DtypeError, LayoutError, Violation
 from .facts import DeviceMismatch, DtypeMismatch, LayoutBroken
 
 __all__ = [
@@ -36,6 +36,7 @@ __all__ = [
     "SameDevice",
     "SameDtype",
     "Slots",
+    "Writable",
     "blocks_disjoint",
     "dense_strides",
 ]
@@ -273,6 +274,59 @@ class SameDevice(Rule):
 
     def doc(self, data: Mapping[str, Any]) -> str:
         return f"on the device of `{self.first}`"
+
+
+# -- written in place ----------------------------------------------------------------------------
+def _inference_outside_mode(t: torch.Tensor) -> bool:
+    """An inference tensor, outside ``torch.inference_mode()`` (torch refuses to write it)."""
+    return t.is_inference() and not torch.is_inference_mode_enabled()
+
+
+def _never(t: torch.Tensor) -> bool:
+    return False
+
+
+# dynamo cannot trace is_inference() (a graph break): compiled code asks nothing, as compiled
+# code cannot be handed an inference tensor outside inference mode anyway
+_inference_outside_mode._torchdynamo_inline = _never  # type: ignore[attr-defined]
+
+
+@dataclass(frozen=True)
+class Writable(Rule):
+    """A tensor the op writes in place (``kc.Spec(mutated=True)``): it does not require grad (a
+    kernel's writes bypass autograd) unless the contract declares ``autograd=True``, and it is
+    not an inference tensor outside ``torch.inference_mode()`` (torch refuses the write). Decided
+    before any write, in check mode."""
+
+    argument: str
+    autograd: bool = False
+    kind: ClassVar[type[ContractError]] = ArgumentTypeError
+    needs: ClassVar[frozenset[str]] = frozenset({"value"})
+
+    def test(self, n: Slots) -> str:
+        inference = f"{n.constants['inference']}({n.value})"
+        return inference if self.autograd else f"{n.value}.requires_grad or {inference}"
+
+    def constants(self) -> dict[str, Any]:
+        return {"inference": _inference_outside_mode}
+
+    def violation(self, **values: Any) -> Violation:
+        t = values["value"]
+        if not self.autograd and t.requires_grad:
+            return Violation(ArgumentTypeError, self.argument,
+                             "a tensor the op may write in place (requires_grad=False)",
+                             "requires_grad=True",
+                             hint="the kernel writes it outside autograd; pass a detached tensor (or one made under "
+                                  "torch.no_grad()), e.g. a state pool that is a buffer, not an nn.Parameter")
+        return Violation(ArgumentTypeError, self.argument, "a tensor the op may write in place",
+                         "an inference tensor, outside torch.inference_mode()",
+                         hint="call the op inside torch.inference_mode(), or allocate this tensor outside it")
+
+    def describe(self, dims: Sequence[Any], env: Mapping[str, int], config_value: Any = None) -> dict[str, Any]:
+        return {"written": True, "autograd": self.autograd}
+
+    def doc(self, data: Mapping[str, Any]) -> str:
+        return "written in place" + ("" if data.get("autograd") else " (must not require grad)")
 
 
 # -- strides -------------------------------------------------------------------------------------

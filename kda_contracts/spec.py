@@ -54,6 +54,7 @@ from .rules import (
     Rule,
     SameDevice,
     SameDtype,
+    Writable,
     dtype_name,
 )
 from .scalar_rules import MatchesConfig, ScalarInRange
@@ -138,6 +139,7 @@ class ContractOptions:
     mode: str | None = None  # pins the contract's mode
     name: str | None = None  # the name errors and docs use (default: the qualname)
     register: bool = True  # list it in kc.registered_contracts()
+    autograd: bool = False  # tensors marked Spec(mutated=True) may require grad (the op supports autograd)
     doc: bool | None = None  # append the shape table to __doc__ (None: kc.set_contract_docs / $KDA_CONTRACTS_DOC)
 
 
@@ -271,8 +273,9 @@ class Dims(Mapping[str, int]):
         return "Dims(" + ", ".join(f"{k}={v}" for k, v in self._values.items()) + ")"
 
 
-def tensor_rules(tp: TensorParam, first_tensor: str | None) -> tuple[Rule, ...]:
-    """The rules a tensor argument's annotation and ``kc.Spec`` declare, in checking order."""
+def tensor_rules(tp: TensorParam, first_tensor: str | None, autograd: bool = False) -> tuple[Rule, ...]:
+    """The rules a tensor argument's annotation and ``kc.Spec`` declare, in checking order
+    (``autograd``: the contract lets a written tensor require grad)."""
     sp = tp.spec
     rules: list[Rule] = [DtypeIn(tp.name, tp.dtypes, sp.config_dtype)]
     if sp.same_dtype_as is not None:
@@ -285,6 +288,8 @@ def tensor_rules(tp: TensorParam, first_tensor: str | None) -> tuple[Rule, ...]:
         rules.append(InnerDense(tp.name, sp.inner_contiguous))
     if sp.disjoint and not sp.contiguous:
         rules.append(Disjoint(tp.name, None if tp.variadic is not None else tp.rank, sp.inner_contiguous))
+    if sp.mutated:
+        rules.append(Writable(tp.name, autograd))
     return tuple(rules)
 
 
@@ -421,7 +426,7 @@ def build_spec(fn: Callable[..., Any], options: ContractOptions | None = None, *
     for sym in plan.scalar_sources:
         scalars[sym] = replace(scalars[sym], binds=sym)
     first_tensor = next((n for n in tensors if not tensors[n].optional), None)
-    tensors = {n: replace(tp, rules=tensor_rules(tp, first_tensor)) for n, tp in tensors.items()}
+    tensors = {n: replace(tp, rules=tensor_rules(tp, first_tensor, options.autograd)) for n, tp in tensors.items()}
     scalars = {n: replace(sp, rules=scalar_rules(sp)) for n, sp in scalars.items()}
     return ContractSpec(
         name=qualname, signature=sig, tensors=tensors, scalars=scalars, nested=nested, returns=returns,

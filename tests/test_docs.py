@@ -59,7 +59,7 @@ def test_every_packed_decode_argument_is_documented_with_symbolic_and_concrete_s
     assert args["initial_state"]["layout"]["concrete_strides"] == "[*, 16384, 128, 1]"
     assert args["out"]["same_dtype_as"] == "mixed_qkv"
     assert args["A_log"]["dtypes"] == ["float32"]
-    assert args["scale"]["range"] == "> 0" and args["scale"]["match_config"]["attr"] == "scale"
+    assert args["scale"]["range"] == "finite and > 0" and args["scale"]["match_config"]["attr"] == "scale"
 
 
 def test_the_kv_contract_documents_the_other_state_layout():
@@ -139,7 +139,7 @@ def test_a_contract_renders_without_its_heading_and_catalogue_link_for_a_docstri
 def test_the_docs_config_sets_the_concrete_shapes():
     md = _files(kc.KDAConfig.preset("kimi-k3-like", tp_size=8), "k3 tp8")["contracts.md"]
     assert "| `mixed_qkv` | `[B, 2*H*K+HV*V]` | `[B, 4608]` |" in md  # 12 heads * 128 * 3
-    assert ("`lower_bound` | `float \\| None` | `< 0` (None skips it); equals config `effective_lower_bound` "
+    assert ("`lower_bound` | `float \\| None` | `finite and < 0` (None skips it); equals config `effective_lower_bound` "
             "| `-5.0`") in md
 
 

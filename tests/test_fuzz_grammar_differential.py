@@ -495,7 +495,7 @@ def documented_difference(engines: Engines, call: Call, jt: str, ours: str) -> s
     if (jt, ours) == ("reject", "accept") and floats:
         undone = Call([float(v) if i in floats else v for i, v in enumerate(call.args)], call.ret)
         if engines.jaxtyping_verdict(undone) == "accept":
-            return "an int or a bool for a float"
+            return "an int for a float"
     if (jt, ours) == ("accept", "reject") and _widened_by_the_result(engines.contract):
         return "a variadic dim only broadcastable container items carry is not widened by the result"
     return None
@@ -620,7 +620,7 @@ def _both(header: str, *args: Any, ret: Any = None) -> tuple[str, str]:
 # -- the documented differences, one fixed example each (docs/reliability.md) ------------------------
 DIFFERENCES = {  # name: (contract header, call arguments, jaxtyping's verdict, ours)
     "an int for a float": ("def f(s: float):", (1,), "reject", "accept"),
-    "a bool for a float": ("def f(s: float):", (True,), "reject", "accept"),
+    "a bool for a float (rejected by both since issue 13)": ("def f(s: float):", (True,), "reject", "reject"),
     "list items that disagree with each other (beartype checks one)":
         ('def f(xs: list[Float[Tensor, "B"]]):', ([torch.zeros(3), torch.zeros(4)],), "accept", "reject"),
     "mapping values that disagree with each other (beartype checks one)":

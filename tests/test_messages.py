@@ -158,7 +158,7 @@ def test_a_device_mismatch(call):
 
 def test_scale_out_of_range(call):
     text = message(lambda: kc.validate_packed_decode(**dict(call, scale=-0.5)))
-    assert "  [1] scale: ValueRangeError\n      expected > 0\n      got      -0.5\n" in text
+    assert "  [1] scale: ValueRangeError\n      expected finite and > 0\n      got      -0.5\n" in text
 
 
 def test_annotation_errors_name_the_symbol_and_the_argument():

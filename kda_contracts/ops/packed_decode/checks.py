@@ -75,6 +75,14 @@ def value_checks(ctx: CallContext) -> list[Violation]:
         torch._assert_async((idx < n).all(), "ssm_state_indices has an index >= N (the pool size)")
         return out
     out += _index_checks(idx, n)
+    if not out:  # the used slots are known good: they must hold finite state before the kernel
+        state = vals["initial_state"]
+        used = idx[idx >= 0].long()
+        if used.numel() and not bool(torch.isfinite(state.index_select(0, used)).all()):
+            out.append(Violation(ValueRangeError, "initial_state", "finite values in the slots this call uses",
+                                 "NaN or Inf in a used slot",
+                                 hint="the state of that request is already corrupt (an earlier step overflowed, "
+                                      "or the slot was never initialised); reset the slot before decoding"))
     for name in ("mixed_qkv", "a", "b", "A_log", "dt_bias"):
         t = vals[name]
         if t.numel() and not bool(torch.isfinite(t).all()):

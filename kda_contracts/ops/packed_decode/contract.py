@@ -56,7 +56,7 @@ def _make_signature(layout: Layout) -> Callable[..., Any]:
                      Spec(dtypes=ACTIVATION_DTYPES, inner_contiguous=1, config_dtype="activation")],
         A_log: Annotated[Float[Tensor, "HV"], Spec(dtypes=(torch.float32,), contiguous=True)],
         dt_bias: Annotated[Float[Tensor, "HV*K"], Spec(dtypes=(torch.float32,), contiguous=True)],
-        scale: Annotated[float, Range(gt=0), MatchConfig("scale", rel_tol=1e-6)],
+        scale: Annotated[float, Range(gt=0, finite=True), MatchConfig("scale", rel_tol=1e-6)],
         initial_state: Annotated[Float[Tensor, state_dims],
                                  Spec(dtypes=STATE_DTYPES, inner_contiguous=3, config_dtype="state", disjoint=True,
                                       mutated=True)],
@@ -65,7 +65,7 @@ def _make_signature(layout: Layout) -> Callable[..., Any]:
         ssm_state_indices: Annotated[Int[Tensor, "B"],
                                      Spec(dtypes=INDEX_DTYPES, config_dtype="index", contiguous=True)],
         use_qk_l2norm_in_kernel: Annotated[bool, MatchConfig("use_qk_l2norm")] = False,
-        lower_bound: Annotated[float | None, Range(lt=0), MatchConfig("effective_lower_bound")] = None,
+        lower_bound: Annotated[float | None, Range(lt=0, finite=True), MatchConfig("effective_lower_bound")] = None,
         *,
         config: Any = None,
         state_layout: str | None = None,  # "VK" | "KV" | None, read by resolve_layout (the variant)

@@ -42,7 +42,14 @@ def _after(ctx: CallContext, backend: str) -> list:
     return output_violations(backend, v["out"], v["initial_state"], v["ssm_state_indices"])
 
 
-@op(name="packed_decode", namespace="kda_contracts", returns=("out", "initial_state"), after=_after,
+def _written(ctx: CallContext) -> dict[str, Any]:
+    """What a call writes: all of ``out``, and the pool slots its valid indices name (strict mode
+    copies just these before the kernel, and restores them if the call is rejected after it)."""
+    idx = ctx.values["ssm_state_indices"]
+    return {"out": None, "initial_state": idx[(idx >= 0) & (idx < ctx.dims["N"])]}
+
+
+@op(name="packed_decode", namespace="kda_contracts", returns=("out", "initial_state"), after=_after, written=_written,
     variants={layout: (fn, {"hints": hints_for(layout)}) for layout, fn in VARIANTS.items()},
     variant=resolve_layout, unchecked_dims=_dims_unchecked, **OPTIONS)  # type: ignore[arg-type]
 def packed_decode(

@@ -1,0 +1,77 @@
+"""Strict mode's transactions: before an op's backend runs, copy exactly what the op writes;
+if the backend raises or a post-run check rejects the call, copy it back. Check mode copies
+nothing (zero-copy): a backend that fails there may leave its outputs partly written.
+
+What an op writes is declared: every argument marked ``kc.Spec(mutated=True)``, whole, unless the
+op gives ``written=ctx -> {arg: None | rows}`` (rows: an index tensor along dim 0, e.g. the pool
+slots a decode step updates), so a state pool of gigabytes is never copied, only its used slots.
+
+Example::
+
+    saved = snapshot(op, ctx)      # before the backend
+    ...
+    restore(saved)                 # the call is rejected: every written element as it was
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from .errors import AnnotationError
+
+if TYPE_CHECKING:
+    from .opdef import Op
+    from .spec import CallContext
+
+__all__ = ["ROLLED_BACK", "Saved", "restore", "snapshot"]
+
+ROLLED_BACK = "strict mode rolled the call back: every tensor the op writes is as it was before the call"
+
+Saved = list[tuple[torch.Tensor, "torch.Tensor | None", torch.Tensor]]  # (tensor, rows or None, copy)
+
+
+def _capturing(t: torch.Tensor) -> bool:
+    return t.is_cuda and torch.cuda.is_current_stream_capturing()
+
+
+def written_parts(op: Op, ctx: CallContext) -> Mapping[str, Any]:
+    """What the call writes: ``{arg: None (all) | rows}``."""
+    mutated = [n for n, tp in ctx.spec.tensors.items() if tp.spec.mutated]
+    if op.written is None:
+        return dict.fromkeys(mutated)
+    parts = dict(op.written(ctx))
+    unknown = set(parts) - set(mutated)
+    if unknown:
+        raise AnnotationError(f"{op.name}: written= names {', '.join(sorted(unknown))}, not marked "
+                              "kc.Spec(mutated=True)")
+    return parts
+
+
+def snapshot(op: Op, ctx: CallContext) -> Saved | None:
+    """Copies of what the call writes; None when nothing can be copied (fake or meta tensors,
+    CUDA-graph capture: the call then runs as in check mode)."""
+    saved: Saved = []
+    for name, rows in written_parts(op, ctx).items():
+        t = ctx.values.get(name)
+        if not isinstance(t, torch.Tensor):
+            continue
+        if t.is_meta or _capturing(t) or type(t).__name__ == "FakeTensor":
+            return None
+        if rows is None:
+            saved.append((t, None, t.clone()))
+        else:
+            rows = rows.to(device=t.device, dtype=torch.long)
+            saved.append((t, rows, t.index_select(0, rows)))
+    return saved
+
+
+def restore(saved: Saved | None) -> None:
+    """Put every saved element back (bit for bit)."""
+    for t, rows, copy in saved or ():
+        if rows is None:
+            t.copy_(copy)
+        else:
+            t.index_copy_(0, rows, copy)
