@@ -11,9 +11,8 @@ import pytest
 
 from kda_contracts import decorator as enforce
 from kda_contracts import module_docs
+from kda_contracts import opdef as op_module
 from kda_contracts.cli import main
-
-op_module = importlib.import_module("kda_contracts.opdef")
 
 KDA_FILES = {"contracts.md", "contracts.json", "errors.md", "mixed_qkv.svg", "state_pool_vk.svg",
              "state_pool_kv.svg"}
