@@ -20,6 +20,7 @@ import argparse
 import importlib
 import os
 import sys
+import traceback
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -106,8 +107,13 @@ def _module_page(source: DocsSource, args: argparse.Namespace, cfg: Any, label: 
         raise CommandError(f"--module {', '.join(map(repr, empty))}: defines no contracts or ops (nothing in it or "
                            "its submodules is decorated with @kc.contract or @kc.op)")
     with_config = args.builtin or bool(source.options(args))
-    return module_docs.describe_modules(args.module, cfg if with_config else None, label,
-                                        availability=args.availability)
+    try:
+        return module_docs.describe_modules(args.module, cfg if with_config else None, label,
+                                            availability=args.availability)
+    except Exception as exc:  # a bug, never exit 1 (which --check means "out of date")
+        traceback.print_exc()
+        raise CommandError(f"--module {', '.join(args.module)}: documenting it failed ({type(exc).__name__}: "
+                           f"{exc}; traceback above)") from None
 
 
 def _run_docs(source: DocsSource, args: argparse.Namespace) -> int:

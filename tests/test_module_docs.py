@@ -308,3 +308,33 @@ def test_a_page_renders_the_same_files_twice(user_dir):
     assert module_docs.generate(page) == module_docs.generate(module_docs.describe_modules([user_dir]))
     assert page.keys == {"scale_rows", "read_state[VK]", "read_state[KV]", "rms"}
     assert module_docs.op_section(page.ops[0]).title == "scale_rows"
+
+
+def test_a_module_that_cannot_be_documented_exits_2_with_the_traceback(user_dir, capsys, monkeypatch):
+    def broken(*args, **kwargs):
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(module_docs, "describe_op", broken)
+    code, _, err = _docs(["--module", user_dir, "--out", "api"], capsys)
+    assert code == 2 and "Traceback" in err and "RuntimeError: a bug" in err
+    assert err.endswith(f"kda-contracts docs: --module {user_dir}: documenting it failed (RuntimeError: a bug; "
+                        "traceback above)\n")
+
+
+CONFIG_OPS = '''
+import kda_contracts as kc
+from kda_contracts import Float, Tensor
+
+
+@kc.contract(config_arg="config")
+def read_pool(state: Float[Tensor, "N HV V K"], config=None) -> None: ...
+'''
+
+
+def test_config_options_give_a_modules_contracts_concrete_shapes(user_dir, capsys, tmp_path):
+    (tmp_path / f"{user_dir}_cfg.py").write_text(CONFIG_OPS, encoding="utf-8")
+    md = _render(f"{user_dir}_cfg", capsys)
+    assert "No config: dims are bound per call." in md and "| `state` | `[N, HV, V, K]` | `[N, HV, V, K]` |" in md
+    md = _render(f"{user_dir}_cfg", capsys, "--config", "kimi-linear-48b-a3b", "--tp", "2")
+    assert "Concrete shapes are for the config **kimi-linear-48b-a3b, tp_size=2**." in md
+    assert "| `state` | `[N, HV, V, K]` | `[N, 16, 128, 128]` |" in md

@@ -55,7 +55,8 @@ exit codes:
   0  docs written (or, with --check, up to date)
   1  --check: the files differ from what would be generated (each one is listed)
   2  a bad command line (unknown preset, unreadable config.json, a --module that fails
-     to import or defines no contracts or ops, --availability without --module)
+     to import or defines no contracts or ops, --availability without --module), or
+     documenting a --module failed (traceback on stderr)
 """
 
 _DEMO = "a valid Kimi-Linear decode call, five real mistakes caught, the reference kernel"
