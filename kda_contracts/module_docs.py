@@ -259,7 +259,7 @@ def _check_lines(checks: Sequence[Mapping[str, Any] | None]) -> list[str]:
 def _contract_body(c: Mapping[str, Any]) -> list[str]:
     """A described contract's lines without its heading; the value checks are listed with their
     whole docstrings (not in the contract's one-line strict-mode note)."""
-    out = render_contract({**c, "strict_value_checks": None})[2:]  # heading first, then a blank line
+    out = [f"`{c['signature']}`", "", *render_contract({**c, "strict_value_checks": None}, heading=False)]
     checks = _check_lines(c.get("value_checks", []))
     return out + (["Value checks:", "", *checks, ""] if checks else [])
 
