@@ -18,10 +18,15 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
+import traceback
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .module_docs import ModulePage
 
 __all__ = ["Command", "CommandError", "DocsSource", "docs_command", "main"]
 
@@ -58,29 +63,69 @@ class Command:
 
 @dataclass(frozen=True)
 class DocsSource:
-    """What ``kda-contracts docs`` renders: how the config is chosen on the command line
-    (``configure`` adds the options, ``load`` reads them into a config and a label, ``options``
-    gives them back for the "regenerate with" line), the files generated for it, and the
-    command's description and epilog (its exit codes)."""
+    """What ``kda-contracts docs`` renders by default (the shipped ops' docs, or with
+    ``--builtin``): how the config is chosen on the command line (``configure`` adds the
+    options, ``load`` reads them into a config and a label, ``options`` gives them back for the
+    "regenerate with" line), the files generated for it (``generate(config, label, page)``;
+    ``page``: the ``--module`` ops and contracts to add, or None), and the command's description
+    and epilog (its exit codes)."""
 
     configure: Callable[[argparse.ArgumentParser], None]
     load: Callable[[argparse.Namespace], tuple[Any, str]]
     options: Callable[[argparse.Namespace], list[str]]
-    generate: Callable[[Any, str], Mapping[str, str]]
+    generate: Callable[[Any, str, ModulePage | None], Mapping[str, str]]
     description: str
     epilog: str
 
 
-def _run_docs(source: DocsSource, args: argparse.Namespace) -> int:
-    from . import docs
-
-    cfg, label = source.load(args)
-    for mod in args.module:
+def _import_modules(modules: Sequence[str]) -> None:
+    """Import each ``--module`` (the current directory first on the path, as ``python -m`` has it)."""
+    cwd = os.getcwd()
+    if cwd not in sys.path and "" not in sys.path:
+        sys.path.insert(0, cwd)
+    importlib.invalidate_caches()
+    for mod in modules:
         try:
             importlib.import_module(mod)
-        except Exception as exc:
+        except ModuleNotFoundError as exc:
+            if exc.name is not None and (mod == exc.name or mod.startswith(exc.name + ".")):
+                raise CommandError(f"--module {mod!r}: no such module in the current directory or on "
+                                   "sys.path") from None
             raise CommandError(f"--module {mod!r}: cannot import it ({type(exc).__name__}: {exc})") from None
-    files = source.generate(cfg, label)
+        except (Exception, SystemExit) as exc:
+            raise CommandError(f"--module {mod!r}: cannot import it ({type(exc).__name__}: {exc})") from None
+
+
+def _module_page(source: DocsSource, args: argparse.Namespace, cfg: Any, label: str) -> ModulePage:
+    """The ``--module`` ops and contracts, described (the config applies when ``--builtin``
+    or a config option was given)."""
+    from . import module_docs
+
+    _import_modules(args.module)
+    empty = module_docs.empty_modules(args.module)
+    if empty:
+        raise CommandError(f"--module {', '.join(map(repr, empty))}: defines no contracts or ops (nothing in it or "
+                           "its submodules is decorated with @kc.contract or @kc.op)")
+    with_config = args.builtin or bool(source.options(args))
+    try:
+        return module_docs.describe_modules(args.module, cfg if with_config else None, label,
+                                            availability=args.availability)
+    except Exception as exc:  # a bug, never exit 1 (which --check means "out of date")
+        traceback.print_exc()
+        raise CommandError(f"--module {', '.join(args.module)}: documenting it failed ({type(exc).__name__}: "
+                           f"{exc}; traceback above)") from None
+
+
+def _run_docs(source: DocsSource, args: argparse.Namespace) -> int:
+    from . import docs, module_docs
+
+    if args.availability and not args.module:
+        raise CommandError("--availability lists the backends of the --module ops; give --module")
+    cfg, label = source.load(args)
+    page = _module_page(source, args, cfg, label) if args.module else None
+    files = source.generate(cfg, label, page) if page is None or args.builtin else module_docs.generate(page)
+    if page is not None and not args.builtin:
+        label = ", ".join(args.module)
     if args.check:
         problems = docs.check(files, args.out)
         if problems:
@@ -101,18 +146,27 @@ def _run_docs(source: DocsSource, args: argparse.Namespace) -> int:
 
 def _docs_options(source: DocsSource, args: argparse.Namespace) -> list[str]:
     opts = [f"--out {args.out}"] if args.out != DEFAULT_DOCS_DIR else []
-    return opts + source.options(args) + [f"--module {m}" for m in args.module]
+    opts += source.options(args) + [f"--module {m}" for m in args.module]
+    return opts + ["--builtin"] * (args.builtin and bool(args.module)) + ["--availability"] * args.availability
 
 
 def docs_command(source: DocsSource) -> Command:
     """The ``docs`` command for ``source``: ``--out``, the source's config options, ``--module``
-    (repeatable) and ``--check`` (exit 1 when the files on disk differ)."""
+    (repeatable: only the ops and contracts those modules define), ``--builtin`` (with
+    ``--module``: the source's docs too), ``--availability`` and ``--check`` (exit 1 when the
+    files on disk differ)."""
 
     def configure(d: argparse.ArgumentParser) -> None:
         d.add_argument("--out", default=DEFAULT_DOCS_DIR, help=f"output folder (default {DEFAULT_DOCS_DIR})")
         source.configure(d)
         d.add_argument("--module", action="append", default=[], metavar="MODULE",
-                       help="import MODULE first, so the contracts it decorates are documented too (repeatable)")
+                       help="document only the ops and contracts defined in MODULE and its submodules (repeatable; "
+                            "found in the current directory first)")
+        d.add_argument("--builtin", action="store_true",
+                       help="with --module: the shipped ops' docs too (what is generated without --module)")
+        d.add_argument("--availability", action="store_true",
+                       help="with --module: say which backends can load on this machine (the output then depends "
+                            "on the machine)")
         d.add_argument("--check", action="store_true", help="write nothing; exit 1 if the files differ from what "
                                                             "would be generated")
 

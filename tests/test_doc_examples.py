@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 
 import kda_contracts as kc
-from kda_contracts import adapters
+from kda_contracts import adapters, opdef
 from kda_contracts import decorator as enforce
 
 pytest_plugins = ["pytester"]
@@ -82,8 +82,10 @@ PYTEST_BLOCKS = [b for b in ALL_BLOCKS if b.lang == "python" and b.marker == "py
 
 @pytest.fixture
 def isolated(monkeypatch):
-    """Run doc code without leaving contracts or backends registered."""
+    """Run doc code without leaving contracts, ops or backends registered."""
     monkeypatch.setattr(enforce, "_REGISTRY", dict(enforce._REGISTRY))
+    monkeypatch.setattr(opdef, "_OPS", dict(opdef._OPS))
+    monkeypatch.setattr(sys, "path", list(sys.path))  # `kda-contracts docs --module` adds the current directory
     monkeypatch.delenv("KDA_CONTRACTS_MODE", raising=False)
     monkeypatch.delenv("PYTEST_ADDOPTS", raising=False)
     before = set(adapters.names())

@@ -15,9 +15,13 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ...cli import Command, CommandError, DocsSource, docs_command
 from .config import PRESETS, KDAConfig
+
+if TYPE_CHECKING:
+    from ...module_docs import ModulePage
 
 __all__ = ["commands", "config_from_arg"]
 
@@ -38,10 +42,21 @@ ssm_state_indices (required), use_qk_l2norm_in_kernel, lower_bound (optional),
 """
 
 _DOCS_EPILOG = """\
+what is rendered:
+  (no --module)          packed decode and every registered contract, for --config/--tp:
+                         contracts.md/.json, errors.md and the SVG pictures
+  --module M [...]       only the ops and contracts defined in M (and its submodules):
+                         contracts.md/.json; --config/--tp apply when given
+  --module M --builtin   both
+--check compares what these options would generate with the files in --out (so give
+--module docs a folder of their own).
+
 exit codes:
   0  docs written (or, with --check, up to date)
   1  --check: the files differ from what would be generated (each one is listed)
-  2  a bad command line (unknown preset, unreadable config.json, a --module that fails to import)
+  2  a bad command line (unknown preset, unreadable config.json, a --module that fails
+     to import or defines no contracts or ops, --availability without --module), or
+     documenting a --module failed (traceback on stderr)
 """
 
 _DEMO = "a valid Kimi-Linear decode call, five real mistakes caught, the reference kernel"
@@ -82,10 +97,10 @@ def _docs_options(args: argparse.Namespace) -> list[str]:
     return ([f"--config {args.config}"] if args.config else []) + ([f"--tp {args.tp}"] if args.tp is not None else [])
 
 
-def _docs_generate(cfg: KDAConfig, label: str) -> dict[str, str]:
+def _docs_generate(cfg: KDAConfig, label: str, page: ModulePage | None) -> dict[str, str]:
     from .docs import generate
 
-    return generate(cfg, label)
+    return generate(cfg, label, page=page)
 
 
 # -- validate --------------------------------------------------------------------------------------
@@ -131,7 +146,8 @@ def commands() -> list[Command]:
         configure=_docs_configure, load=lambda args: config_from_arg(args.config, args.tp), options=_docs_options,
         generate=_docs_generate,
         description="Render every registered contract and backend to Markdown, JSON and SVG, with concrete shapes "
-                    "for a config, and the catalogue of known mistakes.",
+                    "for a config, and the catalogue of known mistakes; or, with --module, only the ops (contracts, "
+                    "checks, backends) and contracts that your modules define.",
         epilog=_DOCS_EPILOG)
     validate = Command(
         "validate", "the full contract report on a torch.save'd packed-decode call",

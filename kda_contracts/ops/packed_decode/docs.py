@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ...backends import Backend
-from ...decorator import Contract
+from ...decorator import Contract, registered_contracts
 from ...docs import (
     DO_NOT_EDIT,
     GENERATED_MARK,
@@ -30,6 +30,7 @@ from ...docs import (
     mark_svg,
     render_reference,
 )
+from ...module_docs import ModulePage, op_section
 from . import adapters
 from .config import KDAConfig
 from .diagrams import mixed_qkv_svg, state_pool_svg
@@ -50,9 +51,14 @@ def describe_adapter(ad: Backend, cfg: KDAConfig | None) -> dict[str, Any]:
     return out
 
 
-def describe(cfg: KDAConfig, label: str, contracts: Mapping[str, Contract] | None = None) -> dict[str, Any]:
-    """The whole generated reference as data (what ``contracts.json`` holds)."""
-    return {
+def describe(cfg: KDAConfig, label: str, contracts: Mapping[str, Contract] | None = None,
+             page: ModulePage | None = None) -> dict[str, Any]:
+    """The whole generated reference as data (what ``contracts.json`` holds); ``page``: the
+    ops and contracts of ``--module`` modules, added after the packed-decode sections (their
+    contracts are then left out of the default list, every registered contract)."""
+    if contracts is None and page is not None:
+        contracts = {k: c for k, c in registered_contracts().items() if k not in page.keys}
+    doc: dict[str, Any] = {
         "generator": GENERATED_MARK,
         "config": {
             "label": label,
@@ -63,6 +69,10 @@ def describe(cfg: KDAConfig, label: str, contracts: Mapping[str, Contract] | Non
         "contracts": describe_contracts(contracts, cfg),
         "backends": [describe_adapter(adapters.get(n), cfg) for n in adapters.names()],
     }
+    if page is not None:
+        doc["contracts"] += page.contracts
+        doc["modules"] = page.data()
+    return doc
 
 
 # -- contracts.md ----------------------------------------------------------------------------------
@@ -143,7 +153,9 @@ def render_contracts_md(doc: Mapping[str, Any]) -> str:
     """``contracts.md``: every contract and backend, with the packed-decode pictures."""
     has_decode = any(c["key"].startswith("packed_decode[") for c in doc["contracts"])
     before = [_layouts(KDAConfig.model_validate(doc["config"]["fields"]))] if has_decode else []
-    return render_reference(_intro(doc), doc["contracts"], before, [_backends(doc)])
+    page = doc.get("modules")
+    ops = [op_section(d, availability=page["availability_listed"]) for d in page["ops"]] if page else []
+    return render_reference(_intro(doc), doc["contracts"], before, [_backends(doc), *ops])
 
 
 # -- errors.md -------------------------------------------------------------------------------------
@@ -182,10 +194,12 @@ def render_errors_md(cfg: KDAConfig, label: str) -> str:
     return "\n".join([*lines, "", *body])
 
 
-def generate(cfg: KDAConfig, label: str, contracts: Mapping[str, Contract] | None = None) -> dict[str, str]:
+def generate(cfg: KDAConfig, label: str, contracts: Mapping[str, Contract] | None = None,
+             page: ModulePage | None = None) -> dict[str, str]:
     """Every generated file, by name: Markdown, JSON and SVG, all deterministic for ``cfg``
-    (``contracts``: default every registered one)."""
-    doc = describe(cfg, label, contracts)
+    (``contracts``: default every registered one; ``page``: the ``--module`` ops and contracts
+    too, as ``kda-contracts docs --builtin --module M`` renders them)."""
+    doc = describe(cfg, label, contracts, page)
     return {
         "contracts.md": render_contracts_md(doc),
         "contracts.json": json.dumps(doc, indent=2, sort_keys=False, ensure_ascii=False) + "\n",
