@@ -48,6 +48,10 @@ class DecodeConfig(NamedTuple):
     #: eviction hint for the activation loads (q, k, v, gate inputs): "" or "evict_last" (each is
     #: read by every V tile of its head, while the state streams past once)
     act_eviction: str = ""
+    #: with ``tiles`` > 1: unroll the tiles and load the next one before working on the current one
+    #: (register double buffering; ``num_stages`` is then unused). The gates and norms are computed
+    #: once per program, not once per tile.
+    prefetch: bool = False
 
 
 # Activation bytes per call above which the evict_last hint on them hurts 16-bit-state calls: kept in

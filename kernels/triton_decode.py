@@ -109,6 +109,9 @@ if triton is not None:
         WIDE: tl.constexpr,
         ACT_EVICTION: tl.constexpr,
         STORE_EVICTION: tl.constexpr,
+        PREFETCH: tl.constexpr,
+        MASK_ROWS: tl.constexpr,
+        MASK_K: tl.constexpr,
     ):
         # GRID 0: 1-D, request-major, then value head, then group of V tiles (a request's programs
         # are adjacent, and the grid has no 65535 limit on B). 1: 3-D (V group, head, request).
@@ -160,7 +163,7 @@ if triton is not None:
                 row + 2 * H * K + i_hv * V, out + (i_b * HV + i_hv) * V, i_v0,
                 b_q, b_k, b_x, b_A, b_beta, scale, lower_bound, o_k, mask_k,
                 K, V, BV, STATE_KV, USE_L2NORM, BOUNDED_GATE, TILES, STAGES, STATE_EVICTION,
-                LOAD_CACHE, STORE_CACHE, ACT_EVICTION, STORE_EVICTION,
+                LOAD_CACHE, STORE_CACHE, ACT_EVICTION, STORE_EVICTION, PREFETCH, MASK_ROWS, MASK_K,
             )
         else:
             if valid:
@@ -169,7 +172,7 @@ if triton is not None:
                     row + 2 * H * K + i_hv * V, out + (i_b * HV + i_hv) * V, i_v0,
                     b_q, b_k, b_x, b_A, b_beta, scale, lower_bound, o_k, mask_k,
                     K, V, BV, STATE_KV, USE_L2NORM, BOUNDED_GATE, TILES, STAGES, STATE_EVICTION,
-                    LOAD_CACHE, STORE_CACHE, ACT_EVICTION, STORE_EVICTION,
+                    LOAD_CACHE, STORE_CACHE, ACT_EVICTION, STORE_EVICTION, PREFETCH, MASK_ROWS, MASK_K,
                 )
             else:
                 # padding (< 0) or out of range (>= N): zero output, no pool access
@@ -213,6 +216,9 @@ if triton is not None:
         STORE_CACHE: tl.constexpr,
         ACT_EVICTION: tl.constexpr,
         STORE_EVICTION: tl.constexpr,
+        PREFETCH: tl.constexpr,
+        MASK_ROWS: tl.constexpr,
+        MASK_K: tl.constexpr,
     ):
         if BOUNDED_GATE:
             b_g = lower_bound * tl.sigmoid(b_A * b_x)
@@ -224,31 +230,93 @@ if triton is not None:
             b_k = b_k * (1.0 / tl.sqrt(tl.sum(b_k * b_k) + 1e-6))
         b_q = b_q * scale
         b_decay = tl.exp(b_g)
-        for t in tl.range(0, TILES, num_stages=STAGES):
-            o_v = (i_v0 + t) * BV + tl.arange(0, BV)
-            mask_v = o_v < V
-            if STATE_KV:
-                p_s = base + o_k[None, :] * V + o_v[:, None]
-            else:
-                p_s = base + o_v[:, None] * K + o_k[None, :]
+        if PREFETCH:
+            # Unrolled; the next tile's load is issued before this tile's math and stores (the
+            # tiles are disjoint), so one tile is always in flight while another is worked on, and
+            # the gate above is computed once for all of them.
+            b_s, b_v = _load_tile(base, v_limit, v_row, i_v0, o_k, mask_k, K, V, BV, STATE_KV,
+                                  STATE_EVICTION, LOAD_CACHE, ACT_EVICTION, MASK_ROWS, MASK_K)
+            for t in tl.static_range(TILES):
+                b_s_now, b_v_now = b_s, b_v
+                if t + 1 < TILES:
+                    b_s, b_v = _load_tile(base, v_limit, v_row, i_v0 + t + 1, o_k, mask_k, K, V, BV, STATE_KV,
+                                          STATE_EVICTION, LOAD_CACHE, ACT_EVICTION, MASK_ROWS, MASK_K)
+                _update_tile(b_s_now, b_v_now, base, v_limit, o_row, i_v0 + t, b_q, b_k, b_decay, b_beta, o_k,
+                             mask_k, K, V, BV, STATE_KV, STORE_CACHE, STORE_EVICTION, MASK_ROWS, MASK_K)
+        else:
+            for t in tl.range(0, TILES, num_stages=STAGES):
+                b_s, b_v = _load_tile(base, v_limit, v_row, i_v0 + t, o_k, mask_k, K, V, BV, STATE_KV,
+                                      STATE_EVICTION, LOAD_CACHE, ACT_EVICTION, MASK_ROWS, MASK_K)
+                _update_tile(b_s, b_v, base, v_limit, o_row, i_v0 + t, b_q, b_k, b_decay, b_beta, o_k,
+                             mask_k, K, V, BV, STATE_KV, STORE_CACHE, STORE_EVICTION, MASK_ROWS, MASK_K)
+
+    @triton.jit
+    def _tile_ptrs(base, i_v, o_k, K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr, STATE_KV: tl.constexpr):
+        """Pointers of state tile ``i_v`` (``[BV, K]``: rows along V) and its row offsets."""
+        o_v = i_v * BV + tl.arange(0, BV)
+        if STATE_KV:
+            p_s = base + o_k[None, :] * V + o_v[:, None]
+        else:
+            p_s = base + o_v[:, None] * K + o_k[None, :]
+        return p_s, o_v
+
+    @triton.jit
+    def _tile_mask(o_v, v_limit, mask_k, MASK_ROWS: tl.constexpr, MASK_K: tl.constexpr):
+        """Which lanes of a tile may touch the pool (only built when MASK_ROWS or MASK_K)."""
+        if MASK_ROWS and MASK_K:
             mask_s = (o_v < v_limit)[:, None] & mask_k[None, :]
-            # The state is streamed once: do not let it push the activations out of L2.
-            if LOAD_CACHE == "":
-                b_s = tl.load(p_s, mask=mask_s, other=0.0, eviction_policy=STATE_EVICTION).to(tl.float32)
-            else:  # a cache modifier (".cg": L2 only) cannot be combined with an eviction hint
-                b_s = tl.load(p_s, mask=mask_s, other=0.0, cache_modifier=LOAD_CACHE).to(tl.float32)
-            b_v = tl.load(v_row + o_v, mask=mask_v, other=0.0, eviction_policy=ACT_EVICTION).to(tl.float32)
+        elif MASK_ROWS:
+            mask_s = (o_v < v_limit)[:, None] & (mask_k | True)[None, :]
+        else:
+            mask_s = (o_v >= 0)[:, None] & mask_k[None, :]
+        return mask_s
 
-            b_s = b_s * b_decay[None, :]
-            b_u = b_beta * (b_v - tl.sum(b_s * b_k[None, :], axis=1))
-            b_s = b_s + b_u[:, None] * b_k[None, :]
-            b_o = tl.where(o_v < v_limit, tl.sum(b_s * b_q[None, :], axis=1), 0.0)
+    @triton.jit
+    def _load_tile(base, v_limit, v_row, i_v, o_k, mask_k, K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr,
+                   STATE_KV: tl.constexpr, STATE_EVICTION: tl.constexpr, LOAD_CACHE: tl.constexpr,
+                   ACT_EVICTION: tl.constexpr, MASK_ROWS: tl.constexpr, MASK_K: tl.constexpr):
+        """State tile ``i_v`` in its stored dtype (converted where it is used) and its v values."""
+        p_s, o_v = _tile_ptrs(base, i_v, o_k, K, V, BV, STATE_KV)
+        mask_s = None
+        other = None
+        if MASK_ROWS or MASK_K:
+            mask_s = _tile_mask(o_v, v_limit, mask_k, MASK_ROWS, MASK_K)
+            other = 0.0
+        # The state is streamed once: do not let it push the activations out of L2.
+        if LOAD_CACHE == "":
+            b_s = tl.load(p_s, mask=mask_s, other=other, eviction_policy=STATE_EVICTION)
+        else:  # a cache modifier (".cg": L2 only) cannot be combined with an eviction hint
+            b_s = tl.load(p_s, mask=mask_s, other=other, cache_modifier=LOAD_CACHE)
+        if MASK_ROWS or MASK_K:
+            b_v = tl.load(v_row + o_v, mask=o_v < V, other=0.0, eviction_policy=ACT_EVICTION)
+        else:
+            b_v = tl.load(v_row + o_v, eviction_policy=ACT_EVICTION)
+        return b_s, b_v
 
-            tl.store(o_row + o_v, b_o.to(o_row.dtype.element_ty), mask=mask_v)
-            if STORE_CACHE == "":
-                tl.store(p_s, b_s.to(base.dtype.element_ty), mask=mask_s, eviction_policy=STORE_EVICTION)
-            else:  # a cache modifier (".cs": streaming) cannot be combined with an eviction hint
-                tl.store(p_s, b_s.to(base.dtype.element_ty), mask=mask_s, cache_modifier=STORE_CACHE)
+    @triton.jit
+    def _update_tile(b_s, b_v, base, v_limit, o_row, i_v, b_q, b_k, b_decay, b_beta, o_k, mask_k,
+                     K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr, STATE_KV: tl.constexpr,
+                     STORE_CACHE: tl.constexpr, STORE_EVICTION: tl.constexpr, MASK_ROWS: tl.constexpr,
+                     MASK_K: tl.constexpr):
+        """The delta-rule step on one loaded tile: its output rows and the updated tile are stored."""
+        p_s, o_v = _tile_ptrs(base, i_v, o_k, K, V, BV, STATE_KV)
+        mask_s = None
+        if MASK_ROWS or MASK_K:
+            mask_s = _tile_mask(o_v, v_limit, mask_k, MASK_ROWS, MASK_K)
+        b_s = b_s.to(tl.float32) * b_decay[None, :]
+        b_u = b_beta * (b_v.to(tl.float32) - tl.sum(b_s * b_k[None, :], axis=1))
+        b_s = b_s + b_u[:, None] * b_k[None, :]
+        b_o = tl.sum(b_s * b_q[None, :], axis=1)
+        if MASK_ROWS:
+            b_o = tl.where(o_v < v_limit, b_o, 0.0)
+        if MASK_ROWS or MASK_K:
+            tl.store(o_row + o_v, b_o.to(o_row.dtype.element_ty), mask=o_v < V)
+        else:
+            tl.store(o_row + o_v, b_o.to(o_row.dtype.element_ty))
+        if STORE_CACHE == "":
+            tl.store(p_s, b_s.to(base.dtype.element_ty), mask=mask_s, eviction_policy=STORE_EVICTION)
+        else:  # a cache modifier (".cs": streaming) cannot be combined with an eviction hint
+            tl.store(p_s, b_s.to(base.dtype.element_ty), mask=mask_s, cache_modifier=STORE_CACHE)
 
 
 @DecodeBackend
@@ -324,6 +392,9 @@ def packed_decode(call: DecodeArgs, *, oob_counter: Tensor | None = None, config
         wide,  # WIDE
         cfg.act_eviction,  # ACT_EVICTION
         cfg.state_eviction if cfg.store_eviction is None else cfg.store_eviction,  # STORE_EVICTION
+        cfg.prefetch and cfg.tiles > 1,  # PREFETCH
+        cfg.guard == "mask" or head_v_dim % (cfg.block_v * cfg.tiles) != 0,  # MASK_ROWS
+        head_k_dim != triton.next_power_of_2(head_k_dim),  # MASK_K
     )
     options = {"num_warps": cfg.num_warps}
     if cfg.max_registers is not None:
@@ -356,7 +427,7 @@ def packed_decode(call: DecodeArgs, *, oob_counter: Tensor | None = None, config
 # first call, or set KDA_TRITON_FAST_LAUNCH=0 (read at import) to always launch with kernel[grid].
 
 _N_RUNTIME_ARGS = 12
-_N_CONSTEXPRS = 24
+_N_CONSTEXPRS = 27
 _INT_ARGS = slice(11, 12)  # N (head counts and strides are constexprs)
 _fast_launch: dict = {
     "enabled": os.environ.get("KDA_TRITON_FAST_LAUNCH", "1") not in ("", "0") and triton is not None,
