@@ -143,23 +143,31 @@ def our_binder(kernel: Callable[..., None], **extra: Any) -> Binder:
 
 def candidate_configs(layout: str, sdt: torch.dtype, batch: int, num_v_heads: int) -> dict[str, Any]:
     """Extra Triton launch shapes timed with --candidates (named ``triton:NAME`` in the rows), each
-    derived from the shape ``pick_config`` chooses for the row (same hints and guard): other program
-    orders, several tiles per program (``pf``: the next tile loaded while the current one is worked
-    on), other V tiles and warps for KV."""
+    derived from the shape ``pick_config`` chooses for the row: other program orders and cache hints,
+    and for KV other tiles and the two-pass chunked tile (``ck``)."""
     from kda_kernels.triton_decode import pick_config
 
     p = pick_config(batch, num_v_heads, V, sdt, layout)
+    grouped = num_v_heads % 16 == 0
+    qka = dict(act_eviction="evict_last", v_eviction="")  # keep q, k and the gate inputs, not v, in L2
     if layout == "KV":
-        shapes = {"bv8-w1": (8, 1, 1), "bv16-w1": (16, 1, 1), "bv32-w2": (32, 2, 1), "bv64-w4": (64, 4, 1),
-                  "bv128-w8": (128, 8, 1), "bv8-pf4": (8, 1, 4), "bv16-pf2": (16, 1, 2)}
-        return {n: p._replace(block_v=bv, num_warps=w, tiles=t, prefetch=t > 1) for n, (bv, w, t) in shapes.items()}
-    if sdt.itemsize >= 4:
-        tiles = {"bv4-pf4": (4, 4), "bv4-pf8": (4, 8), "bv8-pf2": (8, 2), "bv8-pf4": (8, 4)}
-    else:
-        tiles = {"bv4-pf8": (4, 8), "bv8-pf4": (8, 4), "bv8-pf8": (8, 8), "bv16-pf2": (16, 2)}
-    out = {n: p._replace(block_v=bv, tiles=t, prefetch=True) for n, (bv, t) in tiles.items()}
-    if p.grid != "grouped" and num_v_heads % 16 == 0:
-        out["grp"] = p._replace(grid="grouped")
+        wide = sdt.itemsize >= 4
+        out = {"bv128-w4": p._replace(block_v=128, num_warps=4), "noev": p._replace(state_eviction=""),
+               "ck16": p._replace(block_v=32 if wide else 64, num_warps=1, kv_chunk=16),
+               "ck32": p._replace(block_v=64, num_warps=1, kv_chunk=32),
+               "wide-ck16": p._replace(block_v=64 if wide else 128, num_warps=1, kv_chunk=16),
+               "wide-ck32": p._replace(block_v=64 if wide else 128, num_warps=1, kv_chunk=32)}
+        if grouped:
+            out["grp"] = p._replace(grid="grouped")
+        return out
+    out = {"qka": p._replace(**qka)}
+    if grouped:
+        out.update({"grp-qka": p._replace(grid="grouped", **qka),
+                    "grp-qka-noev": p._replace(grid="grouped", state_eviction="", **qka)})
+        if p.grid != "grouped":
+            out["grp"] = p._replace(grid="grouped")
+    if sdt.itemsize < 4 and grouped:
+        out["grp-vfirst"] = p._replace(grid="grouped", v_eviction="evict_first")
     return out
 
 

@@ -48,10 +48,18 @@ class DecodeConfig(NamedTuple):
     #: eviction hint for the activation loads (q, k, v, gate inputs): "" or "evict_last" (each is
     #: read by every V tile of its head, while the state streams past once)
     act_eviction: str = ""
+    #: eviction hint for the v loads (None: ``act_eviction``). Unlike q, k and the gate inputs, each v
+    #: element is read by one program only.
+    v_eviction: str | None = None
     #: with ``tiles`` > 1: unroll the tiles and load the next one before working on the current one
     #: (register double buffering; ``num_stages`` is then unused). The gates and norms are computed
     #: once per program, not once per tile.
     prefetch: bool = False
+    #: KV layout only, when > 0: the ``[K, block_v]`` tile is worked in two passes over chunks of this
+    #: many K rows (sums first, then the update, reading each chunk again from L2), so a tile as wide
+    #: as V (whole cache lines) needs few registers. ``tiles``, ``prefetch`` and the load cache
+    #: modifier do not apply.
+    kv_chunk: int = 0
 
 
 # Activation bytes per call above which the evict_last hint on them hurts 16-bit-state calls: kept in
