@@ -109,7 +109,6 @@ if triton is not None:
         WIDE: tl.constexpr,
         ACT_EVICTION: tl.constexpr,
         STORE_EVICTION: tl.constexpr,
-        PREFETCH: tl.constexpr,
         MASK_ROWS: tl.constexpr,
         MASK_K: tl.constexpr,
         KV_CHUNK: tl.constexpr,
@@ -166,7 +165,7 @@ if triton is not None:
                 row + 2 * H * K + i_hv * V, out + (i_b * HV + i_hv) * V, i_v0,
                 b_q, b_k, b_x, b_A, b_beta, scale, lower_bound, o_k, mask_k,
                 K, V, BV, STATE_KV, USE_L2NORM, BOUNDED_GATE, TILES, STAGES, STATE_EVICTION,
-                LOAD_CACHE, STORE_CACHE, ACT_EVICTION, STORE_EVICTION, PREFETCH, MASK_ROWS, MASK_K,
+                LOAD_CACHE, STORE_CACHE, ACT_EVICTION, STORE_EVICTION, MASK_ROWS, MASK_K,
                 row + i_h * K, row + (H + i_h) * K, x_row, dt_bias + i_hv * K, KV_CHUNK, V_EVICTION,
             )
         else:
@@ -176,7 +175,7 @@ if triton is not None:
                     row + 2 * H * K + i_hv * V, out + (i_b * HV + i_hv) * V, i_v0,
                     b_q, b_k, b_x, b_A, b_beta, scale, lower_bound, o_k, mask_k,
                     K, V, BV, STATE_KV, USE_L2NORM, BOUNDED_GATE, TILES, STAGES, STATE_EVICTION,
-                    LOAD_CACHE, STORE_CACHE, ACT_EVICTION, STORE_EVICTION, PREFETCH, MASK_ROWS, MASK_K,
+                    LOAD_CACHE, STORE_CACHE, ACT_EVICTION, STORE_EVICTION, MASK_ROWS, MASK_K,
                     row + i_h * K, row + (H + i_h) * K, x_row, dt_bias + i_hv * K, KV_CHUNK, V_EVICTION,
                 )
             else:
@@ -221,7 +220,6 @@ if triton is not None:
         STORE_CACHE: tl.constexpr,
         ACT_EVICTION: tl.constexpr,
         STORE_EVICTION: tl.constexpr,
-        PREFETCH: tl.constexpr,
         MASK_ROWS: tl.constexpr,
         MASK_K: tl.constexpr,
         q_row,  # this head's q, k, gate input and gate bias (read again per chunk when KV_CHUNK > 0)
@@ -255,25 +253,11 @@ if triton is not None:
             b_k = b_k * (1.0 / tl.sqrt(tl.sum(b_k * b_k) + 1e-6))
         b_q = b_q * scale
         b_decay = tl.exp(b_g)
-        if PREFETCH:
-            # Unrolled; the next tile's load is issued before this tile's math and stores (the
-            # tiles are disjoint), so one tile is always in flight while another is worked on, and
-            # the gate above is computed once for all of them.
-            b_s, b_v = _load_tile(base, v_limit, v_row, i_v0, o_k, mask_k, K, V, BV, STATE_KV,
+        for t in tl.range(0, TILES, num_stages=STAGES):
+            b_s, b_v = _load_tile(base, v_limit, v_row, i_v0 + t, o_k, mask_k, K, V, BV, STATE_KV,
                                   STATE_EVICTION, LOAD_CACHE, V_EVICTION, MASK_ROWS, MASK_K)
-            for t in tl.static_range(TILES):
-                b_s_now, b_v_now = b_s, b_v
-                if t + 1 < TILES:
-                    b_s, b_v = _load_tile(base, v_limit, v_row, i_v0 + t + 1, o_k, mask_k, K, V, BV, STATE_KV,
-                                          STATE_EVICTION, LOAD_CACHE, V_EVICTION, MASK_ROWS, MASK_K)
-                _update_tile(b_s_now, b_v_now, base, v_limit, o_row, i_v0 + t, b_q, b_k, b_decay, b_beta, o_k,
-                             mask_k, K, V, BV, STATE_KV, STORE_CACHE, STORE_EVICTION, MASK_ROWS, MASK_K)
-        else:
-            for t in tl.range(0, TILES, num_stages=STAGES):
-                b_s, b_v = _load_tile(base, v_limit, v_row, i_v0 + t, o_k, mask_k, K, V, BV, STATE_KV,
-                                      STATE_EVICTION, LOAD_CACHE, V_EVICTION, MASK_ROWS, MASK_K)
-                _update_tile(b_s, b_v, base, v_limit, o_row, i_v0 + t, b_q, b_k, b_decay, b_beta, o_k,
-                             mask_k, K, V, BV, STATE_KV, STORE_CACHE, STORE_EVICTION, MASK_ROWS, MASK_K)
+            _update_tile(b_s, b_v, base, v_limit, o_row, i_v0 + t, b_q, b_k, b_decay, b_beta, o_k,
+                         mask_k, K, V, BV, STATE_KV, STORE_CACHE, STORE_EVICTION, MASK_ROWS, MASK_K)
 
     @triton.jit
     def _chunk_vectors(q_row, k_row, x_row, bias_row, o_c, mask_c, r_q, r_k, b_A, lower_bound,
@@ -479,7 +463,6 @@ def packed_decode(call: DecodeArgs, *, oob_counter: Tensor | None = None, config
         wide,  # WIDE
         cfg.act_eviction,  # ACT_EVICTION
         cfg.state_eviction if cfg.store_eviction is None else cfg.store_eviction,  # STORE_EVICTION
-        cfg.prefetch and cfg.tiles > 1,  # PREFETCH
         cfg.guard == "mask" or head_v_dim % (cfg.block_v * cfg.tiles) != 0,  # MASK_ROWS
         head_k_dim != triton.next_power_of_2(head_k_dim),  # MASK_K
         cfg.kv_chunk if state_layout == "KV" else 0,  # KV_CHUNK
@@ -516,7 +499,7 @@ def packed_decode(call: DecodeArgs, *, oob_counter: Tensor | None = None, config
 # first call, or set KDA_TRITON_FAST_LAUNCH=0 (read at import) to always launch with kernel[grid].
 
 _N_RUNTIME_ARGS = 12
-_N_CONSTEXPRS = 29
+_N_CONSTEXPRS = 28
 _INT_ARGS = slice(11, 12)  # N (head counts and strides are constexprs)
 _fast_launch: dict = {
     "enabled": os.environ.get("KDA_TRITON_FAST_LAUNCH", "1") not in ("", "0") and triton is not None,

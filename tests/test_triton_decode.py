@@ -115,23 +115,14 @@ def test_matches_reference_when_dims_are_not_powers_of_two() -> None:
         DecodeConfig(block_v=4, num_warps=2, tiles=2, grid="head_fastest"),
         DecodeConfig(block_v=8, num_warps=1, act_eviction="evict_last", store_eviction=""),
         DecodeConfig(block_v=16, num_warps=1, max_registers=96),
-        DecodeConfig(block_v=4, num_warps=1, tiles=2, prefetch=True),
-        DecodeConfig(block_v=4, num_warps=1, tiles=3, prefetch=True, guard="mask"),
-        DecodeConfig(block_v=2, num_warps=1, tiles=4, prefetch=True, grid="v_fastest", state_eviction=""),
+        DecodeConfig(block_v=4, num_warps=1, tiles=2, act_eviction="evict_last", v_eviction=""),
     ],
-    ids=lambda c: f"bv{c.block_v}-t{c.tiles}-s{c.num_stages}{'-pf' if c.prefetch else ''}-{c.guard}{c.load_cache}"
-    f"{c.store_cache}-{c.grid}",
+    ids=lambda c: f"bv{c.block_v}-t{c.tiles}-s{c.num_stages}-{c.guard}{c.load_cache}{c.store_cache}-{c.grid}"
+    f"{'-v' + str(c.v_eviction) if c.v_eviction is not None else ''}",
 )
 def test_matches_reference_for_launch_configs(config: DecodeConfig) -> None:
     # V=16 split into several tiles and tile groups, including a group that runs past V.
     _assert_matches_reference(_case(head_v_dim=16, indices=[6, -1, 2]), config)
-
-
-@pytest.mark.parametrize("guard", ["branch", "mask"])
-def test_prefetched_tiles_match_reference_in_the_kv_layout(guard: str) -> None:
-    # KV tiles are columns of the stored [K, V] matrix; an even split (no row mask) and padding
-    config = DecodeConfig(block_v=4, num_warps=1, tiles=2, prefetch=True, guard=guard)
-    _assert_matches_reference(_case(head_v_dim=16, state_layout="KV", indices=[6, -1, 2, 9]), config)
 
 
 @pytest.mark.parametrize(
