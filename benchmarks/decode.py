@@ -141,26 +141,42 @@ def our_binder(kernel: Callable[..., None], **extra: Any) -> Binder:
     return bind
 
 
-def candidate_configs(layout: str, sdt: torch.dtype) -> dict[str, Any]:
-    """Extra Triton launch shapes timed with --candidates (named ``triton:NAME`` in the rows): the
-    16-bit-state tiles of the regime table without the register cap, and with a tighter one."""
-    from kda_kernels.triton_decode import DecodeConfig as C
+def candidate_configs(layout: str, sdt: torch.dtype, batch: int, num_v_heads: int) -> dict[str, Any]:
+    """Extra Triton launch shapes timed with --candidates (named ``triton:NAME`` in the rows), each
+    derived from the shape ``pick_config`` chooses for the row: other program orders and cache hints,
+    and for KV other tiles and the two-pass chunked tile (``ck``)."""
+    from kda_kernels.triton_decode import pick_config
 
-    if layout == "KV" or sdt.itemsize >= 4:
-        return {}
-    mask, noev, el = dict(guard="mask"), dict(state_eviction=""), dict(act_eviction="evict_last")
-    cg, grp = dict(load_cache=".cg"), dict(grid="grouped")
-    return {"bv16-el": C(16, 1, **el), "bv16-mask-el": C(16, 1, **mask, **el),
-            "bv16-mask-cg": C(16, 1, **mask, **cg), "bv16-noev-el": C(16, 1, **noev, **el), "bv16-grp": C(16, 1, **grp),
-            "bv16-grp-r80": C(16, 1, max_registers=80, **grp),
-            "bv16-noev-el-r80": C(16, 1, max_registers=80, **noev, **el)}
+    p = pick_config(batch, num_v_heads, V, sdt, layout)
+    grouped = num_v_heads % 16 == 0
+    qka = dict(act_eviction="evict_last", v_eviction="")  # keep q, k and the gate inputs, not v, in L2
+    if layout == "KV":
+        wide = sdt.itemsize >= 4
+        out = {"bv128-w4": p._replace(block_v=128, num_warps=4), "noev": p._replace(state_eviction=""),
+               "ck16": p._replace(block_v=32 if wide else 64, num_warps=1, kv_chunk=16),
+               "ck32": p._replace(block_v=64, num_warps=1, kv_chunk=32),
+               "wide-ck16": p._replace(block_v=64 if wide else 128, num_warps=1, kv_chunk=16),
+               "wide-ck32": p._replace(block_v=64 if wide else 128, num_warps=1, kv_chunk=32)}
+        if grouped:
+            out["grp"] = p._replace(grid="grouped")
+        return out
+    out = {"qka": p._replace(**qka)}
+    if grouped:
+        out.update({"grp-qka": p._replace(grid="grouped", **qka),
+                    "grp-qka-noev": p._replace(grid="grouped", state_eviction="", **qka)})
+        if p.grid != "grouped":
+            out["grp"] = p._replace(grid="grouped")
+    if sdt.itemsize < 4 and grouped:
+        out["grp-vfirst"] = p._replace(grid="grouped", v_eviction="evict_first")
+    return out
 
 
 SKIP: set[str] = set()  # backends left out (--skip)
 SAME_SIZE_COPY: dict[tuple[int, str, int], float] = {}  # (H, state, B) -> TB/s of a copy of the state's bytes
 
 
-def backends(layout: str, sdt: torch.dtype, peers: dict[str, Binder], candidates: bool) -> dict[str, Binder]:
+def backends(layout: str, sdt: torch.dtype, B: int, H: int, peers: dict[str, Binder],
+             candidates: bool) -> dict[str, Binder]:
     """Ours (every registered CUDA backend that can be graph-captured), candidates, then peers."""
     out: dict[str, Binder] = {}
     for name, (ok, _why) in kc.adapters.available().items():
@@ -174,7 +190,7 @@ def backends(layout: str, sdt: torch.dtype, peers: dict[str, Binder], candidates
     if candidates:
         from kda_kernels import triton_decode
 
-        for cname, cfg in candidate_configs(layout, sdt).items():
+        for cname, cfg in candidate_configs(layout, sdt, B, H).items():
             out[f"{OURS}:{cname}"] = our_binder(triton_decode.packed_decode, config=cfg)
     if layout == "VK":
         out.update({n: b for n, b in peers.items() if n not in SKIP})
@@ -334,7 +350,7 @@ def sweep(device: torch.device, batches: list[int], heads: list[int], states: li
             for B in batches:
                 for layout in layouts:
                     t0 = time.time()
-                    binders = backends(layout, sdt, peers, candidates)
+                    binders = backends(layout, sdt, B, H, peers, candidates)
                     checks = check(binders, H, sdt, B, layout, device)
                     good = {n: b for n, b in binders.items() if checks[n][2] is not None}
                     times = time_row(good, H, sdt, B, layout, device, l2)

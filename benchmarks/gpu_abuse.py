@@ -101,8 +101,9 @@ def configs_to_check(everything: bool) -> dict[str, tuple[object, tuple[str, ...
 
         for layout in ("VK", "KV"):
             for sdt in both:
-                for name, c in candidate_configs(layout, sdt).items():
-                    found.setdefault(f"candidate {name} {c}", (c, (layout,), (sdt,)))
+                for batch, hv in ((64, 4), (256, 16), (1024, 32)):  # the candidates derive from the picked shape
+                    for name, c in candidate_configs(layout, sdt, batch, hv).items():
+                        found.setdefault(f"candidate {name} {c}", (c, (layout,), (sdt,)))
     return found
 
 

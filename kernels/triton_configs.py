@@ -48,6 +48,14 @@ class DecodeConfig(NamedTuple):
     #: eviction hint for the activation loads (q, k, v, gate inputs): "" or "evict_last" (each is
     #: read by every V tile of its head, while the state streams past once)
     act_eviction: str = ""
+    #: eviction hint for the v loads (None: ``act_eviction``). Unlike q, k and the gate inputs, each v
+    #: element is read by one program only.
+    v_eviction: str | None = None
+    #: KV layout only, when > 0: the ``[K, block_v]`` tile is worked in two passes over chunks of this
+    #: many K rows (sums first, then the update, reading each chunk again from L2), so a tile as wide
+    #: as V (whole cache lines) needs few registers. ``tiles`` and the load cache
+    #: modifier do not apply.
+    kv_chunk: int = 0
 
 
 # Activation bytes per call above which the evict_last hint on them hurts 16-bit-state calls: kept in
@@ -65,10 +73,12 @@ def pick_config(
     flight. fp32 state: 4 rows (2 KB) while B * HV < 4096, then 8 rows with no hint on the state and
     evict_last on the activations. 16-bit state: 16 rows (4 KB); when that leaves fewer than ~1024
     programs (B * HV < 128 at V = 128) the tile shrinks to 8 or 4 rows so that small batches still
-    spread over all 132 SMs; by B * HV the activations are kept in L2 (evict_last) or the state is
-    read through L2 only (.cg), and with large activations groups of 16 heads go first instead.
+    spread over all 132 SMs; from B * HV = 4096 (HV a multiple of 16) groups of 16 heads go first,
+    with q, k and the gate inputs kept in L2 while they fit (not v, read once); otherwise by B * HV
+    the activations are kept in L2 (evict_last) or the state is read through L2 only (.cg).
     Measured per regime against sglang's Helion kernel: see docs/kernels.md. KV (contiguous along
-    V): tiles of 16 to 64 V columns (whole lines per row), wider as the batch grows.
+    V): tiles of 16 to 64 V columns (whole lines per row), wider as the batch grows; 16-bit state
+    from B * HV = 8192 in two passes over 32-row chunks of a full-width (V = 128: 256-byte) tile.
 
     Example::
 
@@ -82,8 +92,12 @@ def pick_config(
             cfg = DecodeConfig(block_v=16, num_warps=1)
         elif work <= 256:
             cfg = DecodeConfig(block_v=32, num_warps=1)
+        elif wide_state:  # from 4096 request-heads the state load without a hint was 1-3% faster
+            cfg = DecodeConfig(block_v=64, num_warps=4, state_eviction="" if work >= 4096 else "evict_first")
+        elif work >= 8192:  # whole 256-byte rows in two passes of 32-row chunks: 5-10% faster
+            cfg = DecodeConfig(block_v=128, num_warps=1, kv_chunk=32)
         else:
-            cfg = DecodeConfig(block_v=64, num_warps=4 if wide_state else 2)
+            cfg = DecodeConfig(block_v=64, num_warps=2)
     elif wide_state:
         if work < 4096:
             cfg = DecodeConfig(block_v=4, num_warps=1, guard="mask", grid="v_fastest")
@@ -94,9 +108,16 @@ def pick_config(
         while rows > 4 and work * -(-head_v_dim // rows) < 1024:
             rows //= 2
         act_bytes = batch * num_v_heads * head_v_dim * 2 * 4  # ~q, k, v, gate inputs (16-bit, K = V)
+        reused_bytes = batch * num_v_heads * head_v_dim * 2 * 3  # q, k and gate inputs: read by every V tile
         keep_acts = dict(act_eviction="evict_last")
         if rows < 16:  # a few hundred programs: plain
             cfg = DecodeConfig(block_v=rows, num_warps=1)
+        elif work >= 4096 and num_v_heads % 16 == 0:  # groups of 16 heads first
+            if reused_bytes > _ACT_L2_BUDGET:  # no room in L2 for the activations: no hints
+                cfg = DecodeConfig(block_v=rows, num_warps=1, grid="grouped")
+            else:  # q, k and the gate inputs kept in L2 (not v: each v is read once), no state hint
+                cfg = DecodeConfig(block_v=rows, num_warps=1, grid="grouped", state_eviction="",
+                                   act_eviction="evict_last", v_eviction="")
         elif act_bytes > _ACT_L2_BUDGET:  # large activations: no evict_last, groups of 16 heads first
             cfg = DecodeConfig(block_v=rows, num_warps=1, grid="grouped")
         elif work >= 8192:

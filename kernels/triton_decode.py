@@ -109,6 +109,10 @@ if triton is not None:
         WIDE: tl.constexpr,
         ACT_EVICTION: tl.constexpr,
         STORE_EVICTION: tl.constexpr,
+        MASK_ROWS: tl.constexpr,
+        MASK_K: tl.constexpr,
+        KV_CHUNK: tl.constexpr,
+        V_EVICTION: tl.constexpr,
     ):
         # GRID 0: 1-D, request-major, then value head, then group of V tiles (a request's programs
         # are adjacent, and the grid has no 65535 limit on B). 1: 3-D (V group, head, request).
@@ -148,7 +152,8 @@ if triton is not None:
         ev: tl.constexpr = ACT_EVICTION
         b_q = tl.load(row + i_h * K + o_k, mask=mask_k, other=0.0, eviction_policy=ev).to(tl.float32)
         b_k = tl.load(row + (H + i_h) * K + o_k, mask=mask_k, other=0.0, eviction_policy=ev).to(tl.float32)
-        b_x = tl.load(a + i_b * stride_a + i_hv * K + o_k, mask=mask_k, other=0.0, eviction_policy=ev).to(tl.float32)
+        x_row = a + i_b * stride_a + i_hv * K
+        b_x = tl.load(x_row + o_k, mask=mask_k, other=0.0, eviction_policy=ev).to(tl.float32)
         b_x += tl.load(dt_bias + i_hv * K + o_k, mask=mask_k, other=0.0, eviction_policy=ev)
         b_A = tl.exp(tl.load(A_log + i_hv, eviction_policy=ev).to(tl.float32))
         b_beta = tl.sigmoid(tl.load(b + i_b * stride_b + i_hv, eviction_policy=ev).to(tl.float32))
@@ -160,7 +165,8 @@ if triton is not None:
                 row + 2 * H * K + i_hv * V, out + (i_b * HV + i_hv) * V, i_v0,
                 b_q, b_k, b_x, b_A, b_beta, scale, lower_bound, o_k, mask_k,
                 K, V, BV, STATE_KV, USE_L2NORM, BOUNDED_GATE, TILES, STAGES, STATE_EVICTION,
-                LOAD_CACHE, STORE_CACHE, ACT_EVICTION, STORE_EVICTION,
+                LOAD_CACHE, STORE_CACHE, ACT_EVICTION, STORE_EVICTION, MASK_ROWS, MASK_K,
+                row + i_h * K, row + (H + i_h) * K, x_row, dt_bias + i_hv * K, KV_CHUNK, V_EVICTION,
             )
         else:
             if valid:
@@ -169,7 +175,8 @@ if triton is not None:
                     row + 2 * H * K + i_hv * V, out + (i_b * HV + i_hv) * V, i_v0,
                     b_q, b_k, b_x, b_A, b_beta, scale, lower_bound, o_k, mask_k,
                     K, V, BV, STATE_KV, USE_L2NORM, BOUNDED_GATE, TILES, STAGES, STATE_EVICTION,
-                    LOAD_CACHE, STORE_CACHE, ACT_EVICTION, STORE_EVICTION,
+                    LOAD_CACHE, STORE_CACHE, ACT_EVICTION, STORE_EVICTION, MASK_ROWS, MASK_K,
+                    row + i_h * K, row + (H + i_h) * K, x_row, dt_bias + i_hv * K, KV_CHUNK, V_EVICTION,
                 )
             else:
                 # padding (< 0) or out of range (>= N): zero output, no pool access
@@ -213,7 +220,29 @@ if triton is not None:
         STORE_CACHE: tl.constexpr,
         ACT_EVICTION: tl.constexpr,
         STORE_EVICTION: tl.constexpr,
+        MASK_ROWS: tl.constexpr,
+        MASK_K: tl.constexpr,
+        q_row,  # this head's q, k, gate input and gate bias (read again per chunk when KV_CHUNK > 0)
+        k_row,
+        x_row,
+        bias_row,
+        KV_CHUNK: tl.constexpr,
+        V_EVICTION: tl.constexpr,  # hint of the v loads (each v element is read by one program)
     ):
+        if KV_CHUNK > 0:
+            # KV in two passes over chunks of KV_CHUNK state rows (K): the full-width V tile gives
+            # whole-line reads, and no [K, BV] tile is ever held in registers.
+            r_q = scale
+            r_k = 1.0
+            if USE_L2NORM:
+                r_q = scale / tl.sqrt(tl.sum(b_q * b_q) + 1e-6)
+                r_k = 1.0 / tl.sqrt(tl.sum(b_k * b_k) + 1e-6)
+            _kv_chunks(
+                base, v_limit, q_row, k_row, x_row, bias_row, v_row, o_row, i_v0, r_q, r_k,
+                tl.sum(b_q * b_k) * (r_q * r_k), b_A, b_beta, lower_bound, K, V, BV, KV_CHUNK, BOUNDED_GATE,
+                STATE_EVICTION, STORE_EVICTION, ACT_EVICTION, V_EVICTION, MASK_ROWS, MASK_K,
+            )
+            return
         if BOUNDED_GATE:
             b_g = lower_bound * tl.sigmoid(b_A * b_x)
         else:
@@ -225,30 +254,140 @@ if triton is not None:
         b_q = b_q * scale
         b_decay = tl.exp(b_g)
         for t in tl.range(0, TILES, num_stages=STAGES):
-            o_v = (i_v0 + t) * BV + tl.arange(0, BV)
-            mask_v = o_v < V
-            if STATE_KV:
-                p_s = base + o_k[None, :] * V + o_v[:, None]
+            b_s, b_v = _load_tile(base, v_limit, v_row, i_v0 + t, o_k, mask_k, K, V, BV, STATE_KV,
+                                  STATE_EVICTION, LOAD_CACHE, V_EVICTION, MASK_ROWS, MASK_K)
+            _update_tile(b_s, b_v, base, v_limit, o_row, i_v0 + t, b_q, b_k, b_decay, b_beta, o_k,
+                         mask_k, K, V, BV, STATE_KV, STORE_CACHE, STORE_EVICTION, MASK_ROWS, MASK_K)
+
+    @triton.jit
+    def _chunk_vectors(q_row, k_row, x_row, bias_row, o_c, mask_c, r_q, r_k, b_A, lower_bound,
+                       BOUNDED_GATE: tl.constexpr, ACT_EVICTION: tl.constexpr):
+        """Decay, normalized k and normalized, scaled q on the K rows ``o_c`` of a chunk."""
+        ev: tl.constexpr = ACT_EVICTION
+        b_x = tl.load(x_row + o_c, mask=mask_c, other=0.0, eviction_policy=ev).to(tl.float32)
+        b_x += tl.load(bias_row + o_c, mask=mask_c, other=0.0, eviction_policy=ev)
+        if BOUNDED_GATE:
+            b_g = lower_bound * tl.sigmoid(b_A * b_x)
+        else:
+            b_g = -b_A * tl.where(b_x > 20.0, b_x, tl.log(1.0 + tl.exp(tl.minimum(b_x, 20.0))))
+        b_k = tl.load(k_row + o_c, mask=mask_c, other=0.0, eviction_policy=ev).to(tl.float32) * r_k
+        b_q = tl.load(q_row + o_c, mask=mask_c, other=0.0, eviction_policy=ev).to(tl.float32) * r_q
+        return tl.exp(b_g), b_k, b_q
+
+    @triton.jit
+    def _kv_chunks(base, v_limit, q_row, k_row, x_row, bias_row, v_row, o_row, i_v, r_q, r_k, kq, b_A, b_beta,
+                   lower_bound, K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr, CK: tl.constexpr,
+                   BOUNDED_GATE: tl.constexpr, STATE_EVICTION: tl.constexpr, STORE_EVICTION: tl.constexpr,
+                   ACT_EVICTION: tl.constexpr, V_EVICTION: tl.constexpr, MASK_ROWS: tl.constexpr,
+                   MASK_K: tl.constexpr):
+        """One KV tile ``[K, BV]`` in chunks of CK rows. With the stored tile S and the decay d:
+        S·(d*k) and S·(d*q) in a first pass, then u = beta (v - S·(d*k)) and o = S·(d*q) + u (k·q);
+        a second pass reads each chunk again (from L2) and writes S*d + k u^T."""
+        o_v = i_v * BV + tl.arange(0, BV)
+        mask_v = o_v < v_limit
+        acc_k = tl.zeros([BV], dtype=tl.float32)
+        acc_q = tl.zeros([BV], dtype=tl.float32)
+        for j in tl.static_range((K + CK - 1) // CK):
+            o_c = j * CK + tl.arange(0, CK)
+            mask_c = o_c < K
+            p_s = base + o_c[:, None] * V + o_v[None, :]
+            if MASK_ROWS or MASK_K:
+                b_s = tl.load(p_s, mask=mask_c[:, None] & mask_v[None, :], other=0.0, eviction_policy="evict_last")
             else:
-                p_s = base + o_v[:, None] * K + o_k[None, :]
-            mask_s = (o_v < v_limit)[:, None] & mask_k[None, :]
-            # The state is streamed once: do not let it push the activations out of L2.
-            if LOAD_CACHE == "":
+                b_s = tl.load(p_s, eviction_policy="evict_last")
+            b_s = b_s.to(tl.float32)
+            b_d, b_k, b_q = _chunk_vectors(q_row, k_row, x_row, bias_row, o_c, mask_c, r_q, r_k, b_A, lower_bound,
+                                           BOUNDED_GATE, ACT_EVICTION)
+            acc_k += tl.sum(b_s * (b_d * b_k)[:, None], axis=0)
+            acc_q += tl.sum(b_s * (b_d * b_q)[:, None], axis=0)
+        b_v = tl.load(v_row + o_v, mask=o_v < V, other=0.0, eviction_policy=V_EVICTION).to(tl.float32)
+        b_u = b_beta * (b_v - acc_k)
+        b_o = tl.where(mask_v, acc_q + b_u * kq, 0.0)
+        tl.store(o_row + o_v, b_o.to(o_row.dtype.element_ty), mask=o_v < V)
+        for j in tl.static_range((K + CK - 1) // CK):
+            o_c = j * CK + tl.arange(0, CK)
+            mask_c = o_c < K
+            p_s = base + o_c[:, None] * V + o_v[None, :]
+            mask_s = mask_c[:, None] & mask_v[None, :]
+            if MASK_ROWS or MASK_K:
                 b_s = tl.load(p_s, mask=mask_s, other=0.0, eviction_policy=STATE_EVICTION).to(tl.float32)
-            else:  # a cache modifier (".cg": L2 only) cannot be combined with an eviction hint
-                b_s = tl.load(p_s, mask=mask_s, other=0.0, cache_modifier=LOAD_CACHE).to(tl.float32)
-            b_v = tl.load(v_row + o_v, mask=mask_v, other=0.0, eviction_policy=ACT_EVICTION).to(tl.float32)
-
-            b_s = b_s * b_decay[None, :]
-            b_u = b_beta * (b_v - tl.sum(b_s * b_k[None, :], axis=1))
-            b_s = b_s + b_u[:, None] * b_k[None, :]
-            b_o = tl.where(o_v < v_limit, tl.sum(b_s * b_q[None, :], axis=1), 0.0)
-
-            tl.store(o_row + o_v, b_o.to(o_row.dtype.element_ty), mask=mask_v)
-            if STORE_CACHE == "":
+            else:
+                b_s = tl.load(p_s, eviction_policy=STATE_EVICTION).to(tl.float32)
+            b_d, b_k, b_q = _chunk_vectors(q_row, k_row, x_row, bias_row, o_c, mask_c, r_q, r_k, b_A, lower_bound,
+                                           BOUNDED_GATE, ACT_EVICTION)
+            b_s = b_s * b_d[:, None] + b_k[:, None] * b_u[None, :]
+            if MASK_ROWS or MASK_K:
                 tl.store(p_s, b_s.to(base.dtype.element_ty), mask=mask_s, eviction_policy=STORE_EVICTION)
-            else:  # a cache modifier (".cs": streaming) cannot be combined with an eviction hint
-                tl.store(p_s, b_s.to(base.dtype.element_ty), mask=mask_s, cache_modifier=STORE_CACHE)
+            else:
+                tl.store(p_s, b_s.to(base.dtype.element_ty), eviction_policy=STORE_EVICTION)
+
+    @triton.jit
+    def _tile_ptrs(base, i_v, o_k, K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr, STATE_KV: tl.constexpr):
+        """Pointers of state tile ``i_v`` (``[BV, K]``: rows along V) and its row offsets."""
+        o_v = i_v * BV + tl.arange(0, BV)
+        if STATE_KV:
+            p_s = base + o_k[None, :] * V + o_v[:, None]
+        else:
+            p_s = base + o_v[:, None] * K + o_k[None, :]
+        return p_s, o_v
+
+    @triton.jit
+    def _tile_mask(o_v, v_limit, mask_k, MASK_ROWS: tl.constexpr, MASK_K: tl.constexpr):
+        """Which lanes of a tile may touch the pool (only built when MASK_ROWS or MASK_K)."""
+        if MASK_ROWS and MASK_K:
+            mask_s = (o_v < v_limit)[:, None] & mask_k[None, :]
+        elif MASK_ROWS:
+            mask_s = (o_v < v_limit)[:, None] & (mask_k | True)[None, :]
+        else:
+            mask_s = (o_v >= 0)[:, None] & mask_k[None, :]
+        return mask_s
+
+    @triton.jit
+    def _load_tile(base, v_limit, v_row, i_v, o_k, mask_k, K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr,
+                   STATE_KV: tl.constexpr, STATE_EVICTION: tl.constexpr, LOAD_CACHE: tl.constexpr,
+                   V_EVICTION: tl.constexpr, MASK_ROWS: tl.constexpr, MASK_K: tl.constexpr):
+        """State tile ``i_v`` in its stored dtype (converted where it is used) and its v values."""
+        p_s, o_v = _tile_ptrs(base, i_v, o_k, K, V, BV, STATE_KV)
+        mask_s = None
+        other = None
+        if MASK_ROWS or MASK_K:
+            mask_s = _tile_mask(o_v, v_limit, mask_k, MASK_ROWS, MASK_K)
+            other = 0.0
+        # The state is streamed once: do not let it push the activations out of L2.
+        if LOAD_CACHE == "":
+            b_s = tl.load(p_s, mask=mask_s, other=other, eviction_policy=STATE_EVICTION)
+        else:  # a cache modifier (".cg": L2 only) cannot be combined with an eviction hint
+            b_s = tl.load(p_s, mask=mask_s, other=other, cache_modifier=LOAD_CACHE)
+        if MASK_ROWS or MASK_K:
+            b_v = tl.load(v_row + o_v, mask=o_v < V, other=0.0, eviction_policy=V_EVICTION)
+        else:
+            b_v = tl.load(v_row + o_v, eviction_policy=V_EVICTION)
+        return b_s, b_v
+
+    @triton.jit
+    def _update_tile(b_s, b_v, base, v_limit, o_row, i_v, b_q, b_k, b_decay, b_beta, o_k, mask_k,
+                     K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr, STATE_KV: tl.constexpr,
+                     STORE_CACHE: tl.constexpr, STORE_EVICTION: tl.constexpr, MASK_ROWS: tl.constexpr,
+                     MASK_K: tl.constexpr):
+        """The delta-rule step on one loaded tile: its output rows and the updated tile are stored."""
+        p_s, o_v = _tile_ptrs(base, i_v, o_k, K, V, BV, STATE_KV)
+        mask_s = None
+        if MASK_ROWS or MASK_K:
+            mask_s = _tile_mask(o_v, v_limit, mask_k, MASK_ROWS, MASK_K)
+        b_s = b_s.to(tl.float32) * b_decay[None, :]
+        b_u = b_beta * (b_v.to(tl.float32) - tl.sum(b_s * b_k[None, :], axis=1))
+        b_s = b_s + b_u[:, None] * b_k[None, :]
+        b_o = tl.sum(b_s * b_q[None, :], axis=1)
+        if MASK_ROWS:
+            b_o = tl.where(o_v < v_limit, b_o, 0.0)
+        if MASK_ROWS or MASK_K:
+            tl.store(o_row + o_v, b_o.to(o_row.dtype.element_ty), mask=o_v < V)
+        else:
+            tl.store(o_row + o_v, b_o.to(o_row.dtype.element_ty))
+        if STORE_CACHE == "":
+            tl.store(p_s, b_s.to(base.dtype.element_ty), mask=mask_s, eviction_policy=STORE_EVICTION)
+        else:  # a cache modifier (".cs": streaming) cannot be combined with an eviction hint
+            tl.store(p_s, b_s.to(base.dtype.element_ty), mask=mask_s, cache_modifier=STORE_CACHE)
 
 
 @DecodeBackend
@@ -324,6 +463,10 @@ def packed_decode(call: DecodeArgs, *, oob_counter: Tensor | None = None, config
         wide,  # WIDE
         cfg.act_eviction,  # ACT_EVICTION
         cfg.state_eviction if cfg.store_eviction is None else cfg.store_eviction,  # STORE_EVICTION
+        cfg.guard == "mask" or head_v_dim % (cfg.block_v * cfg.tiles) != 0,  # MASK_ROWS
+        head_k_dim != triton.next_power_of_2(head_k_dim),  # MASK_K
+        cfg.kv_chunk if state_layout == "KV" else 0,  # KV_CHUNK
+        cfg.act_eviction if cfg.v_eviction is None else cfg.v_eviction,  # V_EVICTION
     )
     options = {"num_warps": cfg.num_warps}
     if cfg.max_registers is not None:
@@ -356,7 +499,7 @@ def packed_decode(call: DecodeArgs, *, oob_counter: Tensor | None = None, config
 # first call, or set KDA_TRITON_FAST_LAUNCH=0 (read at import) to always launch with kernel[grid].
 
 _N_RUNTIME_ARGS = 12
-_N_CONSTEXPRS = 24
+_N_CONSTEXPRS = 28
 _INT_ARGS = slice(11, 12)  # N (head counts and strides are constexprs)
 _fast_launch: dict = {
     "enabled": os.environ.get("KDA_TRITON_FAST_LAUNCH", "1") not in ("", "0") and triton is not None,

@@ -115,12 +115,38 @@ def test_matches_reference_when_dims_are_not_powers_of_two() -> None:
         DecodeConfig(block_v=4, num_warps=2, tiles=2, grid="head_fastest"),
         DecodeConfig(block_v=8, num_warps=1, act_eviction="evict_last", store_eviction=""),
         DecodeConfig(block_v=16, num_warps=1, max_registers=96),
+        DecodeConfig(block_v=4, num_warps=1, tiles=2, act_eviction="evict_last", v_eviction=""),
     ],
-    ids=lambda c: f"bv{c.block_v}-t{c.tiles}-s{c.num_stages}-{c.guard}{c.load_cache}{c.store_cache}-{c.grid}",
+    ids=lambda c: f"bv{c.block_v}-t{c.tiles}-s{c.num_stages}-{c.guard}{c.load_cache}{c.store_cache}-{c.grid}"
+    f"{'-v' + str(c.v_eviction) if c.v_eviction is not None else ''}",
 )
 def test_matches_reference_for_launch_configs(config: DecodeConfig) -> None:
     # V=16 split into several tiles and tile groups, including a group that runs past V.
     _assert_matches_reference(_case(head_v_dim=16, indices=[6, -1, 2]), config)
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        DecodeConfig(block_v=16, num_warps=1, kv_chunk=4),
+        DecodeConfig(block_v=8, num_warps=1, kv_chunk=8, guard="mask", v_eviction="evict_first"),
+        DecodeConfig(block_v=16, num_warps=1, kv_chunk=16, grid="v_fastest", state_eviction=""),
+    ],
+    ids=["bv16-ck4", "bv8-ck8-mask", "bv16-ck16-vfastest"],
+)
+@pytest.mark.parametrize("head_k_dim", [16, 12], ids=["K16", "K12"])
+def test_chunked_kv_tiles_match_reference(config: DecodeConfig, head_k_dim: int) -> None:
+    # two passes over chunks of K rows; K=12 leaves a partial chunk, V=20 a partial tile; padding and
+    # an out-of-range index
+    case = _case(head_k_dim=head_k_dim, head_v_dim=20, state_layout="KV", indices=[6, -1, 2, 9])
+    _assert_matches_reference(case, config)
+
+
+@pytest.mark.parametrize("lower_bound", [None, -5.0], ids=["softplus", "bounded"])
+@pytest.mark.parametrize("use_qk_l2norm", [True, False], ids=["l2norm", "raw"])
+def test_chunked_kv_tiles_match_reference_for_gates_and_norms(lower_bound: float | None, use_qk_l2norm: bool) -> None:
+    case = _case(state_layout="KV", lower_bound=lower_bound, use_qk_l2norm=use_qk_l2norm, num_heads=1)
+    _assert_matches_reference(case, DecodeConfig(block_v=8, num_warps=1, kv_chunk=8))
 
 
 @pytest.mark.parametrize("num_v_heads", [16, 32])
