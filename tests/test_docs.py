@@ -139,8 +139,8 @@ def test_a_contract_renders_without_its_heading_and_catalogue_link_for_a_docstri
 def test_the_docs_config_sets_the_concrete_shapes():
     md = _files(kc.KDAConfig.preset("kimi-k3-like", tp_size=8), "k3 tp8")["contracts.md"]
     assert "| `mixed_qkv` | `[B, 2*H*K+HV*V]` | `[B, 4608]` |" in md  # 12 heads * 128 * 3
-    assert ("`lower_bound` | `float \\| None` | `finite and < 0` (None skips it); equals config `effective_lower_bound` "
-            "| `-5.0`") in md
+    assert ("`lower_bound` | `float \\| None` | `finite and < 0` (None skips it); equals config "
+            "`effective_lower_bound` | `-5.0`") in md
 
 
 # -- pictures ------------------------------------------------------------------------------------
