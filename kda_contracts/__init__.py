@@ -26,6 +26,7 @@ from .decorator import contract as contract
 from .decorator import registered_contracts as registered_contracts
 from .docstrings import contract_docs as contract_docs
 from .docstrings import set_contract_docs as set_contract_docs
+from .dumps import save_call as save_call
 from .errors import AnnotationError as AnnotationError
 from .errors import ArgumentTypeError as ArgumentTypeError
 from .errors import ContractError as ContractError

@@ -33,7 +33,8 @@ import torch
 from .constraints import Constraint, parse_constraint
 from .errors import AnnotationError, ContractError, Violation, raise_violations
 
-__all__ = ["EXTRA_PARAMETERS", "Backend", "BackendError", "BackendTable", "CallInfo", "Chosen", "signature_problem"]
+__all__ = ["EXTRA_PARAMETERS", "Backend", "BackendError", "BackendTable", "CallInfo", "Chosen", "signature_problem",
+           "verdict_lines"]
 
 EXTRA_PARAMETERS = ("dims", "variant")  # keyword-only parameters a kernel may add to the op's
 
@@ -416,3 +417,22 @@ class Chosen:
     run: Callable[..., Any]
     direct: bool = False
 
+
+def verdict_lines(verdicts: Sequence[tuple[Backend, Sequence[str]]]) -> list[str]:
+    """One line per backend, as ``op.explain_backends`` words them: the one ``backend="auto"``
+    picks, those that support the call but rank lower, and why each other one cannot run it.
+
+    Example::
+
+        verdict_lines(table.verdicts(info))   # ['    fast: chosen (priority 30, ...)', ...]
+    """
+    lines, chosen = [], None
+    for b, reasons in verdicts:
+        if not reasons and chosen is None:
+            chosen = b.name
+            lines.append(f"{b.name:>8}: chosen (priority {b.priority}, the highest that supports this call)")
+        elif not reasons:
+            lines.append(f"{b.name:>8}: supports this call, but {chosen} has a higher priority")
+        else:
+            lines.append(f"{b.name:>8}: not chosen: {'; '.join(reasons)}")
+    return lines

@@ -1,11 +1,14 @@
-"""The ``kda-contracts`` command line: the engine's ``docs`` command and the commands the
-shipped ops add (``demo``, ``validate``), found through one registry,
+"""The ``kda-contracts`` command line: the engine's ``docs`` and ``validate`` commands and the
+commands the shipped ops add (``demo``), found through one registry,
 :func:`kda_contracts.ops.cli_commands`, which is imported when the command line runs (the
 engine never imports an op at import time).
 
 A command is a :class:`Command`: its name, its help, how it adds its arguments, and what it runs.
 The ``docs`` command renders the contracts through a :class:`DocsSource` that an op provides
-(its config on the command line and the files it generates); see :func:`docs_command`.
+(its config on the command line and the files it generates); see :func:`docs_command`. The
+``validate`` command replays a :func:`kc.save_call <kda_contracts.save_call>` dump of any op, and
+reads the shipped ops' own dump formats (:class:`DumpFormat`); see :func:`validate_command`.
+An unexpected exception in any command exits 2 with its traceback, never 1.
 
 Example::
 
@@ -28,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from .module_docs import ModulePage
 
-__all__ = ["Command", "CommandError", "DocsSource", "docs_command", "main"]
+__all__ = ["Command", "CommandError", "DocsSource", "DumpFormat", "docs_command", "main", "validate_command"]
 
 DEFAULT_DOCS_DIR = "docs/generated"
 
@@ -177,6 +180,94 @@ def docs_command(source: DocsSource) -> Command:
         description=source.description, epilog=source.epilog)
 
 
+# -- validate --------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class DumpFormat:
+    """An op's own dump format, which ``kda-contracts validate`` reads besides
+    :func:`kc.save_call <kda_contracts.save_call>`'s: its name, why a loaded file is not one
+    (``why_not(raw)``; None when it is), how it adds its options (``options``: their ``dest``s,
+    refused with other dumps) and how it validates a file (``run(args, loaded)``, the exit code).
+
+    Example::
+
+        DumpFormat("packed_decode dump", why_not, run, configure, ("config", "tp"), epilog)
+    """
+
+    name: str
+    why_not: Callable[[Any], str | None]
+    run: Callable[[argparse.Namespace, Any], int]
+    configure: Callable[[argparse.ArgumentParser], None] = _no_arguments
+    options: tuple[str, ...] = ()
+    epilog: str = ""
+
+
+_VALIDATE_EPILOG = """\
+exit codes:
+  0  the call meets the contract
+  1  the call breaks the contract (every violation is listed)
+  2  the file is not a usable dump: missing, not a torch.save file, refused by
+     torch.load(weights_only=True), malformed, or its op cannot be imported here;
+     an internal error (traceback on stderr); or a bad command line
+
+A kc.save_call dump (also what KDA_CONTRACTS_DUMP_DIR collects) names its op or contract
+as module:qualname, imported here (the current directory is on the path).
+"""
+
+
+def _run_validate(formats: Sequence[DumpFormat], args: argparse.Namespace) -> int:
+    import json
+
+    from .dump_reader import DumpError, is_call_dump, load_file, read_call_dump
+    from .dump_report import check_call
+    from .dumps import FORMAT_KEY
+
+    try:
+        loaded = load_file(args.dump)
+        if not is_call_dump(loaded.raw):
+            reasons = []
+            for fmt in formats:
+                why = fmt.why_not(loaded.raw)
+                if why is None:
+                    return fmt.run(args, loaded)
+                reasons.append(f"not a {fmt.name} ({why})")
+            raise DumpError(f"{loaded.path}: not a dump kda-contracts can read: not a kc.save_call dump (no "
+                            f"{FORMAT_KEY!r} key){''.join(f'; {r}' for r in reasons)}")
+        given = [f"--{o.replace('_', '-')}" for f in formats for o in f.options if getattr(args, o, None) is not None]
+        if given:
+            raise CommandError(f"{', '.join(given)}: for other dump formats; a kc.save_call dump carries its own "
+                               "arguments and config")
+        dump = read_call_dump(loaded)
+    except DumpError as exc:
+        print(f"kda-contracts validate: {exc}", file=sys.stderr)
+        return 2
+    report = check_call(dump, strict=None if args.mode is None else args.mode == "strict")
+    print(json.dumps(report.to_json(), indent=2) if args.json else report.render(), end="\n" if args.json else "")
+    return report.exit_code
+
+
+def validate_command(formats: Sequence[DumpFormat] = ()) -> Command:
+    """The ``validate`` command: replays a :func:`kc.save_call <kda_contracts.save_call>` dump of
+    any op or contract, or a file of one of ``formats`` (the shipped ops' own)."""
+
+    def configure(v: argparse.ArgumentParser) -> None:
+        v.add_argument("dump", help="the .pt file")
+        v.add_argument("--mode", choices=("check", "strict"), default=None,
+                       help="check: shapes, dtypes, devices, strides; strict adds the value checks. Default: the "
+                            "mode the call was saved in (strict for the formats below)")
+        v.add_argument("--strict", dest="mode", action="store_const", const="strict", help="same as --mode strict")
+        v.add_argument("--json", action="store_true", help="print the report as JSON")
+        for f in formats:
+            f.configure(v)
+
+    return Command(
+        "validate", "the full contract report on a dumped call (kc.save_call, KDA_CONTRACTS_DUMP_DIR)",
+        "report on a dumped call", lambda args: _run_validate(formats, args), configure,
+        description="Load a dump of a call (torch.load(weights_only=True)) and print every violation, the bound dims "
+                    "with where each came from, and, for an op, which backend would run the call and why the others "
+                    "would not.",
+        epilog=_VALIDATE_EPILOG + "".join("\n" + f.epilog for f in formats if f.epilog))
+
+
 def _shipped_commands() -> list[Command]:
     # The one place the engine names the shipped ops, imported only when the command line runs.
     from .ops import cli_commands
@@ -219,6 +310,11 @@ def main(argv: Sequence[str] | None = None, commands: Sequence[Command] | None =
         return by_name[args.command].run(args)
     except CommandError as exc:
         print(f"kda-contracts {args.command}: {exc}", file=sys.stderr)
+        return 2
+    except Exception as exc:  # a bug, never a verdict: exit 2 (not 1, which means "violations" or "out of date")
+        traceback.print_exc()
+        print(f"kda-contracts {args.command}: internal error ({type(exc).__name__}: {exc}); the traceback is "
+              "above", file=sys.stderr)
         return 2
 
 

@@ -27,7 +27,7 @@ from beartype import BeartypeConf, beartype
 from beartype.door import is_bearable
 from beartype.roar import BeartypeCallHintParamViolation
 
-from . import modes
+from . import dumps, modes
 from .body import body_uses_checks, runner
 from .codegen import bool_for_float, checked_parameters, checker_names, generate_checker, generate_return_checker
 from .config_views import ConfigViews
@@ -39,6 +39,7 @@ from .errors import (
     Violation,
     passthrough_for_compile,
     raise_violations,
+    uninspectable,
 )
 from .explain import explain_return
 from .markers import Where
@@ -153,23 +154,23 @@ class Contract:
         return out
 
     def fail(self, values: Mapping[str, Any], config: Any) -> None:
-        """Raise the full report for a call the fast path rejected."""
-        tv = self.type_violations(values)
-        if tv:
-            self.rejections += 1
-            raise_violations(self.name, tv, {}, {})
-        try:
-            dims, prov, violations = self.spec.explain(values, config)
-        except ContractError:
-            raise
-        except Exception as exc:  # an object no rule foresaw: still a ContractError, never a crash
-            self.rejections += 1
-            raise_violations(self.name, [Violation(
-                ArgumentTypeError, "arguments", "arguments the contract can inspect", f"{type(exc).__name__}: {exc}",
-                hint="an argument is not what its annotation says (or a config is of the wrong kind)")], {}, {})
-        if violations:
-            self.rejections += 1
-            raise_violations(self.name, violations, dims, prov)
+        """Raise the full report for a call the fast path rejected (saved first when
+        ``KDA_CONTRACTS_DUMP_DIR`` is set: :mod:`kda_contracts.dumps`)."""
+        with dumps.saving_rejection(self, values, config):
+            tv = self.type_violations(values)
+            if tv:
+                self.rejections += 1
+                raise_violations(self.name, tv, {}, {})
+            try:
+                dims, prov, violations = self.spec.explain(values, config)
+            except ContractError:
+                raise
+            except Exception as exc:  # an object no rule foresaw: still a ContractError, never a crash
+                self.rejections += 1
+                raise_violations(self.name, [uninspectable(exc)], {}, {})
+            if violations:
+                self.rejections += 1
+                raise_violations(self.name, violations, dims, prov)
         # The generated checker and the interpreter disagree: trust the interpreter, but say so.
         warnings.warn(f"kda_contracts: the fast checker of {self.name} rejected a call the full check accepts; "
                       "please report this with the call's shapes", RuntimeWarning, stacklevel=3)
@@ -243,7 +244,8 @@ class Contract:
         violations = self.spec.value_checks(ctx)
         if violations:
             self.rejections += 1
-            raise_violations(self.name, violations, dims, prov)
+            with dumps.saving_rejection(self, values, config, stage="value checks"):
+                raise_violations(self.name, violations, dims, prov)
 
     def wrap(self, fixed_mode: int | None = None) -> Callable[..., Any]:
         """A function with ``fn``'s signature that enforces this contract, then calls ``fn``."""
@@ -340,7 +342,8 @@ def _build_wrapper(c: Contract, fixed_mode: int | None) -> Callable[..., Any]:
     def fail_types(*vals: Any) -> None:
         values = as_values(*vals)
         c.rejections += 1
-        raise_violations(c.name, c.type_violations(values), {}, {})
+        with dumps.saving_rejection(c, values, c._config_for(values)):
+            raise_violations(c.name, c.type_violations(values), {}, {})
 
     def fail_return(res: Any, *vals: Any) -> None:
         # the dims again, from the arguments: under torch.compile the traced ones may be symbolic

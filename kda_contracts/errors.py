@@ -145,6 +145,14 @@ class Violation:
         return next((f for f in self.facts if isinstance(f, kind)), None)
 
 
+def uninspectable(exc: Exception) -> Violation:
+    """The violation of a call whose arguments the slow path could not inspect (it raised ``exc``):
+    an object no rule foresaw is still a ContractError, never a crash."""
+    return Violation(ArgumentTypeError, "arguments", "arguments the contract can inspect",
+                     f"{type(exc).__name__}: {exc}",
+                     hint="an argument is not what its annotation says (or a config is of the wrong kind)")
+
+
 _COMBINED: dict[tuple[type[ContractError], ...], type[ContractError]] = {}
 
 

@@ -38,9 +38,10 @@ from typing import Any
 import torch
 
 from . import modes
-from .backends import Backend, BackendError, BackendTable, CallInfo, Chosen, _runner
+from .backends import Backend, BackendError, BackendTable, CallInfo, Chosen, _runner, verdict_lines
 from .body import body_uses_checks, runner
 from .decorator import Contract, _outside_compile, eager_value_checks, register_contract
+from .dumps import saving_rejection
 from .errors import AnnotationError, ContractError, Violation, raise_violations
 from .markers import Where
 from .nested import mentions_array
@@ -289,15 +290,7 @@ class Op:
         values = self._values(args, kwargs)
         variant, _ = self.contract_for(values)
         info = self.call_info(values, self.validate_values(values), variant)
-        lines, chosen = [], None
-        for b, reasons in self.table.verdicts(info):
-            if not reasons and chosen is None:
-                chosen = b.name
-                lines.append(f"{b.name:>8}: chosen (priority {b.priority}, the highest that supports this call)")
-            elif not reasons:
-                lines.append(f"{b.name:>8}: supports this call, but {chosen} has a higher priority")
-            else:
-                lines.append(f"{b.name:>8}: not chosen: {'; '.join(reasons)}")
+        lines = verdict_lines(self.table.verdicts(info))
         for ep, why in self.plugin_errors().items():
             lines.append(f"plug-in {ep}: failed to load: {why}")
         return "\n".join(lines)
@@ -355,11 +348,15 @@ class Op:
         if self.after is not None:
             violations = self.after(ctx, chosen.name)
             if violations:
-                restore(saved)
                 c.rejections += 1
                 if saved is not None:
                     violations = [dataclasses.replace(v, details=(*v.details, ROLLED_BACK)) for v in violations]
-                raise_violations(f"{self.name} (after backend {chosen.name!r})", violations, env, ctx.provenance)
+                try:  # saved (KDA_CONTRACTS_DUMP_DIR) as the backend left it, then rolled back
+                    with saving_rejection(self, values, config, stage="after", backend=chosen.name):
+                        raise_violations(f"{self.name} (after backend {chosen.name!r})", violations, env,
+                                         ctx.provenance)
+                finally:
+                    restore(saved)
         return res
 
     def _failed(self, backend: str, exc: BaseException, *, rolled_back: bool = False) -> None:
