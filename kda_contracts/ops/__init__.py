@@ -1,6 +1,6 @@
 """The ops kda-contracts ships, one package each, built on the engine's public API:
 ``packed_decode`` (KDA, Kimi-Linear). Each holds its contract, hints, mistakes catalogue,
-diagrams, dump report, custom op, demo and command-line commands; its kernels live in
+diagrams, dump format, custom op, demo and command-line commands; its kernels live in
 ``kda_kernels``.
 
 Example::
@@ -35,8 +35,11 @@ sys.modules[__name__].__class__ = _CallablePackage
 
 
 def cli_commands() -> list[Command]:
-    """The ``kda-contracts`` subcommands of every shipped op, in help order (the registry the
-    engine's command line reads; each op's commands are imported only when asked for)."""
+    """The ``kda-contracts`` subcommands of every shipped op, in help order, and the engine's
+    ``validate``, which also reads the shipped ops' own dump formats (the registry the engine's
+    command line reads; each op's commands are imported only when asked for)."""
+    from ..cli import validate_command
     from .packed_decode.cli import commands as packed_decode_commands
+    from .packed_decode.cli import dump_format as packed_decode_dumps
 
-    return [*packed_decode_commands()]
+    return [*packed_decode_commands(), validate_command([packed_decode_dumps()])]

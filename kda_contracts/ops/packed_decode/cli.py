@@ -1,7 +1,7 @@
 """The ``kda-contracts`` commands of packed decode: ``demo`` (the tour), ``docs`` (its config on
-the command line and the files it generates: :mod:`.docs`) and ``validate`` (the report on a
-dumped call: :mod:`.dump`). The engine's command line finds them through
-:func:`kda_contracts.ops.cli_commands`.
+the command line and the files it generates: :mod:`.docs`), and its own dump format for the
+engine's ``validate`` (the files :func:`.dump.save_dump` writes: :mod:`.dump`). The engine's
+command line finds them through :func:`kda_contracts.ops.cli_commands`.
 
 Example::
 
@@ -17,28 +17,24 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ...cli import Command, CommandError, DocsSource, docs_command
+from ...cli import Command, CommandError, DocsSource, DumpFormat, docs_command
+from ...dump_reader import LoadedFile
 from .config import PRESETS, KDAConfig
 
 if TYPE_CHECKING:
     from ...module_docs import ModulePage
 
-__all__ = ["commands", "config_from_arg"]
+__all__ = ["commands", "config_from_arg", "dump_format"]
 
 DEFAULT_PRESET = "kimi-linear-48b-a3b"
 
-_VALIDATE_EPILOG = """\
-exit codes:
-  0  the call meets the contract
-  1  the call breaks the contract (every violation is listed)
-  2  the file is not a usable dump: missing, not a torch.save file, refused by
-     torch.load(weights_only=True), not a dict, missing arguments, bad config;
-     also a bad command line
-
-The dump is a dict: keys mixed_qkv, a, b, A_log, dt_bias, scale, initial_state, out,
-ssm_state_indices (required), use_qk_l2norm_in_kernel, lower_bound (optional),
-"config" (dict of KDAConfig fields, a preset name, or {"preset": name, "tp_size": n}),
-"state_layout" ("VK" or "KV"). kda_contracts.ops.packed_decode.dump.save_dump writes one.
+_DUMP_EPILOG = """\
+packed_decode dumps (save_dump): a dict with keys mixed_qkv, a, b, A_log, dt_bias, scale,
+initial_state, out, ssm_state_indices (required), use_qk_l2norm_in_kernel, lower_bound
+(optional), "config" (dict of KDAConfig fields, a preset name, or {"preset": name,
+"tp_size": n}), "state_layout" ("VK" or "KV"); kda_contracts.ops.packed_decode.dump.save_dump
+writes one. Checked in strict mode unless --mode check; --config, --tp and --state-layout
+override the dump's.
 """
 
 _DOCS_EPILOG = """\
@@ -103,35 +99,44 @@ def _docs_generate(cfg: KDAConfig, label: str, page: ModulePage | None) -> dict[
     return generate(cfg, label, page=page)
 
 
-# -- validate --------------------------------------------------------------------------------------
-def _validate_configure(v: argparse.ArgumentParser) -> None:
-    v.add_argument("dump", help="the .pt file")
-    v.add_argument("--config", help="check against this config instead of the dump's (a preset or a config.json)")
+# -- validate: the packed-decode dump format ---------------------------------------------------------
+def _dump_configure(v: argparse.ArgumentParser) -> None:
+    v.add_argument("--config", help="packed_decode dumps: check against this config instead of the dump's (a preset "
+                                    "or a config.json)")
     v.add_argument("--tp", type=int, help="tensor-parallel degree for --config (default 1)")
-    v.add_argument("--state-layout", choices=("VK", "KV"), help="the declared state layout (default: the dump's, "
-                                                                "else the config's, else VK)")
-    v.add_argument("--mode", choices=("check", "strict"), default="strict",
-                   help="strict (default) adds the value checks: index range, duplicate slots, aliasing, finiteness")
-    v.add_argument("--json", action="store_true", help="print the report as JSON")
+    v.add_argument("--state-layout", choices=("VK", "KV"), help="packed_decode dumps: the declared state layout "
+                                                                "(default: the dump's, else the config's, else VK)")
 
 
-def _validate(args: argparse.Namespace) -> int:
-    from .dump import EXIT_UNUSABLE, DumpError, check_dump, load_dump
+def _dump_run(args: argparse.Namespace, loaded: LoadedFile) -> int:
+    from .dump import EXIT_UNUSABLE, DumpError, check_dump, from_loaded
 
     if args.tp is not None and not args.config:
         raise CommandError("--tp needs --config (the dump's own config already says its tp_size)")
     cfg = config_from_arg(args.config, args.tp)[0] if args.config else None
     try:
-        dump = load_dump(args.dump, config=cfg, state_layout=args.state_layout)
+        dump = from_loaded(loaded, config=cfg, state_layout=args.state_layout)
     except DumpError as exc:
         print(f"kda-contracts validate: {exc}", file=sys.stderr)
         return EXIT_UNUSABLE
-    report = check_dump(dump, strict=args.mode == "strict")
+    report = check_dump(dump, strict=args.mode != "check")
     if args.json:
         print(json.dumps(report.to_json(), indent=2))
     else:
         print(report.render(), end="")
     return report.exit_code
+
+
+def _dump_problem(raw: object) -> str | None:
+    from .dump import dump_problem
+
+    return dump_problem(raw)
+
+
+def dump_format() -> DumpFormat:
+    """The packed-decode dump format (:func:`.dump.save_dump`'s), for ``kda-contracts validate``."""
+    return DumpFormat("packed_decode dump", _dump_problem, _dump_run, _dump_configure,
+                      ("config", "tp", "state_layout"), _DUMP_EPILOG)
 
 
 def _demo(args: argparse.Namespace) -> int:
@@ -149,10 +154,4 @@ def commands() -> list[Command]:
                     "for a config, and the catalogue of known mistakes; or, with --module, only the ops (contracts, "
                     "checks, backends) and contracts that your modules define.",
         epilog=_DOCS_EPILOG)
-    validate = Command(
-        "validate", "the full contract report on a torch.save'd packed-decode call",
-        "report on a torch.save'd packed-decode call", _validate, _validate_configure,
-        description="Load a dump of a packed-decode call (torch.load(weights_only=True)) and print every violation, "
-                    "the bound dims with where each came from, and which backends would accept the call.",
-        epilog=_VALIDATE_EPILOG)
-    return [Command("demo", _DEMO, _DEMO, _demo), docs_command(docs), validate]
+    return [Command("demo", _DEMO, _DEMO, _demo), docs_command(docs)]

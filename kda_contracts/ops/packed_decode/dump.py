@@ -29,17 +29,14 @@ Example::
 from __future__ import annotations
 
 import os
-import pickle
-import re
-import zipfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import torch
 from pydantic import ValidationError
 
+from ...dump_reader import DumpError, LoadedFile, load_file
 from ...errors import ContractError, DeviceError, Violation, format_report
 from ...spec import CallContext, Dims
 from . import adapters
@@ -48,16 +45,12 @@ from .contract import PACKED_DECODE_ARGS, packed_decode_contract, resolve_layout
 from .decode import packed_decode
 
 __all__ = ["EXIT_INVALID", "EXIT_UNUSABLE", "EXIT_VALID", "DecodeDump", "DumpError", "DumpReport", "check_dump",
-           "load_dump", "save_dump"]
+           "dump_problem", "from_loaded", "load_dump", "save_dump"]
 
 EXIT_VALID, EXIT_INVALID, EXIT_UNUSABLE = 0, 1, 2
 REQUIRED = PACKED_DECODE_ARGS[:9]
 OPTIONAL = PACKED_DECODE_ARGS[9:]
 EXTRA_KEYS = ("config", "state_layout")
-
-
-class DumpError(Exception):
-    """The file is not a usable packed-decode dump (the command exits 2)."""
 
 
 @dataclass
@@ -106,58 +99,41 @@ def _config_from(raw: Any) -> KDAConfig:
                     f"({', '.join(sorted(PRESETS))}), got {type(raw).__name__}")
 
 
+def dump_problem(raw: Any) -> str | None:
+    """Why a loaded file is not a packed-decode dump (None when it is one, however broken: the
+    rest is for :func:`from_loaded` to say)."""
+    if not isinstance(raw, Mapping):
+        return f"expected a dict of packed_decode arguments by name, got a {type(raw).__name__}"
+    if not any(k in PACKED_DECODE_ARGS or k in EXTRA_KEYS for k in raw if isinstance(k, str)):
+        shown = ", ".join(repr(k) for k in list(raw)[:8]) + (", ..." if len(raw) > 8 else "")
+        return (f"none of the packed_decode arguments: is this a dump of another call (or a state_dict)? (keys: "
+                f"{shown or 'none'}; required: {', '.join(REQUIRED)})")
+    return None
+
+
 def load_dump(path: str | os.PathLike[str], *, config: KDAConfig | None = None,
               state_layout: str | None = None) -> DecodeDump:
     """Read and check the structure of a dump; ``config``/``state_layout`` override the dump's.
 
     Raises :class:`DumpError` with a message that says what is wrong with the file.
     """
-    p = Path(path)
-    if not p.is_file():
-        raise DumpError(f"{p}: no such file" if not p.exists() else f"{p}: not a file")
-    notes: list[str] = []
-    moved: set[str] = set()
-    seen: set[str] = set()
+    return from_loaded(load_file(path), config=config, state_layout=state_layout)
 
-    def restore(storage: Any, location: str) -> Any:
-        # Keep each tensor on its saved device when this machine has it; otherwise load it on the CPU.
-        seen.add(location)
-        if location == "cpu" or location.startswith("meta"):
-            return None
-        dev = torch.device(location)
-        if dev.type == "cuda" and torch.cuda.is_available() and (dev.index or 0) < torch.cuda.device_count():
-            return None
-        moved.add(location)
-        return storage
 
-    with open(p, "rb") as fh:
-        magic = fh.read(4)
-    if not (zipfile.is_zipfile(p) or magic[:1] == b"\x80"):  # torch.save writes a zip (or, legacy, a pickle)
-        raise DumpError(f"{p}: not a torch.save file (neither a zip archive nor a pickle)")
-    try:
-        raw = torch.load(p, map_location=restore, weights_only=True)
-    except pickle.UnpicklingError as exc:
-        # torch's message is long; its "Unsupported global: ..." line names the offending object.
-        why = next((m.group(1) for m in [re.search(r"(Unsupported [^.]*(?:\.[A-Za-z_][\w]*)*)", str(exc))] if m),
-                   str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__)
-        raise DumpError(f"{p}: refused by torch.load(weights_only=True): the file holds objects other than "
-                        f"tensors and plain Python values ({why}). Save a dict of tensors and scalars "
-                        "(kda_contracts.ops.packed_decode.dump.save_dump does).") from None
-    except Exception as exc:
-        raise DumpError(f"{p}: torch.load failed ({type(exc).__name__}: {str(exc)[:200]})") from None
-    if moved:
-        notes.append(f"tensors saved on {', '.join(sorted(moved))} were loaded on the CPU (no such device here): "
+def from_loaded(loaded: LoadedFile, *, config: KDAConfig | None = None,
+                state_layout: str | None = None) -> DecodeDump:
+    """:func:`load_dump` on a file already read with :func:`kda_contracts.dump_reader.load_file`."""
+    p, raw, notes = loaded.path, loaded.raw, []
+    if loaded.moved:
+        notes.append(f"tensors saved on {', '.join(loaded.moved)} were loaded on the CPU (no such device here): "
                      "device checks see the CPU copies")
-    if not isinstance(raw, Mapping):
-        raise DumpError(f"{p}: expected a dict of packed_decode arguments by name, got a {type(raw).__name__}")
-    keys = [k for k in raw if isinstance(k, str)]
+    problem = dump_problem(raw)
+    if problem is not None:
+        raise DumpError(f"{p}: {problem if not isinstance(raw, Mapping) else 'not a packed_decode dump: ' + problem}")
     missing = [k for k in REQUIRED if k not in raw]
     if missing:
-        known = [k for k in keys if k in PACKED_DECODE_ARGS or k in EXTRA_KEYS]
-        what = ("none of the packed_decode arguments: is this a dump of another call (or a state_dict)?"
-                if not known else f"missing {', '.join(missing)}")
         shown = ", ".join(repr(k) for k in list(raw)[:8]) + (", ..." if len(raw) > 8 else "")
-        raise DumpError(f"{p}: not a packed_decode dump: {what} (keys: {shown or 'none'}; required: "
+        raise DumpError(f"{p}: not a packed_decode dump: missing {', '.join(missing)} (keys: {shown}; required: "
                         f"{', '.join(REQUIRED)})")
     ignored = [repr(k) for k in raw if k not in PACKED_DECODE_ARGS and k not in EXTRA_KEYS]
     if ignored:
@@ -181,7 +157,7 @@ def load_dump(path: str | os.PathLike[str], *, config: KDAConfig | None = None,
     layout = state_layout if state_layout is not None else raw.get("state_layout")
     if layout is not None and layout not in ("VK", "KV"):
         raise DumpError(f"{p}: 'state_layout' must be 'VK' or 'KV', got {layout!r}")
-    return DecodeDump(str(p), values, cfg, origin, layout, notes, tuple(sorted(seen)), bool(moved))
+    return DecodeDump(p, values, cfg, origin, layout, notes, loaded.locations, bool(loaded.moved))
 
 
 @dataclass
