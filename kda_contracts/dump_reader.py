@@ -127,10 +127,10 @@ class SavedConfig:
         return str(self._facts.get("dim_sources", {}).get(sym, f"{sym}={self.contract_dims().get(sym)}"))
 
     def __repr__(self) -> str:
-        return f"<saved {self._cls.rpartition(':')[2]} ({self._cls}, not rebuilt)>"
+        return f"{self._cls.rpartition(':')[2]} ({self._cls}, replayed from its saved facts)"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class Placeholder:
     """An argument the dump could not hold (its class and repr), or an object that could not be
     rebuilt (its fields as attributes)."""
@@ -138,6 +138,9 @@ class Placeholder:
     cls: str
     repr: str
     fields: Mapping[str, Any] = field(default_factory=dict)
+
+    def __repr__(self) -> str:
+        return f"<{self.cls} not saved: {self.repr}>" if not self.fields else f"<{self.cls} not rebuilt>"
 
     def __getattr__(self, name: str) -> Any:
         try:
@@ -155,7 +158,12 @@ def _cwd_on_path() -> None:
 
 def import_ref(ref: str) -> Any:
     """The object named ``"module:qualname"`` (its module imported under mode ``check``, so
-    that the contracts it defines exist whatever ``KDA_CONTRACTS_MODE`` says)."""
+    that the contracts it defines exist whatever ``KDA_CONTRACTS_MODE`` says).
+
+    Example::
+
+        import_ref("kda_contracts.ops.packed_decode.decode:packed_decode")   # the op
+    """
     module, _, qual = ref.partition(":")
     if "<locals>" in qual:
         raise ImportError(f"{qual} is defined inside a function; only a module-level name can be imported")
@@ -195,6 +203,10 @@ class _Decoder:
         cls_ref, kind = str(obj["class"]), obj.get("kind")
         fields = {k: self.decode(v, f"{path}.{k}") for k, v in obj.get("fields", {}).items()}
         facts = obj.get("config")
+        if kind not in _REBUILT and facts is not None:
+            self.notes.append(f"{path}: config {cls_ref} replayed from its saved dims, dtypes and attributes (only "
+                              "pydantic models, dataclasses, named tuples and mappings are rebuilt)")
+            return SavedConfig(cls_ref, fields, facts)
         try:
             made = _rebuild(import_ref(cls_ref), kind, fields)
         except Exception as exc:
@@ -210,6 +222,9 @@ class _Decoder:
                               f"it had when saved ({facts.get('dims')}); replayed from the saved ones")
             return SavedConfig(cls_ref, fields, facts)
         return made
+
+
+_REBUILT = ("pydantic", "dataclass", "namedtuple", "mapping")
 
 
 def _rebuild(cls: Any, kind: Any, fields: dict[str, Any]) -> Any:
@@ -229,7 +244,8 @@ def _rebuild(cls: Any, kind: Any, fields: dict[str, Any]) -> Any:
             return cls(fields)
         except Exception:
             return dict(fields)
-    raise TypeError(f"a {kind} object is not rebuilt from its fields")
+    raise TypeError(f"{getattr(cls, '__qualname__', cls)} is not a pydantic model, a dataclass, a named tuple or a "
+                    "mapping")
 
 
 def _meta_tensor(rec: Mapping[str, Any]) -> torch.Tensor:

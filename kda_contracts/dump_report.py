@@ -242,7 +242,12 @@ def _strict_violations(dump: CallDump, contract: Contract, values: Mapping[str, 
 
 # -- rendering -------------------------------------------------------------------------------------
 def jsonable(obj: Any) -> Any:
-    """``obj`` as JSON data (dtypes and devices as strings, tensors as their metadata)."""
+    """``obj`` as JSON data (dtypes and devices as strings, tensors as their metadata).
+
+    Example::
+
+        jsonable({"dtype": torch.float16, "shape": (2, 3)})   # {'dtype': 'torch.float16', 'shape': [2, 3]}
+    """
     if obj is None or isinstance(obj, (bool, int, str)):
         return obj
     if isinstance(obj, float):
@@ -294,7 +299,7 @@ def _argument_line(name: str, v: Any, tensors: Mapping[str, Any]) -> str:
 def _config_line(cfg: Any) -> str:
     if cfg is None:
         return "none (dims come from the tensors)"
-    cls = type(cfg).__name__ if not isinstance(cfg, SavedConfig) else repr(cfg)
+    cls = repr(cfg) if isinstance(cfg, SavedConfig) else type(cfg).__name__
     try:
         dims = dict(cfg.contract_dims()) if hasattr(cfg, "contract_dims") else None
     except Exception:

@@ -139,9 +139,13 @@ class _Encoder:
 
     def _config_facts(self, cfg: Any) -> dict[str, Any]:
         """What the engine reads of a config, so it can be replayed without its class."""
-        dims = dict(config_dims(cfg))
-        facts: dict[str, Any] = {"dims": dims, "dim_sources": {s: config_dim_source(cfg, s) for s in dims}}
-        dts = config_dtypes(cfg)
+        try:
+            dims = dict(config_dims(cfg))
+            facts: dict[str, Any] = {"dims": dims, "dim_sources": {s: config_dim_source(cfg, s) for s in dims}}
+            dts = config_dtypes(cfg)
+        except Exception as exc:  # not a config the engine can read: the replay says so, as the call did
+            self.notes.append(f"config: a {type(cfg).__qualname__} whose dims cannot be read ({type(exc).__name__})")
+            return {"dims": {}, "dim_sources": {}, "attrs": {}}
         if dts:
             facts["dtypes"] = dict(dts)
         attrs = {}

@@ -90,3 +90,14 @@ def _positive_total(ctx):
 @kc.contract(value_checks=_positive_total)
 def dump_fragile(x: Float[Tensor, "B"]) -> None:
     """A contract whose strict value check has a bug."""
+
+
+@kc.contract
+class Projector:
+    """A class whose tensor-annotated methods get contracts."""
+
+    def __init__(self, width: int) -> None:
+        self.width = width
+
+    def project(self, x: Float[Tensor, "B D"], w: Float[Tensor, "D E"]) -> Float[Tensor, "B E"]:
+        return x @ w

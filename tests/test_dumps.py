@@ -392,3 +392,55 @@ def test_a_rejected_packed_decode_call_is_saved_with_its_config(dump_dir, capsys
     assert report["config"]["class"] == "kda_contracts.ops.packed_decode.config:KDAConfig"
     assert report["config"]["fields"]["tp_size"] == 2 and report["config"]["rebuilt"] is True
     assert NORM_CONFIG.D == 8  # the contract module's static config was not touched by any replay
+
+
+def test_a_model_layer_method_rejected_call_replays_with_the_layer_as_its_config(dump_dir, capsys):
+    from kda_contracts.models.kimi_linear import KimiDeltaAttention, random_weights
+
+    cfg = kc.KDAConfig(num_heads=2, num_v_heads=4, head_k_dim=8, head_v_dim=12, hidden_size=32, index_dtype="int32")
+    layer = KimiDeltaAttention(cfg, tp_rank=0, backend="torch")
+    layer.load_weights(**random_weights(cfg, seed=0))
+    ssm, conv = layer.new_state_pools(6)
+    with kc.mode("check"), pytest.raises(kc.ContractError) as info:
+        layer.decode(torch.randn(3, 30), ssm, conv, torch.tensor([-1, 4, -1], dtype=torch.int32))
+    (path,) = dump_dir.iterdir()
+    assert path.stat().st_size < 64 * 1024  # the layer's weights are not saved: only what the contract reads
+    code, report = validate_json(path, capsys)
+    assert code == 1 and report["target"]["name"] == "KimiDeltaAttention.decode"
+    assert [(v["argument"], v["got"]) for v in report["violations"]] == \
+        [(v.argument, v.got) for v in info.value.violations]
+    assert report["dims"]["D"] == {"value": 32, "from": "from config (hidden_size=32)"}
+    assert report["config"]["rebuilt"] is False
+
+
+needs_no_gpu = pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU here loads cuda:0 tensors in place")
+
+
+@needs_no_gpu
+def test_a_dump_written_on_a_gpu_is_loaded_on_the_cpu_and_judged_for_the_gpu(tmp_path, capsys):
+    import zipfile
+
+    path = kc.save_call(dump_scale_rows, tmp_path / "gpu.pt", *rows())
+    with zipfile.ZipFile(path) as z:  # what torch.save writes for cuda:0 tensors: the location, and our records
+        entries = {n: z.read(n) for n in z.namelist()}
+    pkl = next(n for n in entries if n.endswith("data.pkl"))
+    entries[pkl] = entries[pkl].replace(b"X\x03\x00\x00\x00cpu", b"X\x06\x00\x00\x00cuda:0")
+    with zipfile.ZipFile(path, "w") as z:
+        for n, data in entries.items():
+            z.writestr(n, data)
+    loaded = load_file(path)
+    assert loaded.moved == ("cuda:0",) and read_call_dump(loaded).values["x"].device.type == "cpu"
+    code, out, _ = validate(path, capsys)
+    assert code == 0
+    assert "x    float32 [4, 8] strides (8, 1) offset 0 on cuda:0" in out
+    assert "     gpu: chosen (priority 40" in out
+
+
+def test_a_bound_method_of_a_contracted_class_round_trips(tmp_path, capsys):
+    from dump_ops import Projector
+
+    method = Projector(4).project
+    code, out, _ = validate(kc.save_call(method, tmp_path / "m.pt", torch.randn(3, 8), torch.randn(8, 4)), capsys)
+    assert code == 0 and "call:    Projector.project (contract dump_ops:Projector.project)" in out
+    code, out, _ = validate(kc.save_call(method, tmp_path / "bad.pt", torch.randn(3, 8), torch.randn(5, 4)), capsys)
+    assert code == 1 and "[1] w: ShapeError" in out
