@@ -54,7 +54,8 @@ def _out_finite(ctx, backend):
 
 
 @kc.op(returns="out", config_arg="config", value_checks=_indices_in_pool, after=_out_finite)
-def dump_gather(pool: Float[Tensor, "N W"], idx: Int[Tensor, "B"], out: Float[Tensor, "B W"], *,
+def dump_gather(pool: Float[Tensor, "N W"], idx: Int[Tensor, "B"],
+                out: Annotated[Float[Tensor, "B W"], kc.Spec(mutated=True)], *,
                 config: GatherConfig | None = None) -> None:
     """Reference: out = pool[idx]."""
     out.copy_(pool[idx])

@@ -280,10 +280,12 @@ def test_a_strict_rejection_saved_without_values_is_not_called_valid_silently(du
 
 def test_a_call_an_ops_after_checks_reject_is_saved_with_what_the_backend_wrote(dump_dir, capsys):
     cfg = GatherConfig(slots=8, width=16)
+    out = torch.zeros(2, 16)
     with kc.mode("strict"), pytest.raises(kc.ValueRangeError, match="after backend 'nan'"):
-        dump_gather(torch.randn(8, 16), torch.tensor([1, 2]), torch.zeros(2, 16), config=cfg, backend="nan")
+        dump_gather(torch.randn(8, 16), torch.tensor([1, 2]), out, config=cfg, backend="nan")
+    assert out.eq(0).all()  # strict mode rolled the call back ...
     (path,) = dump_dir.iterdir()
-    assert torch.isnan(read_call_dump(load_file(path)).values["out"]).all()
+    assert torch.isnan(read_call_dump(load_file(path)).values["out"]).all()  # ... after saving what the check saw
     code, out, _ = validate(path, capsys)
     assert code == 1
     assert "rejected in mode strict by the op's after checks, once backend 'nan' had run" in out
