@@ -150,15 +150,17 @@ paged_attention.register_backend(kc.Backend(
     description="one program per (sequence, query head): loops over the blocks, online softmax"))
 
 
-def make_call(S: int = 3, NH: int = 4, NKV: int = 2, D: int = 64, BS: int = 16, NB: int = 12, MB: int = 4,
+def make_call(S: int = 3, NH: int = 4, NKV: int = 2, D: int = 64, BS: int = 16, NB: int | None = None, MB: int = 4,
               dtype: torch.dtype = torch.float32, device: str = "cpu", seed: int = 0) -> dict[str, object]:
-    """A valid call with random values: distinct blocks per sequence, lengths 1..MB*BS.
+    """A valid call with random values: lengths 1..MB*BS, distinct blocks per sequence when the
+    cache has enough (``NB``: by default two more than the sequences use).
 
     Example::
 
         >>> out = paged_attention(**make_call())
     """
     g = torch.Generator().manual_seed(seed)
+    NB = S * MB + 2 if NB is None else NB
     x = 16 // dtype.itemsize
     lens = torch.randint(1, MB * BS + 1, (S,), generator=g, dtype=torch.int32)
     tables = torch.randperm(NB, generator=g)[: S * MB].view(S, MB) if NB >= S * MB \
