@@ -3,7 +3,9 @@ the contract, so torch.compile, torch.export and ``opcheck`` see exactly the sha
 devices the contract accepts.
 
 - Arguments: the op's tensor and scalar (float, int, bool, str, optional ones) parameters, plus
-  ``backend: str = "auto"``, all by position or name (keyword-only ones of the op included).
+  ``backend: str = "auto"``, all by position or name (keyword-only ones of the op included; a
+  required one that follows a parameter with a default gets the default None, refused by the
+  contract).
   A parameter of another type (a config object) is left out and
   takes its default; one without a default cannot be part of a custom op (AnnotationError).
 - Mutated arguments: the tensors marked ``kc.Spec(mutated=True)``.
@@ -65,7 +67,13 @@ def _schema_params(o: Op) -> tuple[list[inspect.Parameter], list[str]]:
         else:
             raise AnnotationError(f"{o.name}: parameter {p.name!r} (tensors inside a container) cannot be a custom "
                                   "op argument")
-        kept.append(inspect.Parameter(p.name, kind, default=p.default, annotation=ann))
+        default = p.default
+        if default is p.empty and any(q.default is not q.empty for q in kept):
+            # A required keyword-only parameter after one with a default (``pad=-1, *, out``): in a
+            # custom op every argument goes by position too, so it defaults to None, which the
+            # contract refuses on a call.
+            default, ann = None, ann | None
+        kept.append(inspect.Parameter(p.name, kind, default=default, annotation=ann))
     kept.append(inspect.Parameter("backend", inspect.Parameter.POSITIONAL_OR_KEYWORD, default="auto", annotation=str))
     return kept, left
 
@@ -135,7 +143,7 @@ def make_torch_op(o: Op) -> Any:
         backend = bound.pop("backend", "auto")
         for n, p in o.signature.parameters.items():
             if n not in bound:
-                bound[n] = p.default
+                bound[n] = None if p.default is p.empty else p.default  # see _schema_params
         return bound, backend
 
     def impl(*args: Any, **kwargs: Any) -> Any:

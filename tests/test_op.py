@@ -358,6 +358,22 @@ def test_returns_must_be_marked_mutated_for_a_custom_op():
         unmarked.torch_op  # noqa: B018
 
 
+def test_a_required_keyword_only_output_after_defaults_becomes_an_optional_custom_op_argument():
+    @kc.op(returns="out", namespace="kc_test_ops")
+    def shifted(x: Float[Tensor, "B"], shift: int = 1, *,
+                out: Annotated[Float[Tensor, "B"], kc.Spec(mutated=True)]) -> None:
+        torch.add(x, shift, out=out)
+
+    schema = str(shifted.torch_op._opoverload._schema)
+    assert schema == 'kc_test_ops::shifted(Tensor x, SymInt shift=1, Tensor(a2!)? out=None, str backend="auto") -> ()'
+    x, out = torch.randn(5), torch.zeros(5)
+    assert set(torch.library.opcheck(shifted.torch_op, (x,), {"out": out}).values()) == {"SUCCESS"}
+    torch.ops.kc_test_ops.shifted(x, 2, out=out)
+    torch.testing.assert_close(out, x + 2)
+    with pytest.raises(kc.ArgumentTypeError, match=r"out: ArgumentTypeError\n.*\n +got +NoneType"):
+        torch.ops.kc_test_ops.shifted(x, 2)
+
+
 # -- torch.compile ------------------------------------------------------------------------------
 def test_a_compiled_function_calling_an_op_compiles_once_per_shape_class():
     op = make_op("compiled_op")
