@@ -6,6 +6,7 @@ checks with a warning instead of failing."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -220,3 +221,63 @@ def test_validate_of_a_dump_of_meta_tensors_notes_that_the_value_checks_were_ski
         assert main(["validate", str(path)]) == 0
     assert ("note:   strict mode's value checks skipped: no data in mixed_qkv, a, b, A_log, dt_bias, initial_state, "
             "out, ssm_state_indices (meta tensors); only the metadata was checked\n") in capsys.readouterr().out
+
+
+# -- on a GPU ---------------------------------------------------------------------------------------
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+@cuda
+def test_on_cuda_aliasing_is_decided_by_device_addresses():
+    from kda_contracts.memory import overlap
+
+    x = torch.zeros(64, 128, device="cuda")
+    assert not overlap(x[:, ::2], x[:, 1::2]) and overlap(torch.from_dlpack(x[3]), x.t())
+    assert not overlap(x, x.cpu())
+    c = {k: (v.cuda() if isinstance(v, torch.Tensor) else v) for k, v in call().items()}
+    used, unused = slots(c)
+    c["dt_bias"] = c["initial_state"][unused[0]].reshape(-1)[:32]
+    kc.validate_packed_decode(**c, strict=True)
+    c["dt_bias"] = torch.from_dlpack(c["initial_state"][used[0]].reshape(-1)[:32])
+    with pytest.raises(kc.ValueRangeError, match=r"got +the rows this call writes overlap dt_bias"):
+        kc.validate_packed_decode(**c, strict=True)
+
+
+@cuda
+def test_on_cuda_expanded_activations_allocate_nothing_of_their_logical_size():
+    c = {k: (v.cuda() if isinstance(v, torch.Tensor) else v) for k, v in call(B=4096, N=4096).items()}
+    c["mixed_qkv"] = torch.randn(1, W, device="cuda").bfloat16().expand(4096, W)
+    c["a"] = torch.randn(1, 32, device="cuda").bfloat16().expand(4096, 32)
+    kc.validate_packed_decode(**c, strict=True)  # warm
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    kc.validate_packed_decode(**c, strict=True)
+    assert torch.cuda.max_memory_allocated() - base < 1 << 20  # the logical activations: 0.9 MiB bf16 + bools
+    big = torch.zeros(1, 4096, device="cuda", dtype=torch.bfloat16).expand(2 ** 20, 4096)
+    from kda_contracts.memory import all_finite
+
+    torch.cuda.reset_peak_memory_stats()
+    assert all_finite(big) and torch.cuda.max_memory_allocated() - base < 1 << 20
+
+
+@cuda
+def test_strict_mode_under_cuda_graph_capture_checks_out_aliasing_without_a_sync():
+    from kda_kernels.triton_decode import is_available
+
+    if not is_available()[0]:
+        pytest.skip(is_available()[1])
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        pytest.skip("the Triton interpreter copies to the host: it cannot be captured (run with TRITON_INTERPRET=0)")
+    c = {k: (v.cuda() if isinstance(v, torch.Tensor) else v) for k, v in call().items()}
+    want = reference_run(c)
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream), kc.mode("strict"):
+        kc.packed_decode(**reference_run(c), backend="triton")  # warm: compile outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with kc.mode("strict"), torch.cuda.graph(graph):
+        kc.packed_decode(**c, backend="triton")
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.allclose(c["out"].float(), want["out"].float(), atol=2e-2)
