@@ -1,7 +1,18 @@
 """Strict-mode checks of packed decode that read tensor contents (and so may sync the device):
 before the kernel, aliasing, index range, duplicate slots and finiteness (:func:`value_checks`,
 the contract's ``value_checks``); after it, the promises the outputs must keep
-(:func:`check_outputs`). Both skip whatever would sync during CUDA-graph capture.
+(:func:`check_outputs`). Both skip whatever would sync during CUDA-graph capture, and skip with a
+:class:`~kda_contracts.memory.ValueChecksSkipped` warning for tensors that hold no data (meta,
+FakeTensorMode).
+
+Aliasing (:func:`kda_contracts.memory.alias_violations`, exact, by address, across storages): the
+call writes ``out`` whole and the pool's *used* slots (``ssm_state_indices`` in ``[0, N)``). So
+``out`` must share no byte with any other argument, the pool's unused slots included (writing it
+would change them); an input may lie in an unused slot (the kernel neither reads nor writes it)
+but not in a used one. During CUDA-graph capture the slots cannot be read: only ``out`` is checked.
+
+Value checks read each broadcast (stride-0) value once (:func:`kda_contracts.memory.all_finite`),
+so an ``.expand()``-ed activation of any logical size costs what it occupies.
 
 Example::
 
@@ -15,25 +26,12 @@ import torch
 from torch import Tensor
 
 from ...errors import ValueRangeError, Violation, raise_violations
+from ...memory import alias_violations, all_finite, skip_value_checks, without_data
 from ...spec import CallContext
 
 __all__ = ["check_outputs", "output_violations", "value_checks"]
 
 _TENSOR_ARGS = ("mixed_qkv", "a", "b", "A_log", "dt_bias", "initial_state", "out", "ssm_state_indices")
-
-
-def _overlaps(x: Tensor, y: Tensor) -> bool:
-    if x.device != y.device or x.numel() == 0 or y.numel() == 0:
-        return False
-    xs, ys = x.untyped_storage(), y.untyped_storage()
-    if xs.data_ptr() != ys.data_ptr():
-        return False
-    def span(t: Tensor) -> tuple[int, int]:
-        lo = int(t.storage_offset())
-        hi = lo + sum((int(s) - 1) * st for s, st in zip(t.shape, t.stride(), strict=True))
-        return lo * t.element_size(), (hi + 1) * t.element_size()
-    (a0, a1), (b0, b1) = span(x), span(y)
-    return a0 < b1 and b0 < a1
 
 
 def _index_checks(idx: Tensor, n: int) -> list[Violation]:
@@ -60,20 +58,20 @@ def _index_checks(idx: Tensor, n: int) -> list[Violation]:
 def value_checks(ctx: CallContext) -> list[Violation]:
     """Strict mode: the checks that read tensor contents (and so may sync the device)."""
     vals = ctx.values
-    out: list[Violation] = []
-    if vals["initial_state"].is_meta:  # shapes without data (all tensors share the device here)
-        return out
-    out_t = vals["out"]
-    for name in _TENSOR_ARGS:
-        if name != "out" and _overlaps(out_t, vals[name]):
-            out.append(Violation(ValueRangeError, "out", f"a buffer of its own (not overlapping {name})",
-                                 f"overlaps {name}", hint=f"allocate out separately from {name}"))
+    blind = without_data({name: vals[name] for name in _TENSOR_ARGS})
+    if blind:  # shapes without data (meta tensors, FakeTensorMode)
+        skip_value_checks("packed_decode", blind)
+        return []
     idx = vals["ssm_state_indices"]
     n = ctx.dims["N"]
     if vals["initial_state"].is_cuda and torch.cuda.is_current_stream_capturing():
-        # No sync during CUDA-graph capture: the range check becomes a device-side assert.
+        # No sync during CUDA-graph capture: the used slots are unknown, so only out's aliasing is
+        # checked, and the range check becomes a device-side assert.
+        out = alias_violations({name: vals[name] for name in _TENSOR_ARGS}, ["out"], function="packed_decode")
         torch._assert_async((idx < n).all(), "ssm_state_indices has an index >= N (the pool size)")
         return out
+    written = {"initial_state": idx, "out": None}  # the used slots (padding and indices >= N ignored), all of out
+    out = alias_violations({name: vals[name] for name in _TENSOR_ARGS}, written, function="packed_decode")
     out += _index_checks(idx, n)
     if not out:  # the used slots are known good: they must hold finite state before the kernel
         state = vals["initial_state"]
@@ -84,8 +82,7 @@ def value_checks(ctx: CallContext) -> list[Violation]:
                                  hint="the state of that request is already corrupt (an earlier step overflowed, "
                                       "or the slot was never initialised); reset the slot before decoding"))
     for name in ("mixed_qkv", "a", "b", "A_log", "dt_bias"):
-        t = vals[name]
-        if t.numel() and not bool(torch.isfinite(t).all()):
+        if not all_finite(vals[name]):
             out.append(Violation(ValueRangeError, name, "finite values", "NaN or Inf present",
                                  hint="find the op that produced it (torch.autograd.detect_anomaly, or "
                                       "check the previous layer's output)"))
@@ -97,17 +94,21 @@ def output_violations(backend: str, out: Tensor, state: Tensor, idx: Tensor) -> 
     output and updated slots, all-zero rows for padding. Skipped during CUDA-graph capture."""
     if out.is_cuda and torch.cuda.is_current_stream_capturing():
         return []
+    blind = without_data({"out": out, "initial_state": state, "ssm_state_indices": idx})
+    if blind:
+        skip_value_checks(f"packed_decode (after backend {backend!r})", blind)
+        return []
     n = state.shape[0]
     live = (idx >= 0) & (idx < n)
     violations = []
-    if out.numel() and not bool(torch.isfinite(out).all()):
+    if not all_finite(out):
         violations.append(Violation(ValueRangeError, "out", "finite values after the kernel", "NaN or Inf",
                                     hint=f"the inputs were finite: report this against backend {backend!r}"))
     if bool((~live).any()) and bool(out[~live].ne(0).any()):
         violations.append(Violation(ValueRangeError, "out", "zero rows for padding and out-of-range indices",
                                     "non-zero rows", hint=f"backend {backend!r} broke the padding rule"))
     slots = idx[live].long()
-    if slots.numel() and not bool(torch.isfinite(state[slots]).all()):
+    if slots.numel() and not all_finite(state[slots]):
         violations.append(Violation(ValueRangeError, "initial_state", "finite updated slots", "NaN or Inf",
                                     hint="a decay or beta far out of range can overflow a low-precision state"))
     return violations
