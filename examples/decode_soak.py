@@ -229,7 +229,7 @@ def run_faulty(loop: Loop, steps: int, mode: str, bad_every: int, fail_every: in
     inner = [n for n in kc.packed_decode.table.names() if n != "soak-flaky"]
     if loop.backend == "auto":  # what auto would pick for this device, wrapped
         flaky.inner = next(n for n in inner if kc.packed_decode.available().get(n, (False,))[0]
-                           and loop.device.type in kc.packed_decode.table.get(n).devices + ("*",))
+                           and loop.device.type in (*kc.packed_decode.table.get(n).devices, "*"))
     kc.packed_decode.register_backend(kc.Backend(name="soak-flaky", kernel=flaky.kernel, devices=(loop.device.type,),
                                                  priority=-100), replace=True)
     report = SoakReport(mode, steps)

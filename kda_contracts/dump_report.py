@@ -232,6 +232,8 @@ def _strict_violations(dump: CallDump, contract: Contract, values: Mapping[str, 
     ctx = CallContext(contract.spec, values, config, dict(dims), dims.provenance)
     out = list(contract.spec.value_checks(ctx)) if contract.spec.value_checks is not None else []
     op = dump.op
+    if not out and op is not None:
+        out = op.alias_violations(ctx)
     if not out and op is not None and op.after is not None and dump.saved.get("stage") == "after":
         backend = str(dump.saved.get("backend"))
         notes.append(f"saved after backend {backend!r} ran: its outputs are as it left them, and the op's after "

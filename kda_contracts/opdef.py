@@ -46,7 +46,7 @@ from .errors import AnnotationError, ContractError, Violation, raise_violations
 from .markers import Where
 from .nested import mentions_array
 from .spec import CallContext, ContractOptions, Dims, build_spec
-from .transact import ROLLED_BACK, restore, snapshot
+from .transact import ROLLED_BACK, restore, snapshot, written_parts
 
 __all__ = ["Op", "op", "ops"]
 
@@ -272,9 +272,33 @@ class Op:
         return self.validate_values(self._values(args, kwargs))
 
     def validate_values(self, values: Mapping[str, Any], *, strict: bool = False) -> Dims:
-        """:meth:`validate` on arguments given by name; ``strict`` adds the value checks."""
+        """:meth:`validate` on arguments given by name; ``strict`` adds the value checks and the
+        aliasing check of what the op writes (:meth:`alias_violations`)."""
         _, c = self.contract_for(values)
-        return c.validate_values(values, c._config_for(values), strict=strict)
+        config = c._config_for(values)
+        dims = c.validate_values(values, config, strict=strict)
+        if strict:
+            ctx = CallContext(c.spec, dict(values), config, dict(dims), dims.provenance)
+            violations = self.alias_violations(ctx)
+            if violations:
+                c.rejections += 1
+                raise_violations(self.name, violations, dict(dims), dims.provenance)
+        return dims
+
+    def alias_violations(self, ctx: CallContext) -> list[Violation]:
+        """Strict mode: the elements the op writes (``written=``, else every argument marked
+        ``kc.Spec(mutated=True)``) share no byte with another argument, judged by address across
+        storages (:func:`kda_contracts.memory.alias_violations`). During CUDA-graph capture, rows
+        cannot be read without a sync: only arguments written whole are checked."""
+        from .memory import alias_violations, without_data
+
+        if without_data(ctx.values):  # meta or fake tensors: no addresses (the value checks said so)
+            return []
+        parts = written_parts(self, ctx)
+        if any(isinstance(v, torch.Tensor) and v.is_cuda for v in ctx.values.values()) and \
+                torch.cuda.is_current_stream_capturing():
+            parts = {k: None for k, rows in parts.items() if rows is None}
+        return alias_violations(ctx.values, parts, function=self.name) if parts else []
 
     def call_info(self, values: Mapping[str, Any], dims: Mapping[str, int], variant: str | None) -> CallInfo:
         """What the backends are told of a validated call."""
@@ -337,6 +361,10 @@ class Op:
         values = dict(zip(c._param_names, vals, strict=True))
         env = dict(zip(c.spec.symbols, dims, strict=True))
         ctx = CallContext(c.spec, values, config, env, c.provenance(config))
+        violations = self.alias_violations(ctx)
+        if violations:
+            c.rejections += 1
+            raise_violations(self.name, violations, env, ctx.provenance)
         saved = snapshot(self, ctx)
         try:
             res = run()

@@ -54,6 +54,9 @@ def snapshot(op: Op, ctx: CallContext) -> Saved | None:
     """Copies of what the call writes; None when nothing can be copied (fake or meta tensors,
     CUDA-graph capture: the call then runs as in check mode)."""
     saved: Saved = []
+    if any(isinstance(v, torch.Tensor) and (v.is_meta or type(v).__name__ == "FakeTensor")
+           for v in ctx.values.values()):
+        return None
     for name, rows in written_parts(op, ctx).items():
         t = ctx.values.get(name)
         if not isinstance(t, torch.Tensor):
