@@ -97,23 +97,23 @@ class Loop:
     act_dtype: torch.dtype = torch.float32
 
     def new_pool(self) -> torch.Tensor:
-        g = torch.Generator().manual_seed(self.seed)
+        g = torch.Generator(device=self.device).manual_seed(self.seed)
         shape = (self.slots, self.cfg.local_num_v_heads, self.cfg.head_v, self.cfg.head_k)
-        return (torch.randn(shape, generator=g) * 0.1).to(self.device)
+        return torch.randn(shape, generator=g, device=self.device) * 0.1
 
     def inputs(self, step: int) -> dict[str, Any]:
         """The step's arguments (a fresh generator per step: a retried step sees the same inputs)."""
         cfg, width = self.cfg, len(self.schedule.rows[0])
-        g = torch.Generator().manual_seed(self.seed * 1_000_003 + step)
+        g = torch.Generator(device=self.device).manual_seed(self.seed * 1_000_003 + step)
         H, HV, K, V = cfg.local_num_heads, cfg.local_num_v_heads, cfg.head_k, cfg.head_v
 
         def rnd(*shape: int) -> torch.Tensor:
-            return torch.randn(*shape, generator=g).to(self.device, self.act_dtype)
+            return torch.randn(*shape, generator=g, device=self.device).to(self.act_dtype)
 
         idx = [self.schedule.slot_of[r] if r is not None else -1 for r in self.schedule.rows[step]]
         return {"mixed_qkv": rnd(width, 2 * H * K + HV * V), "a": rnd(width, HV * K), "b": rnd(width, HV),
-                "A_log": (torch.rand(HV, generator=g) * 0.5).to(self.device),
-                "dt_bias": (torch.randn(HV * K, generator=g) * 0.1).to(self.device), "scale": cfg.scale,
+                "A_log": torch.rand(HV, generator=g, device=self.device) * 0.5,
+                "dt_bias": torch.randn(HV * K, generator=g, device=self.device) * 0.1, "scale": cfg.scale,
                 "out": torch.empty(width, 1, HV, V, device=self.device, dtype=self.act_dtype),
                 "ssm_state_indices": torch.tensor(idx, dtype=torch.int32, device=self.device),
                 "use_qk_l2norm_in_kernel": cfg.use_qk_l2norm}
@@ -320,9 +320,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     device = torch.device(args.device)
     act = getattr(torch, args.dtype)
     dt = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}[act]
-    cfg = (kc.KDAConfig.preset(args.preset, tp_size=1, activation_dtype=dt, state_dtype="float32")
+    cfg = (kc.KDAConfig.preset(args.preset, tp_size=1, activation_dtype=dt, state_dtype="float32",
+                               index_dtype="int32")
            if args.preset else kc.KDAConfig(num_heads=2, num_v_heads=4, head_k_dim=8, head_v_dim=16,
-                                            activation_dtype=dt, state_dtype="float32"))
+                                            activation_dtype=dt, state_dtype="float32", index_dtype="int32"))
     schedule = make_schedule(args.steps, args.max_batch, args.slots, args.seed)
     loop = Loop(cfg, schedule, args.slots, device, args.backend, args.seed, act)
     reference = run_clean(loop, args.steps)
