@@ -234,7 +234,8 @@ def run_faulty(loop: Loop, steps: int, mode: str, bad_every: int, fail_every: in
                                                  priority=-100), replace=True)
     report = SoakReport(mode, steps)
     faults = METADATA_FAULTS + (VALUE_FAULTS if mode == "strict" else ())
-    pool, outs = loop.new_pool(), []
+    pool, mismatched = loop.new_pool(), 0
+    ref_outs, ref_pool = reference
     try:
         with kc.mode(mode):
             for s in range(steps):
@@ -260,16 +261,15 @@ def run_faulty(loop: Loop, steps: int, mode: str, bad_every: int, fail_every: in
                         report.retries += 1
                         if attempt == 2:
                             raise
-                outs.append(args["out"].clone())
+                # compared as it comes (nothing kept: memory must stay flat)
+                mismatched += not torch.equal(args["out"].view(torch.uint8), ref_outs[s].view(torch.uint8))
                 if s % max(steps // 20, 1) == 0:
                     _sample(report, loop.device)
         _sample(report, loop.device)
     finally:
         kc.packed_decode.unregister_backend("soak-flaky")
     report.backend_failures = flaky.failures
-    ref_outs, ref_pool = reference
-    report.outputs_match = len(outs) == len(ref_outs) and all(
-        torch.equal(a.view(torch.uint8), b.view(torch.uint8)) for a, b in zip(outs, ref_outs, strict=True))
+    report.outputs_match = mismatched == 0 and len(ref_outs) == steps
     report.pool_matches = torch.equal(pool.view(torch.uint8), ref_pool.view(torch.uint8))
     return report
 

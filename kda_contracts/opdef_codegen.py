@@ -128,7 +128,10 @@ def build_dispatcher(o: Op) -> Any:
                   f"        if {dims} is None:", f"            {dims} = {n('reject')}({plain}{sep}{cfg})"]
         if spec.value_checks is not None:
             lines += [f"        if {mode} == 2:", f"            {n('strict')}({dims}, {plain}{sep}{cfg})"]
-    if _off_dims_needed(o, layout):
+    if _off_dims_needed(o, layout) and o.unchecked_dims is not None:
+        ns[n("unchecked")] = o.unchecked_dims
+        lines += ["    else:", f"        {dims} = {n('unchecked')}({v}{sep}{plain})"]
+    elif _off_dims_needed(o, layout):
         lines += ["    else:", f"        {dims} = {n('offdims')}({v}{sep}{plain}, {cfg})"]
     else:
         lines += ["    else:", f"        {dims} = None"]

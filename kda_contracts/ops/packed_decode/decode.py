@@ -28,13 +28,15 @@ __all__ = ["explain_backends", "packed_decode", "validate_packed_decode"]
 
 def _dims_unchecked(layout: str, mixed_qkv: Tensor, a: Tensor, b: Tensor, A_log: Tensor, dt_bias: Tensor,
                     scale: float, initial_state: Tensor, *rest: Any) -> tuple[int, ...]:
-    """The dims of a call taken on trust (mode ``off``), in the contract's symbol order."""
-    N, HV = initial_state.shape[0], initial_state.shape[1]
-    V, K = (initial_state.shape[2], initial_state.shape[3]) if layout == "VK" else \
-        (initial_state.shape[3], initial_state.shape[2])
-    found = {"B": mixed_qkv.shape[0], "H": (mixed_qkv.shape[1] - HV * V) // (2 * K), "HV": HV, "K": K, "V": V,
-             "N": N}
-    return tuple(found[s] for s in SYMBOLS)
+    """The dims of a call taken on trust (mode ``off``), in the contract's symbol order
+    (B, H, HV, K, V, N)."""
+    N, HV, X, Y = initial_state.shape
+    V, K = (X, Y) if layout == "VK" else (Y, X)
+    B, W = mixed_qkv.shape
+    return B, (W - HV * V) // (2 * K), HV, K, V, N
+
+
+assert SYMBOLS == ("B", "H", "HV", "K", "V", "N")
 
 
 def _after(ctx: CallContext, backend: str) -> list:
