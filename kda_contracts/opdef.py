@@ -351,10 +351,13 @@ class Op:
         cls.__call__ = build_dispatcher(self)  # type: ignore[method-assign]
 
     def _transact(self, chosen: Chosen, dims: tuple[int, ...], variant: str | None, vals: tuple[Any, ...],
-                  config: Any, run: Callable[[], Any]) -> Any:
+                  config: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """Strict mode: snapshot what the op writes, run the backend, run the ``after`` checks;
         if the backend raises or a check fails, restore the snapshot, then raise. Compiled code
         (and CUDA-graph capture) runs the backend alone, as check mode does."""
+        def run() -> Any:
+            return chosen.run(*args, **kwargs) if chosen.direct else chosen.run(dims, variant, *args, **kwargs)
+
         if torch.compiler.is_compiling():
             return run()
         c = self.contracts[variant]

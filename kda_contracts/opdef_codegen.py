@@ -140,9 +140,13 @@ def build_dispatcher(o: Op) -> Any:
     extras = f"{chosen}.run({dims}, {v}{', ' if call else ''}{', '.join(call)})"
     ns.update({n("transact"): o._transact, n("ContractError"): ContractError, n("failed"): _outside_compile(o._failed)})
     # strict mode: snapshot what the op writes, run, check after, roll back on failure (eager only)
+    # (no closure here: a lambda over the arguments would turn every one into a cell, on every call)
+    pos = [a for a in call if "=" not in a and not a.startswith("**")]
+    kws = [f"{a.split('=')[0]!r}: {a.split('=')[0]}" for a in call if "=" in a] + \
+        [a for a in call if a.startswith("**")]
     lines += [f"    if {mode} == 2:",
               f"        {res} = {n('transact')}({chosen}, {dims}, {v}, ({plain}{',' if plain else ''}), {cfg}, "
-              f"lambda: {direct} if {chosen}.direct else {extras})",
+              f"({', '.join(pos)}{',' if pos else ''}), {{{', '.join(kws)}}})",
               "    else:", "        try:",
               f"            if {chosen}.direct:", f"                {res} = {direct}", "            else:",
               f"                {res} = {extras}",
