@@ -104,13 +104,25 @@ def build_dispatcher(o: Op) -> Any:
     if o.variant_of is not None:
         ns[n("variant")] = o.variant_of
         ns[n("contracts")] = o.contracts
-        ns[n("enters")] = {k: modes.counting_mode(vc, fixed) for k, vc in o.contracts.items()}
-        lines += [
-            f"    {v} = {n('variant')}({', '.join(o._variant_params)})",
-            f"    {mode} = {n('enters')}[{v}]()",
-            f"    if {mode}:",
-            f"        {dims} = {n('contracts')}[{v}].run_checks(({plain}{',' if plain else ''}), {cfg}, {mode})",
-        ]
+        cs = o.contracts
+        ns.update({
+            n("enters"): {k: modes.counting_mode(vc, fixed) for k, vc in cs.items()},
+            n("checks"): {k: vc._check for k, vc in cs.items()},
+            n("rejects"): {k: vc._reject for k, vc in cs.items()},
+            n("stricts"): {k: vc._strict_checks for k, vc in cs.items()},
+            n("types"): {k: modes.mark_constant_result(vc.check_types) for k, vc in cs.items()},
+            n("TypeViolation"): BeartypeCallHintParamViolation,
+        })
+        lines += [f"    {v} = {n('variant')}({', '.join(o._variant_params)})", f"    {mode} = {n('enters')}[{v}]()",
+                  f"    if {mode}:"]
+        if not all(vc.types_in_checker for vc in cs.values()):  # hints the checker cannot decide
+            lines += ["        try:", f"            {n('types')}[{v}]({plain})", f"        except {n('TypeViolation')}:",
+                      f"            {n('rejects')}[{v}]({plain}{sep}{cfg})"]
+        # each variant's generated checker, inlined as for a single contract (no run_checks frame)
+        lines += [f"        {dims} = {n('checks')}[{v}]({plain}{sep}{cfg})", f"        if {dims} is None:",
+                  f"            {dims} = {n('rejects')}[{v}]({plain}{sep}{cfg})"]
+        if any(vc.spec.value_checks is not None for vc in cs.values()):
+            lines += [f"        if {mode} == 2:", f"            {n('stricts')}[{v}]({dims}, {plain}{sep}{cfg})"]
     else:
         ns.update({
             n("enter"): modes.counting_mode(c, fixed),
