@@ -198,9 +198,7 @@ def test_an_infinite_lower_bound_is_refused_by_the_contract_as_by_the_config():
 
 
 # -- the property: nothing changes after a rejection, in both modes ----------------------------------
-@settings(max_examples=120, deadline=None)
-@given(data=st.data(), mode=st.sampled_from(["check", "strict"]), batch=st.integers(1, 5), seed=st.integers(0, 99))
-def test_after_any_rejection_out_and_the_pool_are_bit_identical(data, mode, batch, seed):
+def _rejections_leave_everything_bit_identical(data, mode, batch, seed, backend):
     call = make_decode_call(CFG, batch, 8, seed=seed, activation_dtype=torch.float16)
     call["ssm_state_indices"] = torch.tensor(data.draw(st.lists(st.integers(-1, 7), min_size=batch, max_size=batch,
                                                                 unique_by=lambda i: i if i >= 0 else object())),
@@ -221,7 +219,7 @@ def test_after_any_rejection_out_and_the_pool_are_bit_identical(data, mode, batc
     before = frozen(call)
     with kc.mode(mode):
         try:
-            kc.packed_decode(**call, backend="torch")
+            kc.packed_decode(**call, backend=backend)
         except kc.ContractError:
             assert_unchanged(call, before)
             return
@@ -229,3 +227,26 @@ def test_after_any_rejection_out_and_the_pool_are_bit_identical(data, mode, batc
     # large scale that does not overflow are no fault of this call), never a metadata fault
     assert fault in ("none", "scale", "nan-slot", "index")
     assert not (fault == "index" and mode == "strict")
+
+
+@settings(max_examples=120, deadline=None)
+@given(data=st.data(), mode=st.sampled_from(["check", "strict"]), batch=st.integers(1, 5), seed=st.integers(0, 99))
+def test_after_any_rejection_out_and_the_pool_are_bit_identical(data, mode, batch, seed):
+    _rejections_leave_everything_bit_identical(data, mode, batch, seed, "torch")
+
+
+@pytest.mark.parametrize("backend", ["triton", "helion"])
+def test_the_same_holds_for_our_kernels_on_the_cpu(backend):
+    """The property for every backend that runs on the CPU (ours, under the interpreters): fewer
+    cases, as each interpreted call is slow."""
+    ok, why = kc.adapters.get(backend).available()
+    if not ok:
+        pytest.skip(why)
+
+    @settings(max_examples=12, deadline=None)
+    @given(data=st.data(), mode=st.sampled_from(["check", "strict"]), batch=st.integers(1, 3),
+           seed=st.integers(0, 99))
+    def prop(data, mode, batch, seed):
+        _rejections_leave_everything_bit_identical(data, mode, batch, seed, backend)
+
+    prop()
