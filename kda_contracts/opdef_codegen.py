@@ -101,6 +101,36 @@ def build_dispatcher(o: Op) -> Any:
             ns[n("default", i)] = p.default
     mode, dims, res, v, chosen = n("mode"), n("dims"), n("res"), n("v"), n("b")
     lines = [f"def __call__({n('self')}, {', '.join(parts)}):" if parts else f"def __call__({n('self')}):"]
+    lines += _check_lines(o, n, ns, fixed, plain, sep, cfg)
+    if _off_dims_needed(o, layout) and o.unchecked_dims is not None:
+        ns[n("unchecked")] = o.unchecked_dims
+        lines += ["    else:", f"        {dims} = {n('unchecked')}({v}{sep}{plain})"]
+    elif _off_dims_needed(o, layout):
+        lines += ["    else:", f"        {dims} = {n('offdims')}({v}{sep}{plain}, {cfg})"]
+    else:
+        lines += ["    else:", f"        {dims} = None"]
+    lines.append(f"    {chosen} = {n('select')}(({_key_source(o, layout, n, v, dims)}), backend)")
+    lines += _run_lines(o, n, ns, call, plain, cfg)
+    if spec.returns is not None and o.variant_of is None:
+        ns[n("check_return")] = c._check_return
+        ns[n("fail_return")] = _outside_compile(lambda r, *vc: c.fail_return(r, c._check(*vc) or ()))
+        lines += [f"    if {mode} and not {n('check_return')}({res}, {dims}):",
+                  f"        {n('fail_return')}({res}{sep}{plain}, {cfg})"]
+    lines.append(f"    return {_returns_source(o.returns, res)}")
+    src = "\n".join(lines) + "\n"
+    exec(compile(src, f"<kda_contracts op {o.name}>", "exec"), ns)  # our own source
+    fn = ns["__call__"]
+    fn.__kda_source__ = src
+    return fn
+
+
+def _check_lines(o: Op, n: Names, ns: dict[str, Any], fixed: int | None, plain: str, sep: str, cfg: str) -> list[str]:
+    """The mode read and the checks: each contract's generated checker inlined (per variant, the
+    checker of the call's variant), the beartype shim first for hints the checker cannot decide,
+    strict mode's value checks."""
+    c, spec = o.contract, o.contract.spec
+    mode, dims, v = n("mode"), n("dims"), n("v")
+    lines: list[str] = []
     if o.variant_of is not None:
         ns[n("variant")] = o.variant_of
         ns[n("contracts")] = o.contracts
@@ -116,8 +146,8 @@ def build_dispatcher(o: Op) -> Any:
         lines += [f"    {v} = {n('variant')}({', '.join(o._variant_params)})", f"    {mode} = {n('enters')}[{v}]()",
                   f"    if {mode}:"]
         if not all(vc.types_in_checker for vc in cs.values()):  # hints the checker cannot decide
-            lines += ["        try:", f"            {n('types')}[{v}]({plain})", f"        except {n('TypeViolation')}:",
-                      f"            {n('rejects')}[{v}]({plain}{sep}{cfg})"]
+            lines += ["        try:", f"            {n('types')}[{v}]({plain})",
+                      f"        except {n('TypeViolation')}:", f"            {n('rejects')}[{v}]({plain}{sep}{cfg})"]
         # each variant's generated checker, inlined as for a single contract (no run_checks frame)
         lines += [f"        {dims} = {n('checks')}[{v}]({plain}{sep}{cfg})", f"        if {dims} is None:",
                   f"            {dims} = {n('rejects')}[{v}]({plain}{sep}{cfg})"]
@@ -140,14 +170,13 @@ def build_dispatcher(o: Op) -> Any:
                   f"        if {dims} is None:", f"            {dims} = {n('reject')}({plain}{sep}{cfg})"]
         if spec.value_checks is not None:
             lines += [f"        if {mode} == 2:", f"            {n('strict')}({dims}, {plain}{sep}{cfg})"]
-    if _off_dims_needed(o, layout) and o.unchecked_dims is not None:
-        ns[n("unchecked")] = o.unchecked_dims
-        lines += ["    else:", f"        {dims} = {n('unchecked')}({v}{sep}{plain})"]
-    elif _off_dims_needed(o, layout):
-        lines += ["    else:", f"        {dims} = {n('offdims')}({v}{sep}{plain}, {cfg})"]
-    else:
-        lines += ["    else:", f"        {dims} = None"]
-    lines.append(f"    {chosen} = {n('select')}(({_key_source(o, layout, n, v, dims)}), backend)")
+    return lines
+
+
+def _run_lines(o: Op, n: Names, ns: dict[str, Any], call: list[str], plain: str, cfg: str) -> list[str]:
+    """Run the chosen backend: in strict mode inside a transaction (snapshot, run, after-checks,
+    rollback); otherwise directly, a backend's own exception becoming a BackendError."""
+    mode, dims, res, v, chosen = n("mode"), n("dims"), n("res"), n("v"), n("b")
     direct = f"{chosen}.run({', '.join(call)})"
     extras = f"{chosen}.run({dims}, {v}{', ' if call else ''}{', '.join(call)})"
     ns.update({n("transact"): o._transact, n("ContractError"): ContractError, n("failed"): _outside_compile(o._failed)})
@@ -156,25 +185,14 @@ def build_dispatcher(o: Op) -> Any:
     pos = [a for a in call if "=" not in a and not a.startswith("**")]
     kws = [f"{a.split('=')[0]!r}: {a.split('=')[0]}" for a in call if "=" in a] + \
         [a for a in call if a.startswith("**")]
-    lines += [f"    if {mode} == 2:",
-              f"        {res} = {n('transact')}({chosen}, {dims}, {v}, ({plain}{',' if plain else ''}), {cfg}, "
-              f"({', '.join(pos)}{',' if pos else ''}), {{{', '.join(kws)}}})",
-              "    else:", "        try:",
-              f"            if {chosen}.direct:", f"                {res} = {direct}", "            else:",
-              f"                {res} = {extras}",
-              f"        except {n('ContractError')}:", "            raise",
-              f"        except Exception as {n('exc')}:", f"            {n('failed')}({chosen}.name, {n('exc')})"]
-    if spec.returns is not None and o.variant_of is None:
-        ns[n("check_return")] = c._check_return
-        ns[n("fail_return")] = _outside_compile(lambda r, *vc: c.fail_return(r, c._check(*vc) or ()))
-        lines += [f"    if {mode} and not {n('check_return')}({res}, {dims}):",
-                  f"        {n('fail_return')}({res}{sep}{plain}, {cfg})"]
-    lines.append(f"    return {_returns_source(o.returns, res)}")
-    src = "\n".join(lines) + "\n"
-    exec(compile(src, f"<kda_contracts op {o.name}>", "exec"), ns)  # our own source
-    fn = ns["__call__"]
-    fn.__kda_source__ = src
-    return fn
+    return [f"    if {mode} == 2:",
+            f"        {res} = {n('transact')}({chosen}, {dims}, {v}, ({plain}{',' if plain else ''}), {cfg}, "
+            f"({', '.join(pos)}{',' if pos else ''}), {{{', '.join(kws)}}})",
+            "    else:", "        try:",
+            f"            if {chosen}.direct:", f"                {res} = {direct}", "            else:",
+            f"                {res} = {extras}",
+            f"        except {n('ContractError')}:", "            raise",
+            f"        except Exception as {n('exc')}:", f"            {n('failed')}({chosen}.name, {n('exc')})"]
 
 
 def _off_dims_needed(o: Op, layout: KeyLayout) -> bool:

@@ -154,3 +154,14 @@ class Satisfies(Rule):
 
     def doc(self, data: Mapping[str, Any]) -> str:
         return f"`{data['predicate']}(value)` is true"
+
+
+def scalar_param_rules(name: str, rng: Any, optional: bool, match: Any,
+                       constraints: tuple[Rule, ...]) -> tuple[Rule, ...]:
+    """A scalar's rules: its ``kc.Range``, then its ``kc.MatchConfig``, then its other constraints."""
+    rules: list[Rule] = []
+    if rng is not None:
+        rules.append(ScalarInRange(name, rng, optional))
+    if match is not None:
+        rules.append(MatchesConfig(name, match))
+    return tuple(rules) + constraints

@@ -57,7 +57,7 @@ from .rules import (
     Writable,
     dtype_name,
 )
-from .scalar_rules import MatchesConfig, ScalarInRange
+from .scalar_rules import scalar_param_rules
 
 __all__ = ["CallContext", "ContractOptions", "ContractSpec", "Dims", "build_spec", "dtype_name"]
 
@@ -293,16 +293,6 @@ def tensor_rules(tp: TensorParam, first_tensor: str | None, autograd: bool = Fal
     return tuple(rules)
 
 
-def scalar_rules(sp: ScalarParam) -> tuple[Rule, ...]:
-    """A scalar's rules: its ``kc.Range``, then its ``kc.MatchConfig``."""
-    rules: list[Rule] = []
-    if sp.range is not None:
-        rules.append(ScalarInRange(sp.name, sp.range, sp.optional))
-    if sp.match is not None:
-        rules.append(MatchesConfig(sp.name, sp.match))
-    return tuple(rules) + sp.constraints
-
-
 # -- reading annotations -------------------------------------------------------------------------
 def _is_jaxtyping_array(tp: Any) -> bool:
     return isinstance(tp, type) and hasattr(tp, "dim_str") and hasattr(tp, "dtypes") and hasattr(tp, "array_type")
@@ -427,7 +417,8 @@ def build_spec(fn: Callable[..., Any], options: ContractOptions | None = None, *
         scalars[sym] = replace(scalars[sym], binds=sym)
     first_tensor = next((n for n in tensors if not tensors[n].optional), None)
     tensors = {n: replace(tp, rules=tensor_rules(tp, first_tensor, options.autograd)) for n, tp in tensors.items()}
-    scalars = {n: replace(sp, rules=scalar_rules(sp)) for n, sp in scalars.items()}
+    scalars = {n: replace(sp, rules=scalar_param_rules(sp.name, sp.range, sp.optional, sp.match, sp.constraints))
+               for n, sp in scalars.items()}
     return ContractSpec(
         name=qualname, signature=sig, tensors=tensors, scalars=scalars, nested=nested, returns=returns,
         returns_tuple=returns_tuple, where=tuple(constraints), symbols=plan.symbols, sources=plan.sources,
