@@ -249,6 +249,12 @@ class BackendTable:
         if unknown:
             raise TypeError(f"{self.op_name}: backend {backend.name!r}: dtypes= names {', '.join(sorted(unknown))}, "
                             f"not parameters of the op")
+        known = {s for t in self.dims_types.values() for s in t._fields}  # type: ignore[attr-defined]
+        for c in backend._constraints:
+            if not c.symbols() <= known:  # never silent: a typo would skip the constraint forever
+                raise AnnotationError(f"{self.op_name}: backend {backend.name!r}: where {c.text!r} names "
+                                      f"{', '.join(sorted(c.symbols() - known))}, not a dim of the op "
+                                      f"(its dims: {', '.join(sorted(known))})")
         if callable(backend.kernel):
             why = backend.signature_problem(backend.kernel, self.params)
             if why is not None:
@@ -369,8 +375,10 @@ class BackendTable:
             out.append((b, reasons))
         return out
 
-    def choose(self, backend: str, info: CallInfo) -> Backend:
-        """The named backend (which must support the call), or for ``"auto"`` the best one."""
+    def choose(self, backend: str, info: CallInfo, *, dims_free: bool = False) -> Backend:
+        """The named backend (which must support the call), or for ``"auto"`` the best one
+        (``dims_free``: among those whose support does not depend on the dims, as under
+        torch.compile, where the dims may be symbolic)."""
         if backend != "auto":
             b = self.get(backend)
             ok, why = self.available(b)
@@ -384,7 +392,7 @@ class BackendTable:
                     dict(info.dims), {})
             return b
         table = self.verdicts(info)
-        chosen = next((b for b, r in table if not r), None)
+        chosen = next((b for b, r in table if not r and not (dims_free and b._constraints)), None)
         if chosen is None:
             raise_violations(self.op_name, [Violation(
                 BackendError, "backend", "an available backend that supports this call",

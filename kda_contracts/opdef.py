@@ -42,11 +42,13 @@ from .backends import Backend, BackendError, BackendTable, CallInfo, Chosen, _ru
 from .body import body_uses_checks, runner
 from .decorator import Contract, _outside_compile, eager_value_checks, register_contract
 from .dumps import saving_rejection
-from .errors import AnnotationError, ContractError, Violation, raise_violations
+from .errors import AnnotationError, ArgumentTypeError, ContractError, Violation, raise_violations
+from .explain import explain_return
 from .markers import Where
 from .nested import mentions_array
+from .opdef_codegen import build_dispatcher
 from .spec import CallContext, ContractOptions, Dims, build_spec
-from .transact import ROLLED_BACK, restore, snapshot, written_parts
+from .transact import ROLLED_BACK, Saved, restore, snapshot, written_parts
 
 __all__ = ["Op", "op", "ops"]
 
@@ -148,6 +150,7 @@ class Op:
         self.table = BackendTable(self.name, self._params, symbols, floating, self._rebuild)
         self.table.plugin_loader = self._load_plugins
         self._torch_op: Any = None
+        self._dispatch: Callable[..., Any] | None = None
         self._rebuild_enabled = False
         doc = (fn.__doc__ or "").strip().split("\n")[0] or "the op's body (PyTorch reference)"
         self.table.register(_Reference(name="torch", kernel=fn, devices=("*",), priority=0, description=doc))
@@ -265,7 +268,16 @@ class Op:
         if self.variant_of is None:
             return None, self.contract
         key = self.variant_of(*(values[p] for p in self._variant_params))
+        if key not in self.contracts:
+            self._bad_variant(key)
         return key, self.contracts[key]
+
+    def _bad_variant(self, key: Any) -> None:
+        """A call whose ``variant=`` names no variant: a ContractError naming the valid ones."""
+        raise_violations(self.name, [Violation(
+            ArgumentTypeError, ", ".join(self._variant_params) or "variant",
+            f"arguments naming one of the variants {', '.join(map(repr, self.contracts))}",
+            f"variant {key!r}")], {}, {})
 
     def validate(self, *args: Any, **kwargs: Any) -> Dims:
         """Check a call (whatever the mode) without running it; return its bound dims."""
@@ -342,12 +354,13 @@ class Op:
         """Regenerate ``__call__`` (the selection key depends on what the backends declare)."""
         if not getattr(self, "_rebuild_enabled", False):
             return
-        from .opdef_codegen import build_dispatcher
-
         cls = type(self)
         if cls is Op:  # each op gets its own class, so that __call__ is its generated function
             cls = type(f"Op[{self.name}]", (Op,), {"__module__": __name__})
             self.__class__ = cls
+        if not self.table.plugins_loaded:  # the first call loads the plug-ins, then dispatches
+            cls.__call__ = _bootstrap(self)  # type: ignore[method-assign]
+            return
         cls.__call__ = build_dispatcher(self)  # type: ignore[method-assign]
 
     def _transact(self, chosen: Chosen, dims: tuple[int, ...], variant: str | None, vals: tuple[Any, ...],
@@ -376,19 +389,42 @@ class Op:
             if isinstance(exc, ContractError):
                 raise
             self._failed(chosen.name, exc, rolled_back=saved is not None)
-        if self.after is not None:
-            violations = self.after(ctx, chosen.name)
-            if violations:
-                c.rejections += 1
-                if saved is not None:
-                    violations = [dataclasses.replace(v, details=(*v.details, ROLLED_BACK)) for v in violations]
-                try:  # saved (KDA_CONTRACTS_DUMP_DIR) as the backend left it, then rolled back
-                    with saving_rejection(self, values, config, stage="after", backend=chosen.name):
-                        raise_violations(f"{self.name} (after backend {chosen.name!r})", violations, env,
-                                         ctx.provenance)
-                finally:
-                    restore(saved)
+        violations = self._checks_after(ctx, variant, chosen, res, saved)
+        if violations:
+            c.rejections += 1
+            if saved is not None:
+                violations = [dataclasses.replace(v, details=(*v.details, ROLLED_BACK)) for v in violations]
+            try:  # saved (KDA_CONTRACTS_DUMP_DIR) as the backend left it, then rolled back
+                with saving_rejection(self, values, config, stage="after", backend=chosen.name):
+                    raise_violations(f"{self.name} (after backend {chosen.name!r})", violations, env,
+                                     ctx.provenance)
+            finally:
+                restore(saved)
         return res
+
+    def _checks_after(self, ctx: CallContext, variant: str | None, chosen: Chosen, res: Any,
+                      saved: Saved | None) -> list[Violation]:
+        """Strict mode, after the backend: the result against the return annotation, then the
+        op's ``after`` checks (a check that raises is a BackendError, the call rolled back)."""
+        c = self.contracts[variant]
+        if c._check_return is not None and self.returns is None:
+            dims = tuple(ctx.dims[s] for s in c.spec.symbols)
+            if not c._check_return(res, dims):
+                found = explain_return(c.spec, res, dict(ctx.dims))
+                if found:
+                    return found
+        if self.after is None:
+            return []
+        try:
+            return list(self.after(ctx, chosen.name))
+        except Exception as exc:
+            restore(saved)
+            raise_violations(self.name, [Violation(
+                BackendError, "after", "the op's after checks to run on the backend's outputs",
+                f"they raised {type(exc).__name__}: {exc}",
+                hint="strict mode restored every tensor the op writes" if saved is not None else None)],
+                {}, {}, cause=exc)
+            raise  # unreachable
 
     def _failed(self, backend: str, exc: BaseException, *, rolled_back: bool = False) -> None:
         """A backend raised: a BackendError naming it, the original as its cause."""
@@ -414,6 +450,27 @@ class Op:
         return d
 
 
+def _bootstrap(o: Op) -> Callable[..., Any]:
+    """An op's ``__call__`` until its first call: load the plug-ins (their backends change what a
+    selection key must hold), generate the real dispatcher, and call it. Under torch.compile the
+    preparation runs at trace time, untraced."""
+
+    def prepare() -> None:
+        o.table.load_plugins()
+        o._dispatch = build_dispatcher(o)
+
+    prepared = modes.mark_constant_result(prepare)
+
+    def first_call(self: Op, *args: Any, **kwargs: Any) -> Any:
+        prepared()
+        dispatch = o._dispatch
+        if not torch.compiler.is_compiling():  # from now on, the dispatcher itself (eager)
+            type(self).__call__ = dispatch  # type: ignore[method-assign, assignment]
+        return dispatch(self, *args, **kwargs)  # type: ignore[misc]
+
+    return first_call
+
+
 def _make_select(o: Op) -> Callable[[tuple[Any, ...], str], Chosen]:
     """``select(key, backend)``: the cached choice of backend. Under torch.compile the choice is
     made once, at trace time, without the (possibly symbolic) dims; a backend whose support
@@ -432,7 +489,7 @@ def _make_select(o: Op) -> Callable[[tuple[Any, ...], str], Chosen]:
 
     def static(key: tuple[Any, ...], backend: str) -> str:
         info = info_of((*key[:-1], None))
-        b = table.choose(backend, info)
+        b = table.choose(backend, info, dims_free=backend == "auto")
         if b._constraints:
             raise_violations(o.name, [Violation(
                 _backend_error(), "backend", "a backend whose support does not depend on the dims, under torch.compile",

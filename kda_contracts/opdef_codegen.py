@@ -111,11 +111,13 @@ def build_dispatcher(o: Op) -> Any:
         lines += ["    else:", f"        {dims} = None"]
     lines.append(f"    {chosen} = {n('select')}(({_key_source(o, layout, n, v, dims)}), backend)")
     lines += _run_lines(o, n, ns, call, plain, cfg)
-    if spec.returns is not None and o.variant_of is None:
-        ns[n("check_return")] = c._check_return
-        ns[n("fail_return")] = _outside_compile(lambda r, *vc: c.fail_return(r, c._check(*vc) or ()))
-        lines += [f"    if {mode} and not {n('check_return')}({res}, {dims}):",
-                  f"        {n('fail_return')}({res}{sep}{plain}, {cfg})"]
+    if o.returns is None and any(vc._check_return is not None for vc in o.contracts.values()):
+        # check mode here; strict mode checks the result inside its transaction (rolled back)
+        ns[n("check_returns")] = {k: vc._check_return or _any_result for k, vc in o.contracts.items()}
+        ns[n("fail_return")] = _outside_compile(
+            lambda vk, r, *vc: o.contracts[vk].fail_return(r, o.contracts[vk]._check(*vc) or ()))
+        lines += [f"    if {mode} == 1 and not {n('check_returns')}[{v}]({res}, {dims}):",
+                  f"        {n('fail_return')}({v}, {res}{sep}{plain}, {cfg})"]
     lines.append(f"    return {_returns_source(o.returns, res)}")
     src = "\n".join(lines) + "\n"
     exec(compile(src, f"<kda_contracts op {o.name}>", "exec"), ns)  # our own source
@@ -143,8 +145,10 @@ def _check_lines(o: Op, n: Names, ns: dict[str, Any], fixed: int | None, plain: 
             n("types"): {k: modes.mark_constant_result(vc.check_types) for k, vc in cs.items()},
             n("TypeViolation"): BeartypeCallHintParamViolation,
         })
-        lines += [f"    {v} = {n('variant')}({', '.join(o._variant_params)})", f"    {mode} = {n('enters')}[{v}]()",
-                  f"    if {mode}:"]
+        ns[n("badv")] = _outside_compile(o._bad_variant)
+        lines += [f"    {v} = {n('variant')}({', '.join(o._variant_params)})",
+                  f"    if {v} not in {n('enters')}:", f"        {n('badv')}({v})",
+                  f"    {mode} = {n('enters')}[{v}]()", f"    if {mode}:"]
         if not all(vc.types_in_checker for vc in cs.values()):  # hints the checker cannot decide
             lines += ["        try:", f"            {n('types')}[{v}]({plain})",
                       f"        except {n('TypeViolation')}:", f"            {n('rejects')}[{v}]({plain}{sep}{cfg})"]
@@ -193,6 +197,10 @@ def _run_lines(o: Op, n: Names, ns: dict[str, Any], call: list[str], plain: str,
             f"                {res} = {extras}",
             f"        except {n('ContractError')}:", "            raise",
             f"        except Exception as {n('exc')}:", f"            {n('failed')}({chosen}.name, {n('exc')})"]
+
+
+def _any_result(result: Any, dims: Any) -> bool:
+    return True
 
 
 def _off_dims_needed(o: Op, layout: KeyLayout) -> bool:

@@ -52,6 +52,9 @@ def _schema_params(o: Op) -> tuple[list[inspect.Parameter], list[str]]:
     for p in o.signature.parameters.values():
         if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
             raise AnnotationError(f"{o.name}: a custom op cannot take *{p.name}; give the op named parameters")
+        if p.kind is p.POSITIONAL_ONLY:
+            raise AnnotationError(f"{o.name}: parameter {p.name!r} is positional-only; a custom op passes its "
+                                  "arguments by name: drop the '/'")
         kind = p.POSITIONAL_OR_KEYWORD  # a custom op takes every argument by position or name
         if p.name in spec.tensors:
             ann: Any = torch.Tensor | None if spec.tensors[p.name].optional else torch.Tensor

@@ -5,6 +5,8 @@ nothing (zero-copy): a backend that fails there may leave its outputs partly wri
 What an op writes is declared: every argument marked ``kc.Spec(mutated=True)``, whole, unless the
 op gives ``written=ctx -> {arg: None | rows}`` (rows: an index tensor along dim 0, e.g. the pool
 slots a decode step updates), so a state pool of gigabytes is never copied, only its used slots.
+``written=`` is also asked during CUDA-graph capture (for the aliasing check): it must not sync
+then (name only what it writes whole).
 
 Example::
 
@@ -54,27 +56,29 @@ def snapshot(op: Op, ctx: CallContext) -> Saved | None:
     """Copies of what the call writes; None when nothing can be copied (fake or meta tensors,
     CUDA-graph capture: the call then runs as in check mode)."""
     saved: Saved = []
-    if any(isinstance(v, torch.Tensor) and (v.is_meta or type(v).__name__ == "FakeTensor")
-           for v in ctx.values.values()):
-        return None
+    tensors = [v for v in ctx.values.values() if isinstance(v, torch.Tensor)]
+    if any(v.is_meta or type(v).__name__ == "FakeTensor" or _capturing(v) for v in tensors):
+        return None  # no data, or no copy outside the graph being captured: as in check mode
     for name, rows in written_parts(op, ctx).items():
         t = ctx.values.get(name)
         if not isinstance(t, torch.Tensor):
             continue
         if t.is_meta or _capturing(t) or type(t).__name__ == "FakeTensor":
             return None
-        if rows is None:
-            saved.append((t, None, t.clone()))
-        else:
-            rows = rows.to(device=t.device, dtype=torch.long)
-            saved.append((t, rows, t.index_select(0, rows)))
+        with torch.no_grad():  # a copy, not a step of autograd (autograd=True ops write such tensors)
+            if rows is None:
+                saved.append((t, None, t.clone()))
+            else:
+                rows = rows.to(device=t.device, dtype=torch.long)
+                saved.append((t, rows, t.index_select(0, rows)))
     return saved
 
 
 def restore(saved: Saved | None) -> None:
     """Put every saved element back (bit for bit)."""
-    for t, rows, copy in saved or ():
-        if rows is None:
-            t.copy_(copy)
-        else:
-            t.index_copy_(0, rows, copy)
+    with torch.no_grad():  # a leaf that requires grad (autograd=True) may be written back too
+        for t, rows, copy in saved or ():
+            if rows is None:
+                t.copy_(copy)
+            else:
+                t.index_copy_(0, rows, copy)

@@ -449,12 +449,23 @@ def test_a_contract_with_value_checks_compiles_in_strict_mode():
         f(-torch.rand(2, 4) - 1)
 
 
-def test_a_backend_with_dim_constraints_is_refused_under_compile_not_judged_on_one_size():
+def test_a_backend_with_dim_constraints_is_never_judged_on_one_traced_size():
+    """Under torch.compile the dims may be symbolic: ``auto`` passes over a backend whose support
+    depends on them (the next one runs), and asking for it by name is refused, not judged on the
+    sizes seen when tracing."""
     kc.packed_decode.register_backend(kc.Backend(name="even", kernel=kc.packed_decode.fn, devices=("cpu",),
                                                  priority=10_000, where=("B % 2 == 0",)))
     try:
-        call = small_call()
+        call, ref = small_call(), small_call()
+        out = compile_as(decode_step, "automatic")(call, None)
+        kc.packed_decode(**ref, backend="torch")
+        torch.testing.assert_close(out, ref["out"] * 2)
+
+        def forced(call):
+            kc.packed_decode(**call, backend="even")
+            return call["out"] * 2
+
         with pytest.raises(kc.ContractError, match=r"'even', which needs B % 2 == 0"):
-            compile_as(decode_step, "automatic")(call, None)
+            compile_as(forced, "automatic")(small_call())
     finally:
         kc.packed_decode.unregister_backend("even")

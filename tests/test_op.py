@@ -378,6 +378,8 @@ def test_a_required_keyword_only_output_after_defaults_becomes_an_optional_custo
 def test_a_compiled_function_calling_an_op_compiles_once_per_shape_class():
     op = make_op("compiled_op")
     op.backend("fast", devices=("cpu",), priority=5)(lambda x, w, out: torch.mul(x, w, out=out))
+    import torch._dynamo.testing
+
     torch._dynamo.reset()
     counter = torch._dynamo.testing.CompileCounter()
 

@@ -144,13 +144,23 @@ def load_plugins(*, force: bool = False) -> dict[str, str]:
     """Register the adapters of the ``kda_contracts.adapters`` entry-point group (once), and the
     packed-decode backends of ``kda_contracts.backends``. Returns the plug-ins that failed to
     load, with why; a broken plug-in never breaks dispatch (``explain_backends`` lists it)."""
-    from importlib.metadata import entry_points
-
     from ...opdef import load_plugins as load_op_plugins
 
     table = _op().table
-    if table.plugins_loaded and not force:
-        return {**table.plugin_errors, **load_op_plugins()}
+    if force:
+        load_op_plugins(force=True)
+        load_all()
+    else:
+        table.load_plugins()  # the op's first call does this too (load_all is its loader)
+    return {**table.plugin_errors, **load_op_plugins()}
+
+
+def load_all() -> None:
+    """Packed decode's plug-in loader: the ``kda_contracts.adapters`` group, then the op's
+    backends of ``kda_contracts.backends``."""
+    from importlib.metadata import entry_points
+
+    table = _op().table
     table.plugins_loaded = True
     for ep in entry_points(group=ENTRY_POINT_GROUP):
         try:
@@ -160,9 +170,7 @@ def load_plugins(*, force: bool = False) -> dict[str, str]:
                 table.register(ad, replace=True)
         except Exception as exc:
             table.plugin_errors[ep.name] = f"{type(exc).__name__}: {exc}"
-    errors = load_op_plugins(force=force)
     _op()._load_plugins()
-    return {**table.plugin_errors, **errors}
 
 
 def names() -> list[str]:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
+import torch
 from torch import Tensor
 
 from ...opdef import op
@@ -48,6 +49,8 @@ def _written(ctx: CallContext) -> dict[str, Any]:
     """What a call writes: all of ``out``, and the pool slots its valid indices name (strict mode
     copies just these before the kernel, and restores them if the call is rejected after it)."""
     idx = ctx.values["ssm_state_indices"]
+    if idx.is_cuda and torch.cuda.is_current_stream_capturing():
+        return {"out": None}  # the used slots cannot be read without a sync while capturing
     return {"out": None, "initial_state": idx[(idx >= 0) & (idx < ctx.dims["N"])]}
 
 
@@ -71,6 +74,7 @@ def packed_decode(
 
 for _ad in adapters.shipped():
     packed_decode.register_backend(_ad, replace=True)
+packed_decode.table.plugin_loader = adapters.load_all  # also the older kda_contracts.adapters group
 
 
 def validate_packed_decode(
