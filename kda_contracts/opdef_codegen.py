@@ -116,7 +116,8 @@ def build_dispatcher(o: Op) -> Any:
         lines += [f"    {v} = {n('variant')}({', '.join(o._variant_params)})", f"    {mode} = {n('enters')}[{v}]()",
                   f"    if {mode}:"]
         if not all(vc.types_in_checker for vc in cs.values()):  # hints the checker cannot decide
-            lines += ["        try:", f"            {n('types')}[{v}]({plain})", f"        except {n('TypeViolation')}:",
+            lines += ["        try:", f"            {n('types')}[{v}]({plain})",
+                      f"        except {n('TypeViolation')}:",
                       f"            {n('rejects')}[{v}]({plain}{sep}{cfg})"]
         # each variant's generated checker, inlined as for a single contract (no run_checks frame)
         lines += [f"        {dims} = {n('checks')}[{v}]({plain}{sep}{cfg})", f"        if {dims} is None:",
