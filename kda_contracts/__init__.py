@@ -52,6 +52,10 @@ from .opdef import op as op
 # Last: the name ``ops`` is both this function and the package of the ops we ship, whose import
 # above bound it to the package (which is callable too, as a fallback; see ops/__init__.py).
 from .opdef import ops as ops
+from .ops.gdn_decode import GDN_PRESETS as GDN_PRESETS
+from .ops.gdn_decode import GDNConfig as GDNConfig
+from .ops.gdn_decode import gdn_packed_decode as gdn_packed_decode
+from .ops.gdn_decode import validate_gdn_packed_decode as validate_gdn_packed_decode
 from .ops.packed_decode import PRESETS as PRESETS
 from .ops.packed_decode import KDAConfig as KDAConfig
 from .ops.packed_decode import adapters as adapters

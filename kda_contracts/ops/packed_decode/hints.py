@@ -14,7 +14,7 @@ from collections.abc import Callable
 import torch
 
 from ...errors import DtypeError, LayoutError, ShapeError, Violation
-from ...facts import DtypeMismatch, LayoutBroken, RankMismatch, Unsolvable
+from ...facts import AxisMismatch, DtypeMismatch, LayoutBroken, RankMismatch, Unsolvable
 from ...markers import config_dim_source, config_dims
 from ...spec import CallContext
 from .config import KDAConfig
@@ -43,6 +43,18 @@ def _hint_unflattened(v: Violation, ctx: CallContext) -> str | None:
     if v.argument == "dt_bias" and len(shape) == 2:
         return f"`dt_bias` looks unflattened ([HV, K] = {list(shape)}); pass dt_bias.flatten()"
     return None
+
+
+def _hint_gdn_gate(v: Violation, ctx: CallContext) -> str | None:
+    """A GDN-shaped gate (one logit per value head) given to KDA."""
+    axis, hv, k = v.fact(AxisMismatch), ctx.dims.get("HV"), ctx.dims.get("K")
+    if v.kind is not ShapeError or v.argument not in ("a", "dt_bias") or axis is None or hv is None or k is None \
+            or k == 1 or axis.got != hv or axis.axis != (1 if v.argument == "a" else 0):
+        return None
+    shape = "[B, HV]" if v.argument == "a" else "[HV]"
+    return (f"`{v.argument}` has GDN's per-value-head gate shape {shape} (HV={hv}); KDA's gate has one logit per "
+            f"key channel, {shape[:-1]}*K] with K={k}. If this is a GDN (Qwen3-Next) layer call "
+            "kc.gdn_packed_decode; if it is a KDA layer, the tensor comes from the wrong projection")
 
 
 def _swapped_layout_fits(ctx: CallContext, declared: str) -> bool:
@@ -131,5 +143,5 @@ def _hint_state_strides(v: Violation, ctx: CallContext) -> str | None:
 
 def hints_for(layout: str) -> tuple[Hint, ...]:
     """The hints of the contract for state layout ``layout`` ("VK" or "KV"), in the order they are tried."""
-    return (_hint_unflattened, _layout_hint(layout), _hint_tp, _hint_width, _hint_index_dtype,
+    return (_hint_gdn_gate, _hint_unflattened, _layout_hint(layout), _hint_tp, _hint_width, _hint_index_dtype,
             _hint_state_strides)
