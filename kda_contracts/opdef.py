@@ -40,13 +40,13 @@ import torch
 from . import modes
 from .backends import Backend, BackendError, BackendTable, CallInfo, Chosen, _runner, verdict_lines
 from .body import body_uses_checks, runner
-from .decorator import Contract, _outside_compile, eager_value_checks, register_contract
+from .decorator import Contract, register_contract
 from .dumps import saving_rejection
 from .errors import AnnotationError, ArgumentTypeError, ContractError, Violation, raise_violations
 from .explain import explain_return
 from .markers import Where
 from .nested import mentions_array
-from .opdef_codegen import build_dispatcher
+from .opdef_codegen import bootstrap, build_dispatcher
 from .spec import CallContext, ContractOptions, Dims, build_spec
 from .transact import ROLLED_BACK, Saved, restore, snapshot, written_parts
 
@@ -359,7 +359,7 @@ class Op:
             cls = type(f"Op[{self.name}]", (Op,), {"__module__": __name__})
             self.__class__ = cls
         if not self.table.plugins_loaded:  # the first call loads the plug-ins, then dispatches
-            cls.__call__ = _bootstrap(self)  # type: ignore[method-assign]
+            cls.__call__ = bootstrap(self)  # type: ignore[method-assign]
             return
         cls.__call__ = build_dispatcher(self)  # type: ignore[method-assign]
 
@@ -450,71 +450,6 @@ class Op:
         return d
 
 
-def _bootstrap(o: Op) -> Callable[..., Any]:
-    """An op's ``__call__`` until its first call: load the plug-ins (their backends change what a
-    selection key must hold), generate the real dispatcher, and call it. Under torch.compile the
-    preparation runs at trace time, untraced."""
-
-    def prepare() -> None:
-        o.table.load_plugins()
-        o._dispatch = build_dispatcher(o)
-
-    prepared = modes.mark_constant_result(prepare)
-
-    def first_call(self: Op, *args: Any, **kwargs: Any) -> Any:
-        prepared()
-        dispatch = o._dispatch
-        if not torch.compiler.is_compiling():  # from now on, the dispatcher itself (eager)
-            type(self).__call__ = dispatch  # type: ignore[method-assign, assignment]
-        return dispatch(self, *args, **kwargs)  # type: ignore[misc]
-
-    return first_call
-
-
-def _make_select(o: Op) -> Callable[[tuple[Any, ...], str], Chosen]:
-    """``select(key, backend)``: the cached choice of backend. Under torch.compile the choice is
-    made once, at trace time, without the (possibly symbolic) dims; a backend whose support
-    depends on the dims is then refused rather than judged on the traced sizes."""
-    table = o.table
-    layout = o._key_layout  # type: ignore[attr-defined]
-
-    def info_of(key: tuple[Any, ...]) -> CallInfo:
-        return layout.info(key)
-
-    def select(key: tuple[Any, ...], backend: str) -> Chosen:
-        hit = table.selected.get(key)
-        if hit is not None:
-            return hit
-        return table.select_cached(key, backend, lambda: info_of(key))
-
-    def static(key: tuple[Any, ...], backend: str) -> str:
-        info = info_of((*key[:-1], None))
-        b = table.choose(backend, info, dims_free=backend == "auto")
-        if b._constraints:
-            raise_violations(o.name, [Violation(
-                _backend_error(), "backend", "a backend whose support does not depend on the dims, under torch.compile",
-                f"{b.name!r}, which needs {', '.join(b.where)}",
-                hint=f"call {o.name} outside the compiled region, or pass a backend= without where= constraints")],
-                {}, {})
-        table.runner(b)
-        return b.name
-
-    static_outside = _outside_compile(static)
-
-    def traced(key: tuple[Any, ...], backend: str) -> Chosen:
-        name = static_outside(key, backend)
-        return Chosen(name, table.runners[name], name in table.direct)
-
-    select._torchdynamo_inline = traced  # type: ignore[attr-defined]
-    return select
-
-
-def _backend_error() -> type[ContractError]:
-    from .backends import BackendError
-
-    return BackendError
-
-
 def op(fn: Callable[..., Any] | None = None, /, *, name: str | None = None, config: Any = None,
        config_arg: str | None = None, where: Iterable[str | Where] = (), bind_first: Sequence[str] = (),
        hints: Sequence[Callable[[Violation, CallContext], str | None]] = (),
@@ -553,5 +488,3 @@ def op(fn: Callable[..., Any] | None = None, /, *, name: str | None = None, conf
 
     return make if fn is None else make(fn)
 
-
-_ = eager_value_checks  # re-exported for op_codegen

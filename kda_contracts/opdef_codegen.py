@@ -12,7 +12,7 @@ Example::
 from __future__ import annotations
 
 import inspect
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -20,10 +20,10 @@ import torch
 from beartype.roar import BeartypeCallHintParamViolation
 
 from . import modes
-from .backends import CallInfo, signature_problem
+from .backends import BackendError, CallInfo, Chosen, signature_problem
 from .codegen import checked_parameters
 from .decorator import _outside_compile
-from .errors import ContractError
+from .errors import ContractError, Violation, raise_violations
 from .snippets import Names
 from .wrapper import formal_parameters
 
@@ -76,8 +76,6 @@ def _device_of(*vals: Any) -> str:
 
 def build_dispatcher(o: Op) -> Any:
     """The op's ``__call__`` (source generated for its signature and backends)."""
-    from .opdef import _make_select
-
     layout = key_layout(o)
     o._key_layout = layout  # type: ignore[attr-defined]
     c = o.contract
@@ -92,7 +90,7 @@ def build_dispatcher(o: Op) -> Any:
     ns: dict[str, Any] = {
         n("default_backend"): "auto",
         n("static_cfg"): spec.config,
-        n("select"): _make_select(o),
+        n("select"): make_select(o),
         n("devof"): _device_of,
         n("offdims"): o._dims_off,
     }
@@ -236,3 +234,62 @@ def _returns_source(returns: str | Sequence[str] | None, res: str) -> str:
     if isinstance(returns, str):
         return returns
     return "(" + ", ".join(returns) + ("," if len(returns) == 1 else "") + ")"
+
+
+def bootstrap(o: Op) -> Callable[..., Any]:
+    """An op's ``__call__`` until its first call: load the plug-ins (their backends change what a
+    selection key must hold), generate the real dispatcher, and call it. Under torch.compile the
+    preparation runs at trace time, untraced."""
+
+    def prepare() -> None:
+        o.table.load_plugins()
+        o._dispatch = build_dispatcher(o)
+
+    prepared = modes.mark_constant_result(prepare)
+
+    def first_call(self: Op, *args: Any, **kwargs: Any) -> Any:
+        prepared()
+        dispatch = o._dispatch
+        if not torch.compiler.is_compiling():  # from now on, the dispatcher itself (eager)
+            type(self).__call__ = dispatch  # type: ignore[method-assign, assignment]
+        return dispatch(self, *args, **kwargs)  # type: ignore[misc]
+
+    return first_call
+
+
+def make_select(o: Op) -> Callable[[tuple[Any, ...], str], Chosen]:
+    """``select(key, backend)``: the cached choice of backend. Under torch.compile the choice is
+    made once, at trace time, without the (possibly symbolic) dims; a backend whose support
+    depends on the dims is then refused rather than judged on the traced sizes."""
+    table = o.table
+    layout = o._key_layout  # type: ignore[attr-defined]
+
+    def info_of(key: tuple[Any, ...]) -> CallInfo:
+        return layout.info(key)
+
+    def select(key: tuple[Any, ...], backend: str) -> Chosen:
+        hit = table.selected.get(key)
+        if hit is not None:
+            return hit
+        return table.select_cached(key, backend, lambda: info_of(key))
+
+    def static(key: tuple[Any, ...], backend: str) -> str:
+        info = info_of((*key[:-1], None))
+        b = table.choose(backend, info, dims_free=backend == "auto")
+        if b._constraints:
+            raise_violations(o.name, [Violation(
+                BackendError, "backend", "a backend whose support does not depend on the dims, under torch.compile",
+                f"{b.name!r}, which needs {', '.join(b.where)}",
+                hint=f"call {o.name} outside the compiled region, or pass a backend= without where= constraints")],
+                {}, {})
+        table.runner(b)
+        return b.name
+
+    static_outside = _outside_compile(static)
+
+    def traced(key: tuple[Any, ...], backend: str) -> Chosen:
+        name = static_outside(key, backend)
+        return Chosen(name, table.runners[name], name in table.direct)
+
+    select._torchdynamo_inline = traced  # type: ignore[attr-defined]
+    return select
