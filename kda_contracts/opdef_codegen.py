@@ -144,9 +144,9 @@ def _check_lines(o: Op, n: Names, ns: dict[str, Any], fixed: int | None, plain: 
             n("TypeViolation"): BeartypeCallHintParamViolation,
         })
         ns[n("badv")] = _outside_compile(o._bad_variant)
+        ns[n("enter_of")] = ns[n("enters")].get
         lines += [f"    {v} = {n('variant')}({', '.join(o._variant_params)})",
-                  f"    if {v} not in {n('enters')}:", f"        {n('badv')}({v})",
-                  f"    {mode} = {n('enters')}[{v}]()", f"    if {mode}:"]
+                  f"    {mode} = ({n('enter_of')}({v}) or {n('badv')}({v}))()", f"    if {mode}:"]
         if not all(vc.types_in_checker for vc in cs.values()):  # hints the checker cannot decide
             lines += ["        try:", f"            {n('types')}[{v}]({plain})",
                       f"        except {n('TypeViolation')}:", f"            {n('rejects')}[{v}]({plain}{sep}{cfg})"]
@@ -267,11 +267,14 @@ def make_select(o: Op) -> Callable[[tuple[Any, ...], str], Chosen]:
     def info_of(key: tuple[Any, ...]) -> CallInfo:
         return layout.info(key)
 
-    def select(key: tuple[Any, ...], backend: str) -> Chosen:
-        hit = table.selected.get(key)
-        if hit is not None:
-            return hit
+    lookup = table.selected.get  # the cache is cleared in place, never replaced
+
+    def miss(key: tuple[Any, ...], backend: str) -> Chosen:
         return table.select_cached(key, backend, lambda: info_of(key))
+
+    def select(key: tuple[Any, ...], backend: str) -> Chosen:
+        hit = lookup(key)  # (no closure over key here: that would make it a cell on every call)
+        return hit if hit is not None else miss(key, backend)
 
     def static(key: tuple[Any, ...], backend: str) -> str:
         info = info_of((*key[:-1], None))
