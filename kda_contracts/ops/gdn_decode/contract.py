@@ -19,7 +19,7 @@ import torch
 import kda_contracts as kc
 from kda_contracts import Float, Int, Tensor
 
-from ...errors import LayoutError, raise_violations
+from ..packed_decode.contract import layout_resolver
 from ..packed_decode.dtypes import ACTIVATION_DTYPES, INDEX_DTYPES, STATE_DTYPES
 
 __all__ = ["GDN_ARGS", "LAYOUTS", "SYMBOLS", "VARIANTS", "resolve_layout"]
@@ -68,24 +68,5 @@ def _make_signature(layout: str) -> Callable[..., Any]:
 VARIANTS: dict[str, Callable[..., Any]] = {layout: _make_signature(layout) for layout in LAYOUTS}
 
 
-def resolve_layout(config: Any, state_layout: str | None) -> str:
-    """The declared state layout of a call: ``state_layout=``, else the config's, else "VK"; a
-    keyword that contradicts the config is a LayoutError.
-
-    Example::
-
-        >>> resolve_layout(None, None), resolve_layout(None, "KV")
-        ('VK', 'KV')
-    """
-    cfg_layout = getattr(config, "state_layout", None)
-    if state_layout is None:
-        return cfg_layout or "VK"
-    if state_layout not in LAYOUTS:
-        raise_violations("gdn_packed_decode", [kc.Violation(
-            LayoutError, "state_layout", "'VK' or 'KV' (or None: the config's, else 'VK')", repr(state_layout))],
-            {}, {})
-    if cfg_layout is not None and cfg_layout != state_layout:
-        raise_violations("gdn_packed_decode", [kc.Violation(
-            LayoutError, "state_layout", f"{cfg_layout!r} (config state_layout)", repr(state_layout),
-            hint="pass one source of truth: drop state_layout= or fix the config")], {}, {})
-    return state_layout
+# GDN's layout is declared as KDA's is (state_layout=, else the config's, else VK): the same resolver
+resolve_layout: Callable[[Any, str | None], str] = layout_resolver("gdn_packed_decode")

@@ -18,39 +18,19 @@ from torch import Tensor
 
 import kda_contracts as kc
 
-from ..packed_decode.checks import output_violations, value_checks
+from ..packed_decode.checks import value_checks
+from ..packed_decode.decode import dims_on_trust, output_checks, written_by_call
 from .contract import SYMBOLS, VARIANTS, WHERE, resolve_layout
 from .hints import hints_for
 
 __all__ = ["gdn_packed_decode", "validate_gdn_packed_decode"]
 
 
-def _dims_unchecked(layout: str, mixed_qkv: Tensor, a: Tensor, b: Tensor, A_log: Tensor, dt_bias: Tensor,
-                    scale: float, initial_state: Tensor, *rest: Any) -> tuple[int, ...]:
-    """The dims of a call taken on trust (mode ``off``), in SYMBOLS order (B, H, HV, K, V, N)."""
-    N, HV, X, Y = initial_state.shape
-    V, K = (X, Y) if layout == "VK" else (Y, X)
-    B, W = mixed_qkv.shape
-    return B, (W - HV * V) // (2 * K), HV, K, V, N
-
-
-assert SYMBOLS == ("B", "H", "HV", "K", "V", "N")
-
-
-def _after(ctx: Any, backend: str) -> list:
-    v = ctx.values
-    return output_violations(backend, v["out"], v["initial_state"], v["ssm_state_indices"])
-
-
-def _written(ctx: Any) -> dict[str, Any]:
-    """All of ``out`` and the pool slots the valid indices name."""
-    idx = ctx.values["ssm_state_indices"]
-    return {"out": None, "initial_state": idx[(idx >= 0) & (idx < ctx.dims["N"])]}
-
-
-@kc.op(name="gdn_packed_decode", namespace="kda_contracts", returns=("out", "initial_state"), after=_after,
-       written=_written, variants={layout: (fn, {"hints": hints_for(layout)}) for layout, fn in VARIANTS.items()},
-       variant=resolve_layout, unchecked_dims=_dims_unchecked, config_arg="config", where=WHERE,
+# The call shape is KDA's (the gate aside): the same dims on trust, outputs checks and written parts.
+@kc.op(name="gdn_packed_decode", namespace="kda_contracts", returns=("out", "initial_state"), after=output_checks,
+       written=written_by_call,
+       variants={layout: (fn, {"hints": hints_for(layout)}) for layout, fn in VARIANTS.items()},
+       variant=resolve_layout, unchecked_dims=dims_on_trust, config_arg="config", where=WHERE,
        bind_first=("initial_state", "mixed_qkv"), value_checks=value_checks)
 def gdn_packed_decode(
     mixed_qkv, a, b, A_log, dt_bias, scale, initial_state, out, ssm_state_indices,  # type: ignore[no-untyped-def]
@@ -60,7 +40,7 @@ def gdn_packed_decode(
     from kda_kernels.gdn_reference import gdn_packed_decode as reference
 
     layout = resolve_layout(config, state_layout)
-    d = _dims_unchecked(layout, mixed_qkv, a, b, A_log, dt_bias, scale, initial_state)
+    d = dims_on_trust(layout, mixed_qkv, a, b, A_log, dt_bias, scale, initial_state)
     reference(mixed_qkv, a, b, A_log, dt_bias, scale, initial_state, out, ssm_state_indices,
               num_heads=d[SYMBOLS.index("H")], use_qk_l2norm=use_qk_l2norm_in_kernel, state_layout=layout)
 

@@ -27,8 +27,16 @@ from ...markers import MatchConfig, Range, Spec, Where
 from .checks import value_checks
 from .dtypes import ACTIVATION_DTYPES, INDEX_DTYPES, STATE_DTYPES
 
-__all__ = ["LAYOUTS", "OPTIONS", "PACKED_DECODE_ARGS", "SYMBOLS", "VARIANTS", "packed_decode_contract",
-           "resolve_layout"]
+__all__ = [
+    "LAYOUTS",
+    "OPTIONS",
+    "PACKED_DECODE_ARGS",
+    "SYMBOLS",
+    "VARIANTS",
+    "layout_resolver",
+    "packed_decode_contract",
+    "resolve_layout",
+]
 
 Layout = Literal["VK", "KV"]
 LAYOUTS: tuple[Layout, ...] = ("VK", "KV")
@@ -96,24 +104,34 @@ def packed_decode_contract(state_layout: Layout = "VK") -> Contract:
     return packed_decode.contracts[state_layout]
 
 
-def resolve_layout(config: Any, state_layout: str | None) -> Layout:
-    """The declared state layout of a call: ``state_layout=``, else the config's, else "VK"; a
-    keyword that contradicts the config is a LayoutError.
+def layout_resolver(function: str) -> Callable[[Any, str | None], Layout]:
+    """The ``variant=`` of a packed-decode op named ``function`` (KDA's, GDN's): the declared state
+    layout of a call — ``state_layout=``, else the config's, else "VK"; a value other than VK/KV,
+    or a keyword that contradicts the config, is a LayoutError naming ``function``."""
 
-    Example::
+    def resolve_layout(config: Any, state_layout: str | None) -> Layout:
+        cfg_layout = getattr(config, "state_layout", None)
+        if state_layout is None:
+            return cfg_layout or "VK"
+        if state_layout not in LAYOUTS:
+            raise_violations(function, [Violation(
+                LayoutError, "state_layout", "'VK' or 'KV' (or None: the config's, else 'VK')", repr(state_layout))],
+                {}, {})
+        if cfg_layout is not None and cfg_layout != state_layout:
+            raise_violations(function, [Violation(
+                LayoutError, "state_layout", f"{cfg_layout!r} (config state_layout)", repr(state_layout),
+                hint="pass one source of truth: drop state_layout= or fix the config")], {}, {})
+        return state_layout  # type: ignore[return-value]
 
-        >>> resolve_layout(None, None), resolve_layout(None, "KV")
-        ('VK', 'KV')
-    """
-    cfg_layout = getattr(config, "state_layout", None)
-    if state_layout is None:
-        return cfg_layout or "VK"
-    if state_layout not in LAYOUTS:
-        raise_violations("packed_decode", [Violation(
-            LayoutError, "state_layout", "'VK' or 'KV' (or None: the config's, else 'VK')", repr(state_layout))],
-            {}, {})
-    if cfg_layout is not None and cfg_layout != state_layout:
-        raise_violations("packed_decode", [Violation(
-            LayoutError, "state_layout", f"{cfg_layout!r} (config state_layout)", repr(state_layout),
-            hint="pass one source of truth: drop state_layout= or fix the config")], {}, {})
-    return state_layout  # type: ignore[return-value]
+    return resolve_layout
+
+
+resolve_layout = layout_resolver("packed_decode")
+resolve_layout.__doc__ = """The declared state layout of a packed-decode call: ``state_layout=``, else the config's,
+else "VK"; a keyword that contradicts the config is a LayoutError.
+
+Example::
+
+    >>> resolve_layout(None, None), resolve_layout(None, "KV")
+    ('VK', 'KV')
+"""

@@ -24,10 +24,11 @@ from .checks import output_violations
 from .contract import OPTIONS, SYMBOLS, VARIANTS, resolve_layout
 from .hints import hints_for
 
-__all__ = ["explain_backends", "packed_decode", "validate_packed_decode"]
+__all__ = ["dims_on_trust", "explain_backends", "output_checks", "packed_decode", "validate_packed_decode",
+           "written_by_call"]
 
 
-def _dims_unchecked(layout: str, mixed_qkv: Tensor, a: Tensor, b: Tensor, A_log: Tensor, dt_bias: Tensor,
+def dims_on_trust(layout: str, mixed_qkv: Tensor, a: Tensor, b: Tensor, A_log: Tensor, dt_bias: Tensor,
                     scale: float, initial_state: Tensor, *rest: Any) -> tuple[int, ...]:
     """The dims of a call taken on trust (mode ``off``), in the contract's symbol order
     (B, H, HV, K, V, N)."""
@@ -40,12 +41,12 @@ def _dims_unchecked(layout: str, mixed_qkv: Tensor, a: Tensor, b: Tensor, A_log:
 assert SYMBOLS == ("B", "H", "HV", "K", "V", "N")
 
 
-def _after(ctx: CallContext, backend: str) -> list:
+def output_checks(ctx: CallContext, backend: str) -> list:
     v = ctx.values
     return output_violations(backend, v["out"], v["initial_state"], v["ssm_state_indices"])
 
 
-def _written(ctx: CallContext) -> dict[str, Any]:
+def written_by_call(ctx: CallContext) -> dict[str, Any]:
     """What a call writes: all of ``out``, and the pool slots its valid indices name (strict mode
     copies just these before the kernel, and restores them if the call is rejected after it)."""
     idx = ctx.values["ssm_state_indices"]
@@ -54,9 +55,10 @@ def _written(ctx: CallContext) -> dict[str, Any]:
     return {"out": None, "initial_state": idx[(idx >= 0) & (idx < ctx.dims["N"])]}
 
 
-@op(name="packed_decode", namespace="kda_contracts", returns=("out", "initial_state"), after=_after, written=_written,
+@op(name="packed_decode", namespace="kda_contracts", returns=("out", "initial_state"), after=output_checks,
+    written=written_by_call,
     variants={layout: (fn, {"hints": hints_for(layout)}) for layout, fn in VARIANTS.items()},
-    variant=resolve_layout, unchecked_dims=_dims_unchecked, **OPTIONS)  # type: ignore[arg-type]
+    variant=resolve_layout, unchecked_dims=dims_on_trust, **OPTIONS)  # type: ignore[arg-type]
 def packed_decode(
     mixed_qkv, a, b, A_log, dt_bias, scale, initial_state, out, ssm_state_indices,  # type: ignore[no-untyped-def]
     use_qk_l2norm_in_kernel=False, lower_bound=None, *, config: Any = None,
@@ -66,7 +68,7 @@ def packed_decode(
     from kda_kernels.reference import packed_decode as reference
 
     layout = resolve_layout(config, state_layout)
-    d = _dims_unchecked(layout, mixed_qkv, a, b, A_log, dt_bias, scale, initial_state)
+    d = dims_on_trust(layout, mixed_qkv, a, b, A_log, dt_bias, scale, initial_state)
     reference(mixed_qkv, a, b, A_log, dt_bias, scale, initial_state, out, ssm_state_indices,
               num_heads=d[SYMBOLS.index("H")], use_qk_l2norm=use_qk_l2norm_in_kernel, lower_bound=lower_bound,
               state_layout=layout)
