@@ -1,4 +1,5 @@
-"""flash-linear-attention's ``fused_recurrent_kda`` behind the packed-decode interface (a peer).
+"""flash-linear-attention's ``fused_recurrent_kda`` (KDA) and ``fused_recurrent_gated_delta_rule``
+(GDN) behind the packed-decode interface (peers).
 
 fla's kernel takes q/k/v as separate dense ``[B, T, H, K]`` tensors, the state in KV layout by
 default (``state_v_first=True`` for VK), the raw gate when ``use_gate_in_kernel=True`` and raw
@@ -9,6 +10,11 @@ and write outside the pool. This wrapper therefore runs only the rows whose inde
 ``[0, N)`` (a boolean compaction, which syncs with the host) and zeroes the others: memory-safe,
 at the price of a sync. Benchmarks that want fla's raw speed call :func:`raw_call` with indices
 known to be valid.
+
+fla's GDN kernel has no in-place pool path: :func:`gdn_packed_decode` gathers the valid rows'
+slots into a dense initial state, asks for the final state (fp32) and scatters it back into the
+pool. ``sigmoid(b)`` is computed outside the kernel and rounded to ``b``'s dtype, the GDN
+semantics (``../shared/SPEC-gdn-decode.md``), since fla's in-kernel sigmoid does not round.
 
 Example::
 
@@ -25,19 +31,24 @@ from torch import Tensor
 
 from .interface import DecodeArgs, DecodeBackend, decode_dims, split_qkv, valid_rows
 
-__all__ = ["is_available", "packed_decode", "raw_call"]
+__all__ = ["gdn_is_available", "gdn_packed_decode", "is_available", "packed_decode", "raw_call"]
 
 
-def is_available() -> tuple[bool, str]:
-    """Whether fla's kernel can run here, and why not."""
+def is_available(module: str = "fla.ops.kda.fused_recurrent") -> tuple[bool, str]:
+    """Whether fla's kernel (its KDA one, or ``module``) can run here, and why not."""
     try:
-        importlib.import_module("fla.ops.kda.fused_recurrent")
+        importlib.import_module(module)
     except Exception as exc:  # not installed, or breaks on import with this torch/triton
         kind = "is not installed" if isinstance(exc, ModuleNotFoundError) else f"fails to import ({exc})"
         return False, f"fla-core {kind}"
     if not torch.cuda.is_available():
         return False, "fla's Triton kernel needs a CUDA device"
     return True, ""
+
+
+def gdn_is_available() -> tuple[bool, str]:
+    """Whether fla's GDN kernel (``fused_recurrent_gated_delta_rule``) can run here, and why not."""
+    return is_available("fla.ops.gated_delta_rule.fused_recurrent")
 
 
 def _fwd() -> Any:
@@ -81,3 +92,34 @@ def packed_decode(call: DecodeArgs) -> None:
                  call.indices[rows], num_heads=call.num_heads, use_qk_l2norm=call.use_qk_l2norm,
                  lower_bound=call.lower_bound, state_layout=call.state_layout)
     call.out[rows] = o.to(call.out.dtype)
+
+
+def _gdn_fwd() -> Any:
+    from fla.ops.gated_delta_rule.fused_recurrent import fused_recurrent_gated_delta_rule_fwd
+
+    return fused_recurrent_gated_delta_rule_fwd
+
+
+@DecodeBackend
+def gdn_packed_decode(call: DecodeArgs) -> None:
+    """GDN packed decode (``a`` ``[B, HV]``, ``dt_bias`` ``[HV]``) on fla's out-of-place kernel:
+    valid rows only (a host sync), their slots gathered, the fp32 final state scattered back."""
+    if call.lower_bound is not None:
+        raise ValueError("GDN has no bounded gate: lower_bound must be None")
+    _, H, HV, K, V, N = call.dims
+    rows = valid_rows(call.indices, N).nonzero().flatten()  # host sync: fla has no padding or bounds guard
+    call.out.zero_()
+    if rows.numel() == 0:
+        return
+    n = rows.numel()
+    slots = call.indices[rows].long()
+    q, k, v = (x[rows].unsqueeze(1).contiguous() for x in split_qkv(call.mixed_qkv, H, HV, K, V))
+    beta = torch.sigmoid(call.b[rows].float()).to(call.b.dtype).view(n, 1, HV)
+    o, final = _gdn_fwd()(
+        q=q, k=k, v=v, g=call.a[rows].reshape(n, 1, HV).contiguous(), beta=beta, A_log=call.A_log,
+        dt_bias=call.dt_bias, scale=call.scale, initial_state=call.state.index_select(0, slots),
+        output_final_state=True, use_qk_l2norm_in_kernel=call.use_qk_l2norm, use_beta_sigmoid_in_kernel=False,
+        state_v_first=call.state_layout == "VK", cu_seqlens=None,
+    )
+    call.state.index_copy_(0, slots, final.to(call.state.dtype))
+    call.out[rows] = o.view(n, 1, HV, V).to(call.out.dtype)

@@ -89,6 +89,7 @@ __all__ = [
     "PINNED_CONFIGS",
     "SUPPORTED",
     "decode_kernel",
+    "gdn_packed_decode",
     "head_regime",
     "is_available",
     "launch",
@@ -220,10 +221,10 @@ def _kda_decode_kernel(
     q: Tensor,  # [B, H, K]
     k: Tensor,  # [B, H, K]
     v: Tensor,  # [B, HV, V]
-    a: Tensor,  # [B, HV, K]
+    a: Tensor,  # [B, HV, K] (KDA) or [B, HV, 1] (GDN: one gate per value head)
     b: Tensor,  # [B, HV]
     A_log: Tensor,  # [HV]
-    dt_bias: Tensor,  # [HV, K]
+    dt_bias: Tensor,  # [HV, K] (KDA) or [HV, 1] (GDN)
     state: Tensor,  # [N, HV, V, K] (any strides: KV pools arrive transposed)
     out: Tensor,  # [B, HV, V]
     indices: Tensor,  # [B]
@@ -232,6 +233,7 @@ def _kda_decode_kernel(
     group: hl.constexpr,  # HV // H
     use_qk_l2norm: hl.constexpr,
     bounded: hl.constexpr,
+    gdn: hl.constexpr,  # GDN: a scalar gate per value head, sigmoid(b) rounded to b's dtype as sglang does
 ) -> None:
     batch = indices.size(0)
     num_slots = state.size(0)
@@ -247,7 +249,10 @@ def _kda_decode_kernel(
         slot_scalar = indices[i_b]
         if (slot_scalar >= 0) & (slot_scalar < num_slots):
             slot = indices[tile_b].to(torch.int64)  # int64: slot * stride(0) may pass 2**31
-            x = a[tile_b, i_hv, :].to(torch.float32) + dt_bias[i_hv, :][None, :]  # [1, K]
+            if gdn:  # one scalar per value head
+                x = a[tile_b, i_hv, 0].to(torch.float32) + dt_bias[i_hv, 0]  # [1]
+            else:
+                x = a[tile_b, i_hv, :].to(torch.float32) + dt_bias[i_hv, :][None, :]  # [1, K]
             A = torch.exp(A_log[i_hv])
             if bounded:
                 g = lower_bound * torch.sigmoid(A * x)
@@ -258,6 +263,8 @@ def _kda_decode_kernel(
                 soft = torch.log(1.0 + torch.exp(torch.clamp(x, max=20.0)))
                 g = -A * torch.where(x <= 20.0, soft, x)
             beta = torch.sigmoid(b[tile_b, i_hv].to(torch.float32))  # [1]
+            if gdn:
+                beta = beta.to(b.dtype).to(torch.float32)
             kk = k[tile_b, i_h, :].to(torch.float32)  # [1, K]
             qq = q[tile_b, i_h, :].to(torch.float32)
             if use_qk_l2norm:
@@ -265,7 +272,10 @@ def _kda_decode_kernel(
                 qq = qq / torch.sqrt(torch.sum(qq * qq, dim=-1, keepdim=True) + 1e-6)
             qq = qq * scale
             S = state[slot, i_hv, tile_v, :].to(torch.float32)  # [1, BLOCK_V, K]
-            S = S * torch.exp(g)[:, None, :]
+            if gdn:
+                S = S * torch.exp(g)[:, None, None]
+            else:
+                S = S * torch.exp(g)[:, None, :]
             vv = v[tile_b, i_hv, tile_v].to(torch.float32)  # [1, BLOCK_V]
             u = beta[:, None] * (vv - torch.sum(S * kk[:, None, :], dim=-1))
             S = S + u[:, :, None] * kk[:, None, :]
@@ -312,13 +322,14 @@ def _pinned_kernel(state_dtype: torch.dtype, regime: HeadRegime) -> helion.Kerne
 
 
 @DecodeBackend
-def launch(call: DecodeArgs, *, kernel: Callable[..., None]) -> None:
+def launch(call: DecodeArgs, *, kernel: Callable[..., None], gdn: bool = False) -> None:
     """Run ``kernel`` (from :func:`decode_kernel`) on the interface's inputs, in place.
 
     Same arguments and effects as :func:`packed_decode`, plus the keyword ``kernel``: the kernel
     object is chosen by the caller (tests use it for eager ref mode and explicit configs).
     ``kernel`` receives the kernel's own arguments: per-head views of the inputs and the pool as
-    ``[N, HV, V, K]``.
+    ``[N, HV, V, K]``. ``gdn=True`` runs GDN's gate (``a`` ``[B, HV]``, ``dt_bias`` ``[HV]``, passed
+    with a trailing dim of 1): one gate value per value head.
 
     Example:
         >>> kernel = decode_kernel(eager=True)
@@ -327,14 +338,21 @@ def launch(call: DecodeArgs, *, kernel: Callable[..., None]) -> None:
     """
     batch, num_heads, num_v_heads, head_k_dim, head_v_dim, _ = call.dims
     q, k, v = split_qkv(call.mixed_qkv, num_heads, num_v_heads, head_k_dim, head_v_dim)
+    if gdn:
+        if call.lower_bound is not None:
+            raise ValueError("GDN has no bounded gate: lower_bound must be None")
+        gate, bias = call.a.unsqueeze(-1), call.dt_bias.unsqueeze(-1)
+    else:
+        gate = call.a.unflatten(1, (num_v_heads, head_k_dim))
+        bias = call.dt_bias.view(num_v_heads, head_k_dim)
     kernel(
         q,
         k,
         v,
-        call.a.unflatten(1, (num_v_heads, head_k_dim)),
+        gate,
         call.b,
         call.A_log,
-        call.dt_bias.view(num_v_heads, head_k_dim),
+        bias,
         state_as_vk(call.state, call.state_layout),  # a KV pool as its transposed view
         call.out.view(batch, num_v_heads, head_v_dim),
         call.indices,
@@ -343,6 +361,7 @@ def launch(call: DecodeArgs, *, kernel: Callable[..., None]) -> None:
         num_v_heads // num_heads,
         bool(call.use_qk_l2norm),
         call.lower_bound is not None,
+        gdn,
     )
 
 
@@ -359,6 +378,21 @@ def packed_decode(call: DecodeArgs) -> None:
         >>> #               num_heads=32, use_qk_l2norm=True, lower_bound=None)
     """
     launch.run(call, kernel=_pinned_kernel(call.state.dtype, head_regime(call.dims.num_v_heads)))
+
+
+@DecodeBackend
+def gdn_packed_decode(call: DecodeArgs) -> None:
+    """One GDN (Gated DeltaNet, Qwen3-Next) decode step with the Helion kernel, in place.
+
+    The KDA kernel and pinned configs with GDN's gate: ``a`` ``[B, HV]``, ``dt_bias`` ``[HV]``
+    (``../shared/SPEC-gdn-decode.md``); ``lower_bound`` must be None. Same memory safety as
+    :func:`packed_decode`.
+
+    Example:
+        >>> # gdn_packed_decode(mixed_qkv, a, b, A_log, dt_bias, K**-0.5, state, out, indices,
+        >>> #                   num_heads=16, use_qk_l2norm=True, lower_bound=None)
+    """
+    launch.run(call, kernel=_pinned_kernel(call.state.dtype, head_regime(call.dims.num_v_heads)), gdn=True)
 
 
 def _retune(argv: Sequence[str] | None = None) -> None:

@@ -64,7 +64,8 @@ _ACT_L2_BUDGET = 16 << 20
 
 
 def pick_config(
-    batch: int, num_v_heads: int, head_v_dim: int, state_dtype: torch.dtype, state_layout: str = "VK"
+    batch: int, num_v_heads: int, head_v_dim: int, state_dtype: torch.dtype, state_layout: str = "VK",
+    *, gdn: bool = False,
 ) -> DecodeConfig:
     """The launch shape for a call (measured on an H200 with K = V = 128; no runtime autotuning).
 
@@ -80,6 +81,11 @@ def pick_config(
     V): tiles of 16 to 64 V columns (whole lines per row), wider as the batch grows; 16-bit state
     from B * HV = 8192 in two passes over 32-row chunks of a full-width (V = 128: 256-byte) tile.
 
+    GDN (``gdn=True``, one gate per value head) with 16-bit state in VK: the same tiles with the
+    masked guard (the branch guard measured 15-20% slower there from B * HV = 2048, though not for
+    KDA): groups of 16 heads first with q, k and the gate kept in L2 from B * HV = 4096, else V
+    tiles fastest. Measured on an H200 against sglang's Triton GDN kernel (docs/benchmarks.md).
+
     Example::
 
         pick_config(256, 32, 128, torch.float32)   # DecodeConfig(block_v=8, num_warps=1, ...)
@@ -87,6 +93,16 @@ def pick_config(
     limit = 1 << max(head_v_dim - 1, 0).bit_length()  # the V tile never exceeds next_pow2(V)
     work = batch * num_v_heads
     wide_state = state_dtype.itemsize >= 4
+    if gdn and state_layout == "VK" and not wide_state:
+        rows = 16
+        while rows > 4 and work * -(-head_v_dim // rows) < 1024:
+            rows //= 2
+        if work >= 4096 and num_v_heads % 16 == 0:
+            cfg = DecodeConfig(block_v=rows, num_warps=1, guard="mask", grid="grouped", state_eviction="",
+                               act_eviction="evict_last", v_eviction="")
+        else:
+            cfg = DecodeConfig(block_v=rows, num_warps=1, guard="mask", grid="v_fastest")
+        return cfg._replace(block_v=min(cfg.block_v, limit))
     if state_layout == "KV":
         if work <= 32:
             cfg = DecodeConfig(block_v=16, num_warps=1)
@@ -140,10 +156,11 @@ def picked_configs(head_v_dim: int = 128) -> list[DecodeConfig]:
         DecodeConfig(block_v=4, num_warps=1) in picked_configs()   # True
     """
     found = {
-        pick_config(batch, hv, head_v_dim, dtype, layout)
+        pick_config(batch, hv, head_v_dim, dtype, layout, gdn=gdn)
         for batch in (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096)
         for hv in (1, 2, 4, 8, 12, 16, 32, 64, 96)
         for dtype in (torch.float32, torch.bfloat16, torch.float16)
         for layout in ("VK", "KV")
+        for gdn in (False, True)
     }
     return sorted(found, key=repr)

@@ -48,7 +48,7 @@ except ImportError as exc:  # the module stays importable so is_available() can 
     tl = None  # type: ignore[assignment]
     _TRITON_IMPORT_ERROR = f"triton is not installed ({exc})"
 
-__all__ = ["DecodeConfig", "is_available", "packed_decode", "pick_config", "picked_configs"]
+__all__ = ["DecodeConfig", "gdn_packed_decode", "is_available", "packed_decode", "pick_config", "picked_configs"]
 
 
 def is_available() -> tuple[bool, str]:
@@ -113,6 +113,8 @@ if triton is not None:
         MASK_K: tl.constexpr,
         KV_CHUNK: tl.constexpr,
         V_EVICTION: tl.constexpr,
+        GATE_STRIDE: tl.constexpr,  # 1: KDA, a gate per key channel; 0: GDN, one per value head
+        ROUND_BETA: tl.constexpr,  # round sigmoid(b) to b's dtype before use (GDN, as sglang does)
     ):
         # GRID 0: 1-D, request-major, then value head, then group of V tiles (a request's programs
         # are adjacent, and the grid has no 65535 limit on B). 1: 3-D (V group, head, request).
@@ -152,11 +154,21 @@ if triton is not None:
         ev: tl.constexpr = ACT_EVICTION
         b_q = tl.load(row + i_h * K + o_k, mask=mask_k, other=0.0, eviction_policy=ev).to(tl.float32)
         b_k = tl.load(row + (H + i_h) * K + o_k, mask=mask_k, other=0.0, eviction_policy=ev).to(tl.float32)
-        x_row = a + i_b * stride_a + i_hv * K
-        b_x = tl.load(x_row + o_k, mask=mask_k, other=0.0, eviction_policy=ev).to(tl.float32)
-        b_x += tl.load(dt_bias + i_hv * K + o_k, mask=mask_k, other=0.0, eviction_policy=ev)
+        # KDA's gate is a K-vector per value head; GDN's one scalar, read by every lane (GATE_STRIDE
+        # 0), so the rest of the kernel sees a K-vector of equal decays either way.
+        x_row = a + i_b * stride_a + i_hv * (K if GATE_STRIDE else 1)
+        bias_row = dt_bias + i_hv * (K if GATE_STRIDE else 1)
+        if GATE_STRIDE:
+            b_x = tl.load(x_row + o_k, mask=mask_k, other=0.0, eviction_policy=ev).to(tl.float32)
+            b_x += tl.load(bias_row + o_k, mask=mask_k, other=0.0, eviction_policy=ev).to(tl.float32)
+        else:  # two scalar loads, broadcast (a K-wide load of one address was ~20% slower with bf16 state)
+            x0 = tl.load(x_row, eviction_policy=ev).to(tl.float32) + tl.load(bias_row, eviction_policy=ev)
+            b_x = tl.zeros([BK], dtype=tl.float32) + x0
         b_A = tl.exp(tl.load(A_log + i_hv, eviction_policy=ev).to(tl.float32))
-        b_beta = tl.sigmoid(tl.load(b + i_b * stride_b + i_hv, eviction_policy=ev).to(tl.float32))
+        b_b = tl.load(b + i_b * stride_b + i_hv, eviction_policy=ev)
+        b_beta = tl.sigmoid(b_b.to(tl.float32))
+        if ROUND_BETA:
+            b_beta = b_beta.to(b_b.dtype).to(tl.float32)
         if MASK_GUARD:
             # No branch: the pool is addressed through slot 0 and every pool access is masked off
             # unless the index is valid (a masked-off lane touches no memory).
@@ -166,7 +178,7 @@ if triton is not None:
                 b_q, b_k, b_x, b_A, b_beta, scale, lower_bound, o_k, mask_k,
                 K, V, BV, STATE_KV, USE_L2NORM, BOUNDED_GATE, TILES, STAGES, STATE_EVICTION,
                 LOAD_CACHE, STORE_CACHE, ACT_EVICTION, STORE_EVICTION, MASK_ROWS, MASK_K,
-                row + i_h * K, row + (H + i_h) * K, x_row, dt_bias + i_hv * K, KV_CHUNK, V_EVICTION,
+                row + i_h * K, row + (H + i_h) * K, x_row, bias_row, KV_CHUNK, V_EVICTION, GATE_STRIDE,
             )
         else:
             if valid:
@@ -176,7 +188,7 @@ if triton is not None:
                     b_q, b_k, b_x, b_A, b_beta, scale, lower_bound, o_k, mask_k,
                     K, V, BV, STATE_KV, USE_L2NORM, BOUNDED_GATE, TILES, STAGES, STATE_EVICTION,
                     LOAD_CACHE, STORE_CACHE, ACT_EVICTION, STORE_EVICTION, MASK_ROWS, MASK_K,
-                    row + i_h * K, row + (H + i_h) * K, x_row, dt_bias + i_hv * K, KV_CHUNK, V_EVICTION,
+                    row + i_h * K, row + (H + i_h) * K, x_row, bias_row, KV_CHUNK, V_EVICTION, GATE_STRIDE,
                 )
             else:
                 # padding (< 0) or out of range (>= N): zero output, no pool access
@@ -228,6 +240,7 @@ if triton is not None:
         bias_row,
         KV_CHUNK: tl.constexpr,
         V_EVICTION: tl.constexpr,  # hint of the v loads (each v element is read by one program)
+        GATE_STRIDE: tl.constexpr,
     ):
         if KV_CHUNK > 0:
             # KV in two passes over chunks of KV_CHUNK state rows (K): the full-width V tile gives
@@ -240,7 +253,7 @@ if triton is not None:
             _kv_chunks(
                 base, v_limit, q_row, k_row, x_row, bias_row, v_row, o_row, i_v0, r_q, r_k,
                 tl.sum(b_q * b_k) * (r_q * r_k), b_A, b_beta, lower_bound, K, V, BV, KV_CHUNK, BOUNDED_GATE,
-                STATE_EVICTION, STORE_EVICTION, ACT_EVICTION, V_EVICTION, MASK_ROWS, MASK_K,
+                STATE_EVICTION, STORE_EVICTION, ACT_EVICTION, V_EVICTION, MASK_ROWS, MASK_K, GATE_STRIDE,
             )
             return
         if BOUNDED_GATE:
@@ -261,11 +274,15 @@ if triton is not None:
 
     @triton.jit
     def _chunk_vectors(q_row, k_row, x_row, bias_row, o_c, mask_c, r_q, r_k, b_A, lower_bound,
-                       BOUNDED_GATE: tl.constexpr, ACT_EVICTION: tl.constexpr):
+                       BOUNDED_GATE: tl.constexpr, ACT_EVICTION: tl.constexpr, GATE_STRIDE: tl.constexpr):
         """Decay, normalized k and normalized, scaled q on the K rows ``o_c`` of a chunk."""
         ev: tl.constexpr = ACT_EVICTION
-        b_x = tl.load(x_row + o_c, mask=mask_c, other=0.0, eviction_policy=ev).to(tl.float32)
-        b_x += tl.load(bias_row + o_c, mask=mask_c, other=0.0, eviction_policy=ev)
+        if GATE_STRIDE:
+            b_x = tl.load(x_row + o_c, mask=mask_c, other=0.0, eviction_policy=ev).to(tl.float32)
+            b_x += tl.load(bias_row + o_c, mask=mask_c, other=0.0, eviction_policy=ev).to(tl.float32)
+        else:  # GDN: one gate per value head
+            x0 = tl.load(x_row, eviction_policy=ev).to(tl.float32) + tl.load(bias_row, eviction_policy=ev)
+            b_x = tl.zeros(o_c.shape, dtype=tl.float32) + x0
         if BOUNDED_GATE:
             b_g = lower_bound * tl.sigmoid(b_A * b_x)
         else:
@@ -279,7 +296,7 @@ if triton is not None:
                    lower_bound, K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr, CK: tl.constexpr,
                    BOUNDED_GATE: tl.constexpr, STATE_EVICTION: tl.constexpr, STORE_EVICTION: tl.constexpr,
                    ACT_EVICTION: tl.constexpr, V_EVICTION: tl.constexpr, MASK_ROWS: tl.constexpr,
-                   MASK_K: tl.constexpr):
+                   MASK_K: tl.constexpr, GATE_STRIDE: tl.constexpr):
         """One KV tile ``[K, BV]`` in chunks of CK rows. With the stored tile S and the decay d:
         S·(d*k) and S·(d*q) in a first pass, then u = beta (v - S·(d*k)) and o = S·(d*q) + u (k·q);
         a second pass reads each chunk again (from L2) and writes S*d + k u^T."""
@@ -297,7 +314,7 @@ if triton is not None:
                 b_s = tl.load(p_s, eviction_policy="evict_last")
             b_s = b_s.to(tl.float32)
             b_d, b_k, b_q = _chunk_vectors(q_row, k_row, x_row, bias_row, o_c, mask_c, r_q, r_k, b_A, lower_bound,
-                                           BOUNDED_GATE, ACT_EVICTION)
+                                           BOUNDED_GATE, ACT_EVICTION, GATE_STRIDE)
             acc_k += tl.sum(b_s * (b_d * b_k)[:, None], axis=0)
             acc_q += tl.sum(b_s * (b_d * b_q)[:, None], axis=0)
         b_v = tl.load(v_row + o_v, mask=o_v < V, other=0.0, eviction_policy=V_EVICTION).to(tl.float32)
@@ -314,7 +331,7 @@ if triton is not None:
             else:
                 b_s = tl.load(p_s, eviction_policy=STATE_EVICTION).to(tl.float32)
             b_d, b_k, b_q = _chunk_vectors(q_row, k_row, x_row, bias_row, o_c, mask_c, r_q, r_k, b_A, lower_bound,
-                                           BOUNDED_GATE, ACT_EVICTION)
+                                           BOUNDED_GATE, ACT_EVICTION, GATE_STRIDE)
             b_s = b_s * b_d[:, None] + b_k[:, None] * b_u[None, :]
             if MASK_ROWS or MASK_K:
                 tl.store(p_s, b_s.to(base.dtype.element_ty), mask=mask_s, eviction_policy=STORE_EVICTION)
@@ -406,13 +423,38 @@ def packed_decode(call: DecodeArgs, *, oob_counter: Tensor | None = None, config
         packed_decode(mixed_qkv, a, b, A_log, dt_bias, 128 ** -0.5, state, out, indices,
                       num_heads=32, use_qk_l2norm=True, lower_bound=None)
     """
+    _launch(call, gdn=False, oob_counter=oob_counter, config=config)
+
+
+@DecodeBackend
+def gdn_packed_decode(call: DecodeArgs, *, oob_counter: Tensor | None = None,
+                      config: DecodeConfig | None = None) -> None:
+    """GDN (Gated DeltaNet, Qwen3-Next) packed decode with Triton; writes ``out`` and the used slots.
+
+    The KDA kernel with GDN's gate: ``a`` is ``[B, HV]`` and ``dt_bias`` ``[HV]`` (one decay per
+    value head, ``../shared/SPEC-gdn-decode.md``), and ``sigmoid(b)`` is rounded to ``b``'s dtype
+    before use, as sglang does. Same interface (``lower_bound`` must be None), launch shapes,
+    memory safety and options as :func:`packed_decode`.
+
+    Example::
+
+        gdn_packed_decode(mixed_qkv, a, b, A_log, dt_bias, 128 ** -0.5, state, out, indices,
+                          num_heads=16, use_qk_l2norm=True, lower_bound=None)
+    """
+    if call.lower_bound is not None:
+        raise ValueError("GDN has no bounded gate: lower_bound must be None")
+    _launch(call, gdn=True, oob_counter=oob_counter, config=config)
+
+
+def _launch(call: DecodeArgs, *, gdn: bool, oob_counter: Tensor | None, config: DecodeConfig | None) -> None:
     if triton is None:
         raise RuntimeError(f"the triton backend is not available: {_TRITON_IMPORT_ERROR}")
     mixed_qkv, a, b, A_log, dt_bias, scale, state, out, indices = call[:9]
     num_heads, use_qk_l2norm, lower_bound, state_layout, dims = call[9:]
     batch, _, num_v_heads, head_k_dim, head_v_dim, num_slots = dims
 
-    cfg = config if config is not None else pick_config(batch, num_v_heads, head_v_dim, state.dtype, state_layout)
+    cfg = config if config is not None else pick_config(batch, num_v_heads, head_v_dim, state.dtype, state_layout,
+                                                        gdn=gdn)
     groups = triton.cdiv(head_v_dim, cfg.block_v * cfg.tiles)
     grid_kind = {"flat": 0, "v_fastest": 1, "head_fastest": 2, "grouped": 3}[cfg.grid]
     if (grid_kind in (1, 2) and batch > 65535) or (grid_kind == 3 and num_v_heads % 16):
@@ -467,6 +509,8 @@ def packed_decode(call: DecodeArgs, *, oob_counter: Tensor | None = None, config
         head_k_dim != triton.next_power_of_2(head_k_dim),  # MASK_K
         cfg.kv_chunk if state_layout == "KV" else 0,  # KV_CHUNK
         cfg.act_eviction if cfg.v_eviction is None else cfg.v_eviction,  # V_EVICTION
+        0 if gdn else 1,  # GATE_STRIDE
+        gdn,  # ROUND_BETA
     )
     options = {"num_warps": cfg.num_warps}
     if cfg.max_registers is not None:
@@ -499,7 +543,7 @@ def packed_decode(call: DecodeArgs, *, oob_counter: Tensor | None = None, config
 # first call, or set KDA_TRITON_FAST_LAUNCH=0 (read at import) to always launch with kernel[grid].
 
 _N_RUNTIME_ARGS = 12
-_N_CONSTEXPRS = 28
+_N_CONSTEXPRS = 30
 _INT_ARGS = slice(11, 12)  # N (head counts and strides are constexprs)
 _fast_launch: dict = {
     "enabled": os.environ.get("KDA_TRITON_FAST_LAUNCH", "1") not in ("", "0") and triton is not None,

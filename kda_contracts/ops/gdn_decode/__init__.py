@@ -8,6 +8,7 @@ Example::
     from kda_contracts.ops.gdn_decode import GDNConfig, gdn_packed_decode, validate_gdn_packed_decode
 """
 
+from . import backends as backends  # registers the shipped kernels on gdn_packed_decode
 from .config import GDN_PRESETS as GDN_PRESETS
 from .config import GDNConfig as GDNConfig
 from .decode import gdn_packed_decode as gdn_packed_decode
