@@ -17,6 +17,7 @@ from jaxtyping import Int as Int
 from jaxtyping import Shaped as Shaped
 from torch import Tensor as Tensor
 
+from . import facts as facts
 from .backends import Backend as Backend
 from .backends import BackendError as BackendError
 from .body import check as check
@@ -43,6 +44,8 @@ from .markers import MatchConfig as MatchConfig
 from .markers import Range as Range
 from .markers import Spec as Spec
 from .markers import Where as Where
+from .markers import config_dim_source as config_dim_source
+from .markers import config_dims as config_dims
 from .modes import get_mode as get_mode
 from .modes import mode as mode
 from .modes import set_default_mode as set_default_mode
@@ -63,6 +66,7 @@ from .ops.packed_decode import explain_backends as explain_backends
 from .ops.packed_decode import packed_decode as packed_decode
 from .ops.packed_decode import packed_decode_contract as packed_decode_contract
 from .ops.packed_decode import validate_packed_decode as validate_packed_decode
+from .spec import CallContext as CallContext
 from .spec import Dims as Dims
 
 __version__ = "0.1.0.dev0"

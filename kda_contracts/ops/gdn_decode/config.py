@@ -84,19 +84,15 @@ class GDNConfig(KDAConfig):
         return cls(**fields)
 
     @classmethod
-    def preset(cls, name: str, tp_size: int = 1, **overrides: Any) -> GDNConfig:
-        """A named preset (see :data:`GDN_PRESETS`), sharded over ``tp_size`` ranks.
+    def presets(cls) -> Mapping[str, Mapping[str, Any]]:
+        """GDN's presets, :data:`GDN_PRESETS` (``GDNConfig.preset(name, tp_size)`` is KDAConfig's).
 
         Example::
 
             >>> GDNConfig.preset("qwen3-next-80b-a3b", tp_size=8).local_num_v_heads
             4
         """
-        try:
-            base = GDN_PRESETS[name]
-        except KeyError:
-            raise ValueError(f"unknown preset {name!r}; known: {', '.join(sorted(GDN_PRESETS))}") from None
-        return cls(**{**base, "tp_size": tp_size, **overrides})
+        return GDN_PRESETS
 
 
 def _linear_layers(raw: Mapping[str, Any]) -> tuple[int, ...]:

@@ -12,33 +12,25 @@ Example::
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
-import torch
+import kda_contracts as kc
+from kda_contracts import ShapeError, config_dims
+from kda_contracts.facts import AxisMismatch, RankMismatch
 
-from ...errors import ShapeError
-from ...facts import AxisMismatch, RankMismatch
-from ...markers import config_dims
-from ..packed_decode.hints import _hint_index_dtype, _hint_state_strides, _hint_width
-from ..packed_decode.tp import TPMismatch, _fits, tp_mismatch_hint
+from ..packed_decode.hints import hint_index_dtype, hint_state_strides, hint_width, layout_hint, tp_renderer
+from ..packed_decode.tp import fits, tp_mismatch_hint
 from .config import GDNConfig
 
 __all__ = ["hints_for"]
 
-Hint = Callable[[Any, Any], "str | None"]
-_LAYOUT_ARGS = ("initial_state", "a", "out", "mixed_qkv", "dt_bias")
+Hint = Callable[["kc.Violation", "kc.CallContext"], "str | None"]
 
 
-def _shape(ctx: Any, name: str) -> tuple[int, ...] | None:
-    t = ctx.values.get(name)
-    return tuple(t.shape) if isinstance(t, torch.Tensor) else None
-
-
-def _first_shape_violation(ctx: Any) -> Any:
+def _first_shape_violation(ctx: kc.CallContext) -> kc.Violation | None:
     return next((x for x in ctx.violations if x.kind is ShapeError and x.argument in ctx.spec.tensors), None)
 
 
-def _hint_kda_gate(v: Any, ctx: Any) -> str | None:
+def _hint_kda_gate(v: kc.Violation, ctx: kc.CallContext) -> str | None:
     """``a``/``dt_bias`` with KDA's per-key-channel widths."""
     if v.kind is not ShapeError or v.argument not in ("a", "dt_bias"):
         return None
@@ -57,7 +49,7 @@ def _hint_kda_gate(v: Any, ctx: Any) -> str | None:
             "have HV outputs)")
 
 
-def _hint_unflattened(v: Any, ctx: Any) -> str | None:
+def _hint_unflattened(v: kc.Violation, ctx: kc.CallContext) -> str | None:
     rank = v.fact(RankMismatch)
     if v.kind is not ShapeError or rank is None:
         return None
@@ -74,7 +66,7 @@ def _hint_unflattened(v: Any, ctx: Any) -> str | None:
     return None
 
 
-def _hint_swapped_head_dims(v: Any, ctx: Any) -> str | None:
+def _hint_swapped_head_dims(v: kc.Violation, ctx: kc.CallContext) -> str | None:
     """The tensors fit the config with K and V exchanged (GVA HV = 2H hides it in the width)."""
     if v is not _first_shape_violation(ctx) or ctx.config is None:
         return None
@@ -84,7 +76,7 @@ def _hint_swapped_head_dims(v: Any, ctx: Any) -> str | None:
         return None
     bad = [x.argument for x in ctx.violations if x.kind is ShapeError and x.argument in ctx.spec.tensors]
     swapped = {**ctx.dims, **cd, "K": vdim, "V": k}
-    if not all(_fits(ctx, name, swapped) for name in bad):
+    if not all(fits(ctx, name, swapped) for name in bad):
         return None
     return (f"the tensors fit K={vdim}, V={k}, the config says K={k} (head_k_dim), V={vdim} (head_v_dim): the key "
             "and value head dims are swapped. With HV = 2H the width of mixed_qkv, 2*H*K + HV*V = 2H(K+V), is "
@@ -92,57 +84,11 @@ def _hint_swapped_head_dims(v: Any, ctx: Any) -> str | None:
             "heads, out and the state's V axis of head_v_dim")
 
 
-def _swapped_layout_fits(ctx: Any, declared: str) -> bool:
-    st, a, out, m = (_shape(ctx, n) for n in ("initial_state", "a", "out", "mixed_qkv"))
-    if st is None or a is None or out is None or m is None or len(st) != 4 or len(a) != 2 or len(out) != 4 \
-            or len(m) != 2:
-        return False
-    hv = st[1]
-    k, v = (st[2], st[3]) if declared == "VK" else (st[3], st[2])
-    if k == v or k < 1:
-        return False
-    fits = a[1] == hv and out[3] == v and (m[1] - hv * v) > 0 and (m[1] - hv * v) % (2 * k) == 0
-    if ctx.config is not None:
-        cd = config_dims(ctx.config)
-        fits = fits and cd.get("K", k) == k and cd.get("V", v) == v
-    return fits
-
-
-def _layout_hint(declared: str) -> Hint:
-    other = "KV" if declared == "VK" else "VK"
-    given = "[N, HV, K, V]" if other == "KV" else "[N, HV, V, K]"
-
-    def hint_layout(v: Any, ctx: Any) -> str | None:
-        if v.kind is not ShapeError or v.argument not in _LAYOUT_ARGS:
-            return None
-        first = next((x for x in ctx.violations if x.kind is ShapeError and x.argument in _LAYOUT_ARGS), None)
-        if first is not v or not _swapped_layout_fits(ctx, declared):
-            return None
-        return (f"initial_state looks like a {other}-layout pool {given}, but this call declares {declared}; "
-                f"declare it (GDNConfig(state_layout={other!r}) or state_layout={other!r}) or convert the pool "
-                f"with initial_state.transpose(-1, -2).contiguous() (a bare transpose view breaks the slot strides)")
-
-    return hint_layout
-
-
-def _render_tp(found: TPMismatch, ctx: Any) -> str | None:
-    witness = found.witness(ctx, first="initial_state")
-    if witness is None:
-        return None
-    name, sym, got = witness
-    want, implied, tp = found.here[sym], found.tp_size, found.config.tp_size
-    source = found.config.contract_dim_source(sym)
-    return (f"{name} carries {sym}={got} heads but the config expects {want} per rank ({source}): the tensors "
-            f"look sharded for tp_size={implied}, the config for tp_size={tp}. Build the config with "
-            f"tp_size={implied} (GDNConfig.from_hf_config(path, tp_size={implied})) or shard the weights and pools "
-            f"for tp_size={tp}; the other shape violations follow from this one")
-
-
 _hint_tp = tp_mismatch_hint(config_of=lambda ctx: ctx.config if isinstance(ctx.config, GDNConfig) else None,
-                            dims_at=GDNConfig.contract_dims, render=_render_tp)
+                            dims_at=GDNConfig.contract_dims, render=tp_renderer("GDNConfig"))
 
 
 def hints_for(layout: str) -> tuple[Hint, ...]:
     """The hints of the GDN contract for state layout ``layout``, in the order they are tried."""
-    return (_hint_kda_gate, _hint_unflattened, _layout_hint(layout), _hint_tp, _hint_swapped_head_dims,
-            _hint_width, _hint_index_dtype, _hint_state_strides)
+    return (_hint_kda_gate, _hint_unflattened, layout_hint(layout, config_name="GDNConfig", gate_per_head=True),
+            _hint_tp, _hint_swapped_head_dims, hint_width, hint_index_dtype, hint_state_strides)

@@ -243,11 +243,17 @@ class KDAConfig(BaseModel):
             >>> KDAConfig.preset("kimi-linear-48b-a3b", tp_size=4).local_num_heads
             8
         """
+        presets = cls.presets()
         try:
-            base = PRESETS[name]
+            base = presets[name]
         except KeyError:
-            raise ValueError(f"unknown preset {name!r}; known: {', '.join(sorted(PRESETS))}") from None
+            raise ValueError(f"unknown preset {name!r}; known: {', '.join(sorted(presets))}") from None
         return cls(**{**base, "tp_size": tp_size, **overrides})
+
+    @classmethod
+    def presets(cls) -> Mapping[str, Mapping[str, Any]]:
+        """The named presets of this config class (:data:`PRESETS`; a subclass names its own)."""
+        return PRESETS
 
 
 # Public field values of the released models (per whole layer, TP1).

@@ -1,5 +1,6 @@
 """Hints of the packed-decode contract: a fix for each known mistake (the catalogue in
-:mod:`.mistakes` makes each one). Hints read typed facts (:mod:`kda_contracts.facts`), the call's
+:mod:`.mistakes` makes each one). The public ones (width, index dtype, strides, layout, TP text)
+serve GDN's contract too, which shares those shapes. Hints read typed facts (:mod:`kda_contracts.facts`), the call's
 bound dims and, for the state layout, the layout the contract was built for; never message text.
 
 Example::
@@ -20,7 +21,7 @@ from ...spec import CallContext
 from .config import KDAConfig
 from .tp import TPMismatch, tp_mismatch_hint
 
-__all__ = ["hints_for"]
+__all__ = ["hint_index_dtype", "hint_state_strides", "hint_width", "hints_for", "layout_hint", "tp_renderer"]
 
 Hint = Callable[[Violation, CallContext], str | None]
 
@@ -57,8 +58,9 @@ def _hint_gdn_gate(v: Violation, ctx: CallContext) -> str | None:
             "kc.gdn_packed_decode; if it is a KDA layer, the tensor comes from the wrong projection")
 
 
-def _swapped_layout_fits(ctx: CallContext, declared: str) -> bool:
-    """Would the call be consistent if the state's last two dims meant the other layout?"""
+def _swapped_layout_fits(ctx: CallContext, declared: str, gate_per_head: bool) -> bool:
+    """Would the call be consistent if the state's last two dims meant the other layout?
+    ``gate_per_head``: ``a`` is ``[B, HV]`` (GDN), else ``[B, HV*K]`` (KDA)."""
     st, a, out, m = (_shape(ctx, n) for n in ("initial_state", "a", "out", "mixed_qkv"))
     if st is None or a is None or out is None or m is None or len(st) != 4 or len(a) != 2 or len(out) != 4 \
             or len(m) != 2:
@@ -68,15 +70,17 @@ def _swapped_layout_fits(ctx: CallContext, declared: str) -> bool:
     k, v = (st[2], st[3]) if declared == "VK" else (st[3], st[2])
     if k == v or k < 1:
         return False
-    fits = a[1] == hv * k and out[3] == v and (m[1] - hv * v) > 0 and (m[1] - hv * v) % (2 * k) == 0
+    gate_width = hv if gate_per_head else hv * k
+    fits = a[1] == gate_width and out[3] == v and (m[1] - hv * v) > 0 and (m[1] - hv * v) % (2 * k) == 0
     if ctx.config is not None:
         cd = config_dims(ctx.config)  # any config: a KDAConfig or a plain pydantic model
         fits = fits and cd.get("K", k) == k and cd.get("V", v) == v
     return fits
 
 
-def _layout_hint(declared: str) -> Hint:
-    """The hint for a pool of the other layout than ``declared`` (the contract's own)."""
+def layout_hint(declared: str, *, config_name: str = "KDAConfig", gate_per_head: bool = False) -> Hint:
+    """The hint for a pool of the other layout than ``declared`` (the contract's own); shared with
+    GDN (``config_name="GDNConfig", gate_per_head=True``)."""
     other = "KV" if declared == "VK" else "VK"
     given = "[N, HV, K, V]" if other == "KV" else "[N, HV, V, K]"
 
@@ -84,33 +88,38 @@ def _layout_hint(declared: str) -> Hint:
         if v.kind is not ShapeError or v.argument not in _LAYOUT_ARGS:
             return None
         first = next((x for x in ctx.violations if x.kind is ShapeError and x.argument in _LAYOUT_ARGS), None)
-        if first is not v or not _swapped_layout_fits(ctx, declared):
+        if first is not v or not _swapped_layout_fits(ctx, declared, gate_per_head):
             return None
         return (f"initial_state looks like a {other}-layout pool {given}, but this call declares {declared}; "
-                f"declare it (KDAConfig(state_layout={other!r}) or state_layout={other!r}) or convert the pool "
+                f"declare it ({config_name}(state_layout={other!r}) or state_layout={other!r}) or convert the pool "
                 f"with initial_state.transpose(-1, -2).contiguous() (a bare transpose view breaks the slot strides)")
 
     return hint_layout
 
 
-def _render_tp(found: TPMismatch, ctx: CallContext) -> str | None:
-    witness = found.witness(ctx, first="initial_state")  # name the pool first
-    if witness is None:
-        return None
-    name, sym, got = witness
-    want, implied, tp = found.here[sym], found.tp_size, found.config.tp_size
-    return (f"{name} carries {sym}={got} heads but the config expects {want} per rank "
-            f"({config_dim_source(found.config, sym)}): the tensors look sharded for tp_size={implied}, the config "
-            f"for tp_size={tp}. Build the config with tp_size={implied} (KDAConfig.from_hf_config(path, "
-            f"tp_size={implied})) or shard the weights and pools for tp_size={tp}; the other shape violations "
-            "follow from this one")
+def tp_renderer(config_name: str) -> Callable[[TPMismatch, CallContext], str | None]:
+    """The TP-mismatch hint's text for a config class named ``config_name`` (KDA's or GDN's)."""
+
+    def render(found: TPMismatch, ctx: CallContext) -> str | None:
+        witness = found.witness(ctx, first="initial_state")  # name the pool first
+        if witness is None:
+            return None
+        name, sym, got = witness
+        want, implied, tp = found.here[sym], found.tp_size, found.config.tp_size
+        return (f"{name} carries {sym}={got} heads but the config expects {want} per rank "
+                f"({config_dim_source(found.config, sym)}): the tensors look sharded for tp_size={implied}, the "
+                f"config for tp_size={tp}. Build the config with tp_size={implied} ({config_name}.from_hf_config("
+                f"path, tp_size={implied})) or shard the weights and pools for tp_size={tp}; the other shape "
+                "violations follow from this one")
+
+    return render
 
 
 _hint_tp = tp_mismatch_hint(config_of=lambda ctx: ctx.config if isinstance(ctx.config, KDAConfig) else None,
-                            dims_at=KDAConfig.contract_dims, render=_render_tp)
+                            dims_at=KDAConfig.contract_dims, render=tp_renderer("KDAConfig"))
 
 
-def _hint_width(v: Violation, ctx: CallContext) -> str | None:
+def hint_width(v: Violation, ctx: CallContext) -> str | None:
     unsolved = v.fact(Unsolvable)
     if v.argument != "mixed_qkv" or v.kind is not ShapeError or unsolved is None or unsolved.symbol != "H":
         return None
@@ -119,7 +128,7 @@ def _hint_width(v: Violation, ctx: CallContext) -> str | None:
             "dim 1; check that HV, V, K (from the state) belong to this layer and TP rank")
 
 
-def _hint_index_dtype(v: Violation, ctx: CallContext) -> str | None:
+def hint_index_dtype(v: Violation, ctx: CallContext) -> str | None:
     fact = v.fact(DtypeMismatch)
     if v.argument != "ssm_state_indices" or v.kind is not DtypeError or fact is None or len(fact.allowed) != 1:
         return None
@@ -128,7 +137,7 @@ def _hint_index_dtype(v: Violation, ctx: CallContext) -> str | None:
             "(the config pins the index dtype the kernels were built for)")
 
 
-def _hint_state_strides(v: Violation, ctx: CallContext) -> str | None:
+def hint_state_strides(v: Violation, ctx: CallContext) -> str | None:
     layout = v.fact(LayoutBroken)
     if v.argument == "initial_state" and layout is not None and layout.rule == "disjoint":
         return ("the pool's slots overlap (an .expand()ed pool, or a slot stride smaller than a slot): two "
@@ -143,5 +152,5 @@ def _hint_state_strides(v: Violation, ctx: CallContext) -> str | None:
 
 def hints_for(layout: str) -> tuple[Hint, ...]:
     """The hints of the contract for state layout ``layout`` ("VK" or "KV"), in the order they are tried."""
-    return (_hint_gdn_gate, _hint_unflattened, _layout_hint(layout), _hint_tp, _hint_width, _hint_index_dtype,
-            _hint_state_strides)
+    return (_hint_gdn_gate, _hint_unflattened, layout_hint(layout), _hint_tp, hint_width, hint_index_dtype,
+            hint_state_strides)

@@ -53,7 +53,7 @@ class TPMismatch:
         return None
 
 
-def _fits(ctx: CallContext, name: str, dims: Mapping[str, int]) -> bool:
+def fits(ctx: CallContext, name: str, dims: Mapping[str, int]) -> bool:
     """Would tensor ``name`` meet its annotation with ``dims``? (Axes with unknown dims pass.)"""
     t, tparam = ctx.values.get(name), ctx.spec.tensors[name]
     if not isinstance(t, Tensor) or t.dim() != tparam.rank:
@@ -86,7 +86,7 @@ def find_tp_mismatch(ctx: CallContext, config: KDAConfig, dims_at: DimsAt) -> TP
         if tp == config.tp_size:
             continue
         there = dims_at(config.with_tp(tp))
-        if not all(_fits(ctx, name, {**ctx.dims, **there}) for name in bad):
+        if not all(fits(ctx, name, {**ctx.dims, **there}) for name in bad):
             continue
         differ = tuple(s for s in _PER_RANK if s in used and s in there and there[s] != here[s])
         if differ:
