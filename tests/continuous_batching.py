@@ -41,7 +41,7 @@ def run_continuous_batching(layers, *, prompts_via_prefill, seed=0, slots=5, row
     active: dict[int, tuple[int, int]] = {}  # request -> (slot, next position)
     outputs: dict[int, list[torch.Tensor]] = {r: [] for r in range(requests)}
     final: dict[int, list[tuple[torch.Tensor, torch.Tensor]]] = {}
-    steps = 0
+    steps, decoded = 0, [0] * requests
     while waiting or active:
         while waiting and free and len(active) < rows and rng.random() < 0.7:
             r, slot = waiting.pop(0), free.pop(0)
@@ -73,6 +73,7 @@ def run_continuous_batching(layers, *, prompts_via_prefill, seed=0, slots=5, row
         for r, row in row_of.items():
             slot, pos = active[r]
             outputs[r].append(y[row])
+            decoded[r] += 1
             if pos + 1 == lengths[r]:
                 del active[r]
                 free.append(slot)
@@ -80,5 +81,5 @@ def run_continuous_batching(layers, *, prompts_via_prefill, seed=0, slots=5, row
             else:
                 active[r] = (slot, pos + 1)
         steps += 1
-    assert steps >= max(lengths)
+    assert steps >= max(decoded) and all(decoded)  # every request decoded, one token per step
     return BatchingRun(xs, [torch.stack(outputs[r]) for r in range(requests)], [final[r] for r in range(requests)])
