@@ -309,3 +309,28 @@ def test_strict_mode_rejects_duplicate_slots_before_any_state_is_written():
     with pytest.raises(kc.ValueRangeError, match=r"1 duplicate slot\(s\)"):
         layer.decode(torch.randn(2, 32), ssm, conv, torch.tensor([2, 2]))
     assert torch.equal(conv, before)
+
+
+# -- shared with the Kimi-Linear layer (kda_contracts.models.linear_attention) ----------------------
+def build_kimi():
+    from kda_contracts.models.kimi_linear import KimiDeltaAttention
+    from kda_contracts.models.kimi_linear import random_weights as kimi_weights
+
+    cfg = kc.KDAConfig(num_heads=2, head_k_dim=8, hidden_size=32)
+    layer = KimiDeltaAttention(cfg, backend="torch")
+    layer.load_weights(**kimi_weights(cfg))
+    return layer
+
+
+@pytest.mark.parametrize("layer_of", [lambda: build(tiny_config()), lambda: build_kimi()], ids=["qwen3-next", "kimi"])
+def test_an_empty_batch_is_a_no_op_for_both_layers(layer_of):
+    layer = layer_of()
+    D = layer.contract_dims()["D"]
+    ssm, conv = layer.new_state_pools(3)
+    conv.normal_()
+    before = ssm.clone(), conv.clone()
+    empty = torch.empty(0, dtype=torch.int64)
+    assert layer.decode(torch.randn(0, D), ssm, conv, empty).shape == (0, D)
+    assert layer.prefill(torch.randn(0, 2, D), ssm, conv, empty).shape == (0, 2, D)
+    assert torch.equal(ssm, before[0]) and torch.equal(conv, before[1])
+

@@ -12,7 +12,7 @@ and declares its public, contracted methods, which call the helpers here. Exampl
     class MyLayer(LinearAttentionDecode):
         @contract(config_arg="self", hints=HINTS, where=HAS_SLOTS, value_checks=slot_value_checks)
         def decode(self, x: Hidden, ssm_states: SSMStatePool, conv_states: ..., state_indices: SlotIndices):
-            return self._all_reduce(self._step(x, ssm_states, conv_states, state_indices, self._kernel))
+            return self._decode(x, ssm_states, conv_states, state_indices, self._kernel)
 """
 
 from __future__ import annotations
@@ -199,11 +199,20 @@ class LinearAttentionDecode(nn.Module):
         """One token for B requests (``x [B, D]``): this rank's partial output ``[B, D]``."""
         raise NotImplementedError
 
+    def _decode(self, x: Tensor, ssm_states: Tensor, conv_states: Tensor, state_indices: Tensor,
+                kernel: StepKernel) -> Tensor:
+        """One token for B requests, all-reduced; an empty batch is a no-op on every rank."""
+        if x.shape[0] == 0:  # every rank sees the same batch, so none enters the all-reduce
+            return x.new_zeros(0, self._dims["D"])
+        return self._all_reduce(self._step(x, ssm_states, conv_states, state_indices, kernel))
+
     def _prefill(self, x: Tensor, ssm_states: Tensor, conv_states: Tensor, state_indices: Tensor,
                  kernel: StepKernel) -> Tensor:
         """Reset the slots, then run the T tokens of ``x [B, T, D]`` one at a time; all-reduced."""
         d = self._dims
         B = x.shape[0]
+        if B == 0:
+            return x.new_zeros(0, x.shape[1], d["D"])
         scatter_rows(ssm_states, state_indices, ssm_states.new_zeros(B, d["HV"], d["V"], d["K"]))
         scatter_rows(conv_states, state_indices, conv_states.new_zeros(B, d["C"], d["W"]))
         ys = [self._step(x[:, t], ssm_states, conv_states, state_indices, kernel) for t in range(x.shape[1])]

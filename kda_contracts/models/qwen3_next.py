@@ -170,7 +170,7 @@ class Qwen3NextGatedDeltaNet(LinearAttentionDecode):
 
             y = layer.decode(x, ssm_states, conv_states, torch.tensor([4, 0, -1]))   # x [3, D]
         """
-        return self._all_reduce(self._step(x, ssm_states, conv_states, state_indices, self._packed_decode))
+        return self._decode(x, ssm_states, conv_states, state_indices, self._packed_decode)
 
     forward = decode
 
