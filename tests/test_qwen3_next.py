@@ -11,7 +11,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from continuous_batching import run_continuous_batching
-from tp_harness import process_group, spawn
+from tp_harness import NCCL_PAIR, process_group, spawn
 
 import kda_contracts as kc
 from kda_contracts.models import Qwen3NextGatedDeltaNet
@@ -28,8 +28,8 @@ def tiny_config(tp_size: int = 1) -> kc.GDNConfig:
     return kc.GDNConfig.from_hf_config(TINY, tp_size=tp_size)
 
 
-def build(config: kc.GDNConfig, rank: int = 0, seed: int = 0, **kwargs) -> Qwen3NextGatedDeltaNet:
-    layer = Qwen3NextGatedDeltaNet(config, tp_rank=rank, backend="torch", rms_norm_eps=TINY["rms_norm_eps"], **kwargs)
+def build(config: kc.GDNConfig, rank: int = 0, seed: int = 0, backend: str = "torch", **kwargs):
+    layer = Qwen3NextGatedDeltaNet(config, tp_rank=rank, backend=backend, rms_norm_eps=TINY["rms_norm_eps"], **kwargs)
     layer.load_weights(**random_weights(config, seed=seed, rank=rank))
     return layer
 
@@ -178,10 +178,11 @@ def test_padding_rows_and_free_slots_are_left_untouched():
 def _tp_worker(rank: int, world: int, port: int, backend: str, mode: str) -> None:
     """One rank: its shard (contracts bound to its per-rank config) against TP1 built in-process,
     outputs after the all-reduce and its share of both pools, under continuous batching."""
-    with process_group(rank, world, port, backend, mode):
+    with process_group(rank, world, port, backend, mode) as device:
+        kernel = "auto" if backend == "nccl" else "torch"
         cfg = tiny_config(world)
-        layer = build(cfg, rank=rank, tp_group=dist.group.WORLD)
-        tp1 = build(tiny_config())
+        layer = build(cfg, rank=rank, tp_group=dist.group.WORLD, device=device, backend=kernel)
+        tp1 = build(tiny_config(), device=device, backend=kernel)
         for attempt in (lambda: layer.check_state_pools(*tp1.new_state_pools(2)),
                         lambda: layer.load_weights(**random_weights(tiny_config()))):
             with pytest.raises(kc.ShapeError, match=f"TP mismatch: .* config is for tp_size={world}"):
@@ -190,13 +191,13 @@ def _tp_worker(rank: int, world: int, port: int, backend: str, mode: str) -> Non
         gen = torch.Generator().manual_seed(5)
         schedule = [[0], [0, 1], [1, -1, 0], [2, 1, -1], [-1, 2], [3, 2, 4, -1], [4, 3]]  # join, leave, pad
         for step, slots in enumerate(schedule):
-            idx = torch.tensor(slots)
-            if step in (0, 1):  # the second request joins with a prompt
-                idx_new = torch.tensor([step])
-                prompt = torch.randn(1, 3, 32, generator=gen)
+            idx = torch.tensor(slots, device=device)
+            if step in (0, 1):  # requests on slots 0 and 1 join with a prompt; 2, 3, 4 on fresh slots
+                idx_new = torch.tensor([step], device=device)
+                prompt = torch.randn(1, 3, 32, generator=gen).to(device)
                 torch.testing.assert_close(layer.prefill(prompt, *shard_pools, idx_new),
                                            tp1.prefill(prompt, *full_pools, idx_new), atol=1e-5, rtol=1e-5)
-            x = torch.randn(len(slots), 32, generator=gen)
+            x = torch.randn(len(slots), 32, generator=gen).to(device)
             torch.testing.assert_close(layer.decode(x, *shard_pools, idx), tp1.decode(x, *full_pools, idx),
                                        atol=1e-5, rtol=1e-5)
         hv = cfg.local_num_v_heads
@@ -207,6 +208,11 @@ def _tp_worker(rank: int, world: int, port: int, backend: str, mode: str) -> Non
 
 def test_tp2_over_gloo_gives_the_tp1_outputs_and_states():
     spawn(_tp_worker, "gloo")
+
+
+@pytest.mark.skipif(not NCCL_PAIR, reason="needs two GPUs and NCCL")
+def test_tp2_over_nccl_gives_the_tp1_outputs_and_states():
+    spawn(_tp_worker, "nccl")
 
 
 # -- contracts: TP mismatches and loading mistakes ------------------------------------------------
