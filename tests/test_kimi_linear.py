@@ -4,7 +4,6 @@ its contracts catching TP mismatches with a message that says so."""
 
 import importlib.util
 import json
-import random
 import re
 import subprocess
 import sys
@@ -13,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
+from continuous_batching import run_continuous_batching
 
 import kda_contracts as kc
 from kda_contracts.models.kimi_linear import KimiDeltaAttention, layer_dims, random_weights, shard_weights
@@ -105,72 +105,18 @@ def test_the_decode_contract_binds_d_c_and_w_from_the_layer_config():
 
 
 # -- decode against the reference ---------------------------------------------------------------------
-def run_continuous_batching(layers, full_weights, cfg, *, prompts_via_prefill, seed=0, slots=5, rows=4,
-                            requests=7, dtype=torch.int64):
-    """Decode ``requests`` of different lengths through ``layers`` (one per TP rank; their outputs
-    are summed) in a fixed-width batch with padding rows; requests join when a slot is free and leave
-    when done, their slots going back to a free list. Returns (per-request outputs, references)."""
-    rng = random.Random(seed)
-    gen = torch.Generator().manual_seed(seed)
-    D = cfg.hidden_size
-    lengths = [rng.randint(3, 9) for _ in range(requests)]
-    xs = [torch.randn(n, D, generator=gen) for n in lengths]
-    pools = [layer.new_state_pools(slots) for layer in layers]
-    for ssm, conv in pools:  # stale junk everywhere: a slot that is not reset on join would show
-        ssm.normal_(generator=gen)
-        conv.normal_(generator=gen)
-    free, waiting = list(range(slots)), list(range(requests))
-    active: dict[int, tuple[int, int]] = {}  # request -> (slot, next position)
-    outputs: dict[int, list[torch.Tensor]] = {r: [] for r in range(requests)}
-    steps = 0
-    while waiting or active:
-        while waiting and free and len(active) < rows and rng.random() < 0.7:
-            r, slot = waiting.pop(0), free.pop(0)
-            pos = 0
-            if prompts_via_prefill:
-                pos = rng.randint(1, lengths[r] - 1)
-                idx = torch.tensor([slot], dtype=dtype)
-                y = sum(layer.prefill(xs[r][None, :pos], ssm, conv, idx)
-                        for layer, (ssm, conv) in zip(layers, pools, strict=True))
-                outputs[r].extend(y[0])
-            else:  # what an engine's allocator does for a fresh request
-                for ssm, conv in pools:
-                    ssm[slot].zero_()
-                    conv[slot].zero_()
-            active[r] = (slot, pos)
-        if not active:
-            continue
-        order = list(active)
-        rng.shuffle(order)
-        row_of = dict(zip(order, rng.sample(range(rows), len(order)), strict=True))
-        idx = torch.full((rows,), -1, dtype=dtype)
-        x = torch.randn(rows, D, generator=gen)  # padding rows carry junk
-        for r, row in row_of.items():
-            slot, pos = active[r]
-            idx[row] = slot
-            x[row] = xs[r][pos]
-        y = sum(layer.decode(x, ssm, conv, idx) for layer, (ssm, conv) in zip(layers, pools, strict=True))
-        assert y[idx < 0].eq(0).all(), "padding rows must give zero outputs"
-        for r, row in row_of.items():
-            slot, pos = active[r]
-            outputs[r].append(y[row])
-            if pos + 1 == lengths[r]:
-                del active[r]
-                free.append(slot)
-            else:
-                active[r] = (slot, pos + 1)
-        steps += 1
-    assert steps >= max(lengths)
+def batching_against_reference(layers, full_weights, cfg, *, prompts_via_prefill, dtype=torch.int64):
+    """(per-request outputs, references) of a continuous-batching run through ``layers``."""
+    run = run_continuous_batching(layers, prompts_via_prefill=prompts_via_prefill, dtype=dtype)
     eps = layers[0].rms_norm_eps
-    refs = [reference_sequence(full_weights, cfg, xs[r], eps) for r in range(requests)]
-    return [torch.stack(outputs[r]) for r in range(requests)], refs
+    return run.outputs, [reference_sequence(full_weights, cfg, x, eps) for x in run.inputs]
 
 
 @pytest.mark.parametrize("prompts_via_prefill", [False, True], ids=["decode-only", "prefill-then-decode"])
 @pytest.mark.parametrize("config", [tiny_config(), GVA], ids=["tiny-kimi", "gva-k8-v12"])
 def test_decoding_token_by_token_matches_the_whole_sequence_reference(config, prompts_via_prefill):
     layer = build(config)
-    outs, refs = run_continuous_batching([layer], random_weights(config), config,
+    outs, refs = batching_against_reference([layer], random_weights(config), config,
                                          prompts_via_prefill=prompts_via_prefill,
                                          dtype=torch.int32 if config.index_dtype == "int32" else torch.int64)
     for got, want in zip(outs, refs, strict=True):
@@ -182,7 +128,7 @@ def test_simulated_tp2_shards_sum_to_the_tp1_output(config):
     tp2 = config.with_tp(2)
     layers = [build(tp2, rank=r) for r in range(2)]
     assert layers[0].contract_dims()["HV"] * 2 == layer_dims(config)["HV"]
-    outs, refs = run_continuous_batching(layers, random_weights(config), config, prompts_via_prefill=True,
+    outs, refs = batching_against_reference(layers, random_weights(config), config, prompts_via_prefill=True,
                                          dtype=torch.int32 if config.index_dtype == "int32" else torch.int64)
     for got, want in zip(outs, refs, strict=True):
         torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)

@@ -9,40 +9,23 @@ worker with ``backend="nccl"`` (one GPU per rank, the ``auto`` decode backend); 
 """
 
 import argparse
-import datetime
-import os
 import random
-import socket
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
+from tp_harness import NCCL_PAIR, process_group, spawn
 
 import kda_contracts as kc
 from kda_contracts.models.kimi_linear import KimiDeltaAttention, random_weights
 
 TINY = Path(__file__).parent / "data" / "kimi_linear_tiny_config.json"
-WORLD = 2
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _worker(rank: int, world: int, port: int, backend: str, mode: str) -> None:
     """One rank: build its shard, check its contracts, decode, compare with TP1 built in-process."""
-    kc.set_default_mode(mode)  # the parent's mode (strict under pytest)
-    if backend == "gloo" and sys.platform.startswith("linux"):
-        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # keep gloo's own sockets on loopback
-    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
-                            timeout=datetime.timedelta(seconds=60))
-    try:
-        device = torch.device("cuda", rank) if backend == "nccl" else torch.device("cpu")
+    with process_group(rank, world, port, backend, mode) as device:
         kernel = "auto" if backend == "nccl" else "torch"
         layer = KimiDeltaAttention.from_hf_config(TINY, tp_size=world, tp_rank=rank, tp_group=dist.group.WORLD,
                                                   backend=kernel, device=device)
@@ -89,21 +72,17 @@ def _worker(rank: int, world: int, port: int, backend: str, mode: str) -> None:
                 if not active[slot]:  # the request leaves; its slot goes back to the free list
                     del active[slot]
                     free.append(slot)
-        dist.barrier()
-    finally:
-        dist.destroy_process_group()
 
 
-def run_tp(backend: str, world: int = WORLD) -> None:
-    mp.spawn(_worker, args=(world, _free_port(), backend, kc.get_mode()), nprocs=world, join=True)
+def run_tp(backend: str) -> None:
+    spawn(_worker, backend)
 
 
 def test_tp2_over_gloo_matches_tp1_and_each_rank_checks_its_own_config():
     run_tp("gloo")
 
 
-@pytest.mark.skipif(not (torch.cuda.is_available() and torch.cuda.device_count() >= 2 and dist.is_nccl_available()),
-                    reason="needs two GPUs and NCCL")
+@pytest.mark.skipif(not NCCL_PAIR, reason="needs two GPUs and NCCL")
 def test_tp2_over_nccl_matches_tp1():
     run_tp("nccl")
 

@@ -42,34 +42,31 @@ Example::
 
 # No `from __future__ import annotations`: the contract annotations are evaluated at definition.
 
-import json
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any
 
 import torch
-import torch.distributed as dist
-import torch.nn.functional as F
 from jaxtyping import Float
 from kda_kernels import reference
-from kda_kernels.interface import row_slots, scatter_rows
 from torch import Tensor, nn
 
 from ..decorator import contract
 from ..markers import Spec
 from ..ops.packed_decode.config import KDAConfig
 from ..ops.packed_decode.decode import packed_decode
-from .kimi_linear_contracts import HAS_SLOTS, HINTS, ConvStatePool, Hidden, SlotIndices, SSMStatePool, slot_value_checks
-from .kimi_linear_contracts import layer_dims as layer_dims
 from .kimi_linear_weights import WEIGHT_NAMES as WEIGHT_NAMES
 from .kimi_linear_weights import random_weights as random_weights
 from .kimi_linear_weights import shard_weights as shard_weights
+from .layer_contracts import HAS_SLOTS, HINTS, ConvStatePool, Hidden, SlotIndices, SSMStatePool, slot_value_checks
+from .layer_contracts import layer_dims as layer_dims
+from .linear_attention import LinearAttentionDecode, StepKernel, read_hf_config
 
 __all__ = ["WEIGHT_NAMES", "KimiDeltaAttention", "layer_dims", "random_weights", "shard_weights"]
 
 
 # -- the layer -------------------------------------------------------------------------------------
-class KimiDeltaAttention(nn.Module):
+class KimiDeltaAttention(LinearAttentionDecode):
     """One tensor-parallel rank of a Kimi-Linear KDA attention layer, for decode.
 
     ``config`` is the rank's :class:`~kda_contracts.KDAConfig` (``hidden_size`` set; VK state
@@ -100,33 +97,15 @@ class KimiDeltaAttention(nn.Module):
         device: str | torch.device | None = None,
         dtype: torch.dtype = torch.float32,
     ) -> None:
-        super().__init__()
-        if config.state_layout != "VK":
-            raise ValueError("KimiDeltaAttention keeps its recurrent states as [N, HV, V, K] (state_layout='VK', "
-                             "sglang's layout); build its config with state_layout='VK'")
-        if not 0 <= tp_rank < config.tp_size:
-            raise ValueError(f"tp_rank={tp_rank} is outside 0..{config.tp_size - 1} (tp_size={config.tp_size})")
-        self.config = config
-        self.rms_norm_eps = rms_norm_eps
-        self.tp_rank = tp_rank
-        self.tp_group = tp_group
-        self.backend = backend
-        self.dtype = dtype
-        self._dims = layer_dims(config)
+        super().__init__(config, rms_norm_eps=rms_norm_eps, tp_rank=tp_rank, tp_group=tp_group, backend=backend,
+                         dtype=dtype)
         D, HV, K, V, C, W = (self._dims[s] for s in ("D", "HV", "K", "V", "C", "W"))
-        cfg = config
-        self._dim_sources = {
-            **{s: cfg.contract_dim_source(s) for s in ("H", "HV", "K", "V")},
-            "D": f"hidden_size={D}",
-            "C": f"2*H*K+HV*V = {C}, the q/k/v conv channels per rank",
-            "W": f"conv_kernel_size={cfg.conv_kernel_size} - 1",
-        }
 
         def linear(n_in: int, n_out: int) -> nn.Linear:
-            return nn.Linear(n_in, n_out, bias=False, device=device, dtype=dtype)
+            return self._linear(n_in, n_out, device)
 
         def param(*shape: int, dt: torch.dtype = dtype) -> nn.Parameter:
-            return nn.Parameter(torch.empty(*shape, device=device, dtype=dt))
+            return self._param(*shape, device=device, dtype=dt)
 
         self.qkv_proj = linear(D, C)
         self.conv1d = param(C, W + 1)
@@ -152,32 +131,10 @@ class KimiDeltaAttention(nn.Module):
 
             layer = KimiDeltaAttention.from_hf_config("config.json", tp_size=2, tp_rank=1)
         """
-        if isinstance(path_or_dict, Mapping):
-            raw: Mapping[str, Any] = path_or_dict
-        else:
-            with open(path_or_dict, encoding="utf-8") as fh:
-                raw = json.load(fh)
+        raw = read_hf_config(path_or_dict)
         config = KDAConfig.from_hf_config(raw, tp_size=tp_size, **dict(config_overrides or {}))
         kwargs.setdefault("rms_norm_eps", float(raw.get("rms_norm_eps", 1e-5)))
         return cls(config, tp_rank=tp_rank, **kwargs)
-
-    def extra_repr(self) -> str:
-        d = self._dims
-        return (f"H={d['H']}, HV={d['HV']}, K={d['K']}, V={d['V']}, D={d['D']}, conv={d['W'] + 1}, "
-                f"tp={self.tp_rank}/{self.config.tp_size}, backend={self.backend!r}")
-
-    # -- what the contracts read (the layer is the config of its own contracts) ------------------
-    def contract_dims(self) -> dict[str, int]:
-        """Per-rank dims H, HV, K, V (from the KDAConfig) and D, C, W (see :func:`layer_dims`)."""
-        return self._dims
-
-    def contract_dim_source(self, symbol: str) -> str:
-        """Where a dim comes from, for error messages (``"hidden_size=64"``)."""
-        return self._dim_sources[symbol]
-
-    def contract_dtypes(self) -> Mapping[str, torch.dtype]:
-        """The dtypes the config pins (state, activation, index)."""
-        return self.config.contract_dtypes()
 
     # -- weights and pools -------------------------------------------------------------------------
     @contract(config_arg="self", hints=HINTS)
@@ -202,13 +159,9 @@ class KimiDeltaAttention(nn.Module):
 
             layer.load_weights(**shard_weights(full_weights, layer.config, layer.tp_rank))
         """
-        given = {"qkv_proj": qkv_proj, "conv1d": conv1d, "f_a_proj": f_a_proj, "f_b_proj": f_b_proj,
-                 "b_proj": b_proj, "A_log": A_log, "dt_bias": dt_bias, "g_a_proj": g_a_proj, "g_b_proj": g_b_proj,
-                 "o_norm": o_norm, "o_proj": o_proj}
-        with torch.no_grad():
-            for name, value in given.items():
-                target = getattr(self, name)
-                (target.weight if isinstance(target, nn.Linear) else target).copy_(value)
+        self._load({"qkv_proj": qkv_proj, "conv1d": conv1d, "f_a_proj": f_a_proj, "f_b_proj": f_b_proj,
+                    "b_proj": b_proj, "A_log": A_log, "dt_bias": dt_bias, "g_a_proj": g_a_proj, "g_b_proj": g_b_proj,
+                    "o_norm": o_norm, "o_proj": o_proj})
 
     @contract(config_arg="self", hints=HINTS, where=HAS_SLOTS)
     def check_state_pools(self, ssm_states: SSMStatePool, conv_states: ConvStatePool) -> None:
@@ -219,24 +172,6 @@ class KimiDeltaAttention(nn.Module):
 
             layer.check_state_pools(ssm_states, conv_states)
         """
-
-    def new_state_pools(
-        self, num_slots: int, *, device: str | torch.device | None = None, state_dtype: torch.dtype | None = None,
-    ) -> tuple[Tensor, Tensor]:
-        """Zeroed pools for ``num_slots`` requests: ``ssm [N, HV, V, K]`` (fp32 unless the config or
-        ``state_dtype`` says otherwise) and ``conv [N, C, W]`` in the layer's dtype.
-
-        Example::
-
-            ssm_states, conv_states = layer.new_state_pools(256, device="cuda")
-        """
-        d = self._dims
-        device = device if device is not None else self.qkv_proj.weight.device
-        dt = state_dtype or self.config.contract_dtypes().get("state", torch.float32)
-        ssm = torch.zeros(num_slots, d["HV"], d["V"], d["K"], dtype=dt, device=device)
-        conv = torch.zeros(num_slots, d["C"], d["W"], dtype=self.dtype, device=device)
-        self.check_state_pools(ssm, conv)
-        return ssm, conv
 
     # -- forwards ----------------------------------------------------------------------------------
     @contract(config_arg="self", hints=HINTS, where=HAS_SLOTS, value_checks=slot_value_checks)
@@ -271,7 +206,7 @@ class KimiDeltaAttention(nn.Module):
 
             y = layer.decode(x, ssm_states, conv_states, torch.tensor([4, 0, -1]))   # x [3, D]
         """
-        return self._all_reduce(self._step(x, ssm_states, conv_states, state_indices, self._packed_decode))
+        return self._decode(x, ssm_states, conv_states, state_indices, self._packed_decode)
 
     forward = decode
 
@@ -290,28 +225,11 @@ class KimiDeltaAttention(nn.Module):
 
             y = layer.prefill(prompt.unsqueeze(0), ssm_states, conv_states, torch.tensor([slot]))
         """
-        d = self._dims
-        B = x.shape[0]
-        scatter_rows(ssm_states, state_indices, ssm_states.new_zeros(B, d["HV"], d["V"], d["K"]))
-        scatter_rows(conv_states, state_indices, conv_states.new_zeros(B, d["C"], d["W"]))
-        ys = [self._step(x[:, t], ssm_states, conv_states, state_indices, self._reference_decode)
-              for t in range(x.shape[1])]
-        y = torch.stack(ys, dim=1) if ys else x.new_zeros(B, 0, d["D"])
-        return self._all_reduce(y)
+        return self._prefill(x, ssm_states, conv_states, state_indices, self._reference_decode)
 
     # -- the computation (unchecked: the public methods above checked it) ------------------------
-    def _conv_step(self, mixed_qkv: Tensor, conv_states: Tensor, state_indices: Tensor) -> Tensor:
-        idx = state_indices.long()
-        rows = row_slots(idx, conv_states.shape[0])  # padding rows read a live slot harmlessly, write nothing
-        valid = rows.valid
-        window = torch.cat([rows.gather(conv_states), mixed_qkv.unsqueeze(-1).to(conv_states.dtype)],
-                           dim=-1)  # [B, C, W+1], oldest input first
-        y = F.silu((window.float() * self.conv1d.float()).sum(-1))
-        scatter_rows(conv_states, idx, window[..., 1:])
-        return y.masked_fill(~valid.unsqueeze(-1), 0.0).to(mixed_qkv.dtype)
-
     def _step(self, x: Tensor, ssm_states: Tensor, conv_states: Tensor, state_indices: Tensor,
-              kernel: Callable[..., None]) -> Tensor:
+              kernel: StepKernel) -> Tensor:
         d = self._dims
         B = x.shape[0]
         mixed_qkv = self._conv_step(self.qkv_proj(x), conv_states, state_indices)
@@ -338,8 +256,3 @@ class KimiDeltaAttention(nn.Module):
         reference.packed_decode(mixed_qkv, a, b, A_log, dt_bias, scale, ssm_states, out, state_indices,
                                 num_heads=self._dims["H"], use_qk_l2norm=cfg.use_qk_l2norm,
                                 lower_bound=cfg.effective_lower_bound, state_layout="VK")
-
-    def _all_reduce(self, y: Tensor) -> Tensor:
-        if self.tp_group is not None:
-            dist.all_reduce(y, group=self.tp_group)
-        return y

@@ -17,7 +17,8 @@ import torch
 from torch import Tensor
 
 from ..ops.packed_decode.config import KDAConfig
-from .kimi_linear_contracts import layer_dims
+from .layer_contracts import layer_dims
+from .linear_attention import conv_channel_shard, rank_columns, rank_rows
 
 __all__ = ["WEIGHT_NAMES", "random_weights", "shard_weights"]
 
@@ -74,27 +75,19 @@ def shard_weights(weights: Mapping[str, Tensor], config: KDAConfig, rank: int) -
     """
     if not 0 <= rank < config.tp_size:
         raise ValueError(f"rank={rank} is outside 0..{config.tp_size - 1} (tp_size={config.tp_size})")
-    full, loc = layer_dims(config.with_tp(1)), layer_dims(config)
-    H, K, V = full["H"], full["K"], full["V"]
-    h, hv = loc["H"], loc["HV"]
-
-    def block(t: Tensor, start: int, size: int) -> Tensor:  # rank's block of `size` rows after `start`
-        return t[start + rank * size: start + (rank + 1) * size]
-
-    def channels(t: Tensor) -> Tensor:  # q heads | k heads | v heads
-        return torch.cat([block(t, 0, h * K), block(t, H * K, h * K), block(t, 2 * H * K, hv * V)])
-
+    loc = layer_dims(config)
+    hv, K, V = loc["HV"], loc["K"], loc["V"]
     w = weights
     return {
-        "qkv_proj": channels(w["qkv_proj"]),
-        "conv1d": channels(w["conv1d"]),
+        "qkv_proj": conv_channel_shard(w["qkv_proj"], config, rank),
+        "conv1d": conv_channel_shard(w["conv1d"], config, rank),
         "f_a_proj": w["f_a_proj"].clone(),
-        "f_b_proj": block(w["f_b_proj"], 0, hv * K).clone(),
-        "b_proj": block(w["b_proj"], 0, hv).clone(),
-        "A_log": block(w["A_log"], 0, hv).clone(),
-        "dt_bias": block(w["dt_bias"], 0, hv * K).clone(),
+        "f_b_proj": rank_rows(w["f_b_proj"], rank, hv * K),
+        "b_proj": rank_rows(w["b_proj"], rank, hv),
+        "A_log": rank_rows(w["A_log"], rank, hv),
+        "dt_bias": rank_rows(w["dt_bias"], rank, hv * K),
         "g_a_proj": w["g_a_proj"].clone(),
-        "g_b_proj": block(w["g_b_proj"], 0, hv * V).clone(),
+        "g_b_proj": rank_rows(w["g_b_proj"], rank, hv * V),
         "o_norm": w["o_norm"].clone(),
-        "o_proj": w["o_proj"][:, rank * hv * V: (rank + 1) * hv * V].contiguous(),
+        "o_proj": rank_columns(w["o_proj"], rank, hv * V),
     }

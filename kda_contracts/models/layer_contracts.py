@@ -1,6 +1,8 @@
-"""What the Kimi-Linear layer's contracts are made of: the per-rank dims a layer fixes
-(:func:`layer_dims`), the annotations its public methods share, their hints (the packed-decode
-op's one TP-mismatch hint, worded for a layer; the conv width) and the strict-mode slot checks.
+"""What the contracts of the linear-attention decode layers (Kimi-Linear KDA, Qwen3-Next GDN) are
+made of: the per-rank dims a layer fixes (:func:`layer_dims`), the annotations their public methods
+share, their hints (the packed-decode op's one TP-mismatch hint, worded for a layer; the conv
+width) and the strict-mode slot checks. A ``GDNConfig`` is a ``KDAConfig``, so both layers read
+their dims the same way.
 
 Example::
 
@@ -36,7 +38,8 @@ SlotIndices = Annotated[Int[Tensor, "B"], Spec(dtypes=INDEX_DTYPES, config_dtype
 
 
 def layer_dims(config: KDAConfig) -> dict[str, int]:
-    """The per-rank dims a KDA layer of ``config`` fixes: H, HV, K, V, D, C, W.
+    """The per-rank dims a linear-attention layer of ``config`` (a KDAConfig or GDNConfig) fixes:
+    H, HV, K, V, D, C (the q/k/v conv channels, ``2*H*K + HV*V``), W (``conv_kernel_size - 1``).
 
     Example::
 
@@ -45,8 +48,9 @@ def layer_dims(config: KDAConfig) -> dict[str, int]:
         {'H': 2, 'HV': 2, 'K': 16, 'V': 16, 'D': 64, 'C': 96, 'W': 3}
     """
     if config.hidden_size is None:
-        raise ValueError("a KDA layer needs config.hidden_size (KDAConfig.from_hf_config reads it from "
-                         "config.json); it sizes the projections")
+        name = type(config).__name__
+        raise ValueError(f"a linear-attention layer needs config.hidden_size ({name}.from_hf_config reads it "
+                         "from config.json); it sizes the projections")
     if config.conv_kernel_size < 2:
         raise ValueError(f"conv_kernel_size={config.conv_kernel_size}: the short conv needs at least 2 taps "
                          "(its state keeps conv_kernel_size - 1 inputs)")
@@ -60,13 +64,14 @@ def layer_dims(config: KDAConfig) -> dict[str, int]:
 # -- hints -----------------------------------------------------------------------------------------
 def _render_tp(found: TPMismatch, ctx: CallContext) -> str:
     cfg, bad, differ = found.config, found.tensors, found.differ
+    name = type(cfg).__name__
     args = bad[0] if len(bad) == 1 else ", ".join(bad[:-1]) + " and " + bad[-1]
     return (f"TP mismatch: {args} {'is' if len(bad) == 1 else 'are'} sized for tp_size={found.tp_size} "
             f"({', '.join(f'{s}={found.there[s]}' for s in differ)} per rank) but this layer's config is for "
             f"tp_size={cfg.tp_size} ({', '.join(f'{s}={found.here[s]}' for s in differ)}; "
             f"{cfg.contract_dim_source('HV')}). Build the layer, its weights (shard_weights(weights, "
-            f"config, rank)) and its pools (layer.new_state_pools(n)) from one KDAConfig, e.g. "
-            f"KDAConfig.from_hf_config(path, tp_size={cfg.tp_size}); the other shape violations follow "
+            f"config, rank)) and its pools (layer.new_state_pools(n)) from one {name}, e.g. "
+            f"{name}.from_hf_config(path, tp_size={cfg.tp_size}); the other shape violations follow "
             "from this one")
 
 

@@ -1,0 +1,225 @@
+"""What the linear-attention decode layers (Kimi-Linear KDA, Qwen3-Next GDN) share: one
+tensor-parallel rank's config and per-rank dims (which their contracts read: the layer is the
+config of its own contracts), the two slot-indexed state pools of continuous batching (recurrent
+states ``[N, HV, V, K]`` and short-conv states ``[N, C, W]``), the one-token causal conv step, the
+prefill loop, weight loading, the all-reduce of the row-parallel output projection, and the
+shard helpers of their column-parallel weights.
+
+A layer subclasses :class:`LinearAttentionDecode`, creates its parameters (one of them
+``conv1d [C, W+1]``), writes ``_step`` (one token for B requests, given a packed-decode kernel)
+and declares its public, contracted methods, which call the helpers here. Example::
+
+    class MyLayer(LinearAttentionDecode):
+        @contract(config_arg="self", hints=HINTS, where=HAS_SLOTS, value_checks=slot_value_checks)
+        def decode(self, x: Hidden, ssm_states: SSMStatePool, conv_states: ..., state_indices: SlotIndices):
+            return self._decode(x, ssm_states, conv_states, state_indices, self._kernel)
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from kda_kernels.interface import row_slots, scatter_rows
+from torch import Tensor, nn
+
+from ..ops.packed_decode.config import KDAConfig
+from .layer_contracts import layer_dims
+
+__all__ = ["LinearAttentionDecode", "StepKernel", "conv_channel_shard", "rank_columns", "rank_rows", "read_hf_config"]
+
+StepKernel = Callable[..., None]
+"""A packed-decode call in sglang's argument order, ``(mixed_qkv, a, b, A_log, dt_bias, scale,
+ssm_states, out, state_indices)``, writing ``out`` and the used slots."""
+
+
+def read_hf_config(path_or_dict: str | Path | Mapping[str, Any]) -> Mapping[str, Any]:
+    """A ``config.json`` as a mapping (a mapping is returned as is).
+
+    Example::
+
+        raw = read_hf_config("config.json"); eps = raw.get("rms_norm_eps", 1e-6)
+    """
+    if isinstance(path_or_dict, Mapping):
+        return path_or_dict
+    with open(path_or_dict, encoding="utf-8") as fh:
+        raw: Mapping[str, Any] = json.load(fh)
+    return raw
+
+
+def rank_rows(t: Tensor, rank: int, size: int, start: int = 0) -> Tensor:
+    """Rank ``rank``'s block of ``size`` rows after ``start`` (a copy): the column-parallel shard.
+
+    Example::
+
+        >>> rank_rows(torch.arange(8), rank=1, size=2, start=4).tolist()
+        [6, 7]
+    """
+    return t[start + rank * size: start + (rank + 1) * size].clone()
+
+
+def rank_columns(t: Tensor, rank: int, size: int) -> Tensor:
+    """Rank ``rank``'s block of ``size`` columns (a copy): the row-parallel shard of an output
+    projection ``[D, HV*V]``, whose per-rank products are summed.
+
+    Example::
+
+        >>> rank_columns(torch.arange(8).view(2, 4), rank=1, size=2).tolist()
+        [[2, 3], [6, 7]]
+    """
+    return t[:, rank * size: (rank + 1) * size].clone(memory_format=torch.contiguous_format)
+
+
+def conv_channel_shard(t: Tensor, config: KDAConfig, rank: int) -> Tensor:
+    """Rank ``rank``'s rows of a whole-layer tensor over the q/k/v conv channels (``q heads | k heads
+    | v heads``, C = 2*H*K + HV*V rows): its q heads, its k heads and its v heads.
+
+    Example::
+
+        >>> cfg = KDAConfig(num_heads=2, head_k_dim=1, hidden_size=4, tp_size=2)
+        >>> conv_channel_shard(torch.arange(6), cfg, rank=1).tolist()   # q0 q1 | k0 k1 | v0 v1
+        [1, 3, 5]
+    """
+    full, loc = layer_dims(config.with_tp(1)), layer_dims(config)
+    H, K, V, h, hv = full["H"], full["K"], full["V"], loc["H"], loc["HV"]
+    return torch.cat([rank_rows(t, rank, h * K), rank_rows(t, rank, h * K, H * K),
+                      rank_rows(t, rank, hv * V, 2 * H * K)])
+
+
+class LinearAttentionDecode(nn.Module):
+    """One tensor-parallel rank of a linear-attention layer for decode (the shared part; see the
+    module docstring). ``config``: the rank's KDAConfig/GDNConfig (``hidden_size`` set, VK state
+    layout); ``tp_group``: when given, outputs are all-reduced over it.
+
+    Example::
+
+        layer = KimiDeltaAttention(cfg)          # a subclass
+        ssm_states, conv_states = layer.new_state_pools(64)
+    """
+
+    conv1d: nn.Parameter  # [C, W+1], set by the subclass
+
+    def __init__(self, config: KDAConfig, *, rms_norm_eps: float, tp_rank: int, tp_group: Any, backend: str,
+                 dtype: torch.dtype) -> None:
+        super().__init__()
+        name = type(self).__name__
+        if config.state_layout != "VK":
+            raise ValueError(f"{name} keeps its recurrent states as [N, HV, V, K] (state_layout='VK', "
+                             f"sglang's layout); build its config with state_layout='VK'")
+        if not 0 <= tp_rank < config.tp_size:
+            raise ValueError(f"tp_rank={tp_rank} is outside 0..{config.tp_size - 1} (tp_size={config.tp_size})")
+        self.config = config
+        self.rms_norm_eps = rms_norm_eps
+        self.tp_rank = tp_rank
+        self.tp_group = tp_group
+        self.backend = backend
+        self.dtype = dtype
+        self._dims = layer_dims(config)
+        self._dim_sources = {
+            **{s: config.contract_dim_source(s) for s in ("H", "HV", "K", "V")},
+            "D": f"hidden_size={self._dims['D']}",
+            "C": f"2*H*K+HV*V = {self._dims['C']}, the q/k/v conv channels per rank",
+            "W": f"conv_kernel_size={config.conv_kernel_size} - 1",
+        }
+
+    def extra_repr(self) -> str:
+        d = self._dims
+        return (f"H={d['H']}, HV={d['HV']}, K={d['K']}, V={d['V']}, D={d['D']}, conv={d['W'] + 1}, "
+                f"tp={self.tp_rank}/{self.config.tp_size}, backend={self.backend!r}")
+
+    def _linear(self, n_in: int, n_out: int, device: str | torch.device | None) -> nn.Linear:
+        return nn.Linear(n_in, n_out, bias=False, device=device, dtype=self.dtype)
+
+    def _param(self, *shape: int, device: str | torch.device | None, dtype: torch.dtype | None = None,
+               ) -> nn.Parameter:
+        return nn.Parameter(torch.empty(*shape, device=device, dtype=dtype or self.dtype))
+
+    # -- what the contracts read ---------------------------------------------------------------------
+    def contract_dims(self) -> dict[str, int]:
+        """Per-rank dims H, HV, K, V (from the config) and D, C, W (see :func:`layer_dims`)."""
+        return self._dims
+
+    def contract_dim_source(self, symbol: str) -> str:
+        """Where a dim comes from, for error messages (``"hidden_size=64"``)."""
+        return self._dim_sources[symbol]
+
+    def contract_dtypes(self) -> Mapping[str, torch.dtype]:
+        """The dtypes the config pins (state, activation, index)."""
+        return self.config.contract_dtypes()
+
+    # -- pools ---------------------------------------------------------------------------------------
+    def check_state_pools(self, ssm_states: Tensor, conv_states: Tensor) -> None:
+        """Check a pair of state pools against this layer (each subclass contracts it)."""
+        raise NotImplementedError
+
+    def new_state_pools(
+        self, num_slots: int, *, device: str | torch.device | None = None, state_dtype: torch.dtype | None = None,
+    ) -> tuple[Tensor, Tensor]:
+        """Zeroed pools for ``num_slots`` requests: ``ssm [N, HV, V, K]`` (fp32 unless the config or
+        ``state_dtype`` says otherwise) and ``conv [N, C, W]`` in the layer's dtype.
+
+        Example::
+
+            ssm_states, conv_states = layer.new_state_pools(256, device="cuda")
+        """
+        d = self._dims
+        device = device if device is not None else self.conv1d.device
+        dt = state_dtype or self.config.contract_dtypes().get("state", torch.float32)
+        ssm = torch.zeros(num_slots, d["HV"], d["V"], d["K"], dtype=dt, device=device)
+        conv = torch.zeros(num_slots, d["C"], d["W"], dtype=self.dtype, device=device)
+        self.check_state_pools(ssm, conv)
+        return ssm, conv
+
+    # -- the computation (unchecked: the subclass's public methods checked it) ---------------------
+    def _load(self, given: Mapping[str, Tensor]) -> None:
+        """Copy weights in by attribute name (an ``nn.Linear``'s into its ``weight``)."""
+        with torch.no_grad():
+            for name, value in given.items():
+                target = getattr(self, name)
+                (target.weight if isinstance(target, nn.Linear) else target).copy_(value)
+
+    def _conv_step(self, mixed_qkv: Tensor, conv_states: Tensor, state_indices: Tensor) -> Tensor:
+        """``SiLU(sum_j window[:, :, j] * conv1d[:, j])`` over each slot's last W inputs and this one;
+        the slot then keeps the last W inputs. Padding rows give zeros and write no slot."""
+        idx = state_indices.long()
+        rows = row_slots(idx, conv_states.shape[0])  # padding rows read a live slot harmlessly, write nothing
+        window = torch.cat([rows.gather(conv_states), mixed_qkv.unsqueeze(-1).to(conv_states.dtype)],
+                           dim=-1)  # [B, C, W+1], oldest input first
+        y = F.silu((window.float() * self.conv1d.float()).sum(-1))
+        scatter_rows(conv_states, idx, window[..., 1:])
+        return y.masked_fill(~rows.valid.unsqueeze(-1), 0.0).to(mixed_qkv.dtype)
+
+    def _step(self, x: Tensor, ssm_states: Tensor, conv_states: Tensor, state_indices: Tensor,
+              kernel: StepKernel) -> Tensor:
+        """One token for B requests (``x [B, D]``): this rank's partial output ``[B, D]``."""
+        raise NotImplementedError
+
+    def _decode(self, x: Tensor, ssm_states: Tensor, conv_states: Tensor, state_indices: Tensor,
+                kernel: StepKernel) -> Tensor:
+        """One token for B requests, all-reduced; an empty batch is a no-op on every rank."""
+        if x.shape[0] == 0:  # every rank sees the same batch, so none enters the all-reduce
+            return x.new_zeros(0, self._dims["D"])
+        return self._all_reduce(self._step(x, ssm_states, conv_states, state_indices, kernel))
+
+    def _prefill(self, x: Tensor, ssm_states: Tensor, conv_states: Tensor, state_indices: Tensor,
+                 kernel: StepKernel) -> Tensor:
+        """Reset the slots, then run the T tokens of ``x [B, T, D]`` one at a time; all-reduced."""
+        d = self._dims
+        B = x.shape[0]
+        if B == 0:
+            return x.new_zeros(0, x.shape[1], d["D"])
+        scatter_rows(ssm_states, state_indices, ssm_states.new_zeros(B, d["HV"], d["V"], d["K"]))
+        scatter_rows(conv_states, state_indices, conv_states.new_zeros(B, d["C"], d["W"]))
+        ys = [self._step(x[:, t], ssm_states, conv_states, state_indices, kernel) for t in range(x.shape[1])]
+        y = torch.stack(ys, dim=1) if ys else x.new_zeros(B, 0, d["D"])
+        return self._all_reduce(y)
+
+    def _all_reduce(self, y: Tensor) -> Tensor:
+        if self.tp_group is not None:
+            dist.all_reduce(y, group=self.tp_group)
+        return y
