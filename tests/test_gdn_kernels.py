@@ -141,3 +141,13 @@ def test_backends_are_declared_and_lazy():
     text = kc.gdn_packed_decode.explain_backends(*call.values(), True)
     assert "torch: chosen" in text
     assert "triton: not chosen: runs on cuda, not cpu" in text
+
+
+@pytest.mark.parametrize("backend", ["torch", *BACKENDS])
+def test_empty_batch_is_a_no_op(backend):
+    """B == 0: nothing is written, nothing raises (the reference used to fail on an empty argmax)."""
+    if backend == "helion":
+        pytest.importorskip("helion")
+    buf, call = _case(indices=())
+    got, out = _run(backend, buf, call, "VK")
+    assert out.shape[0] == 0 and torch.equal(got, buf)
