@@ -121,8 +121,13 @@ def _hint_width(v: Violation, ctx: CallContext) -> str | None:
 
 def _hint_index_dtype(v: Violation, ctx: CallContext) -> str | None:
     fact = v.fact(DtypeMismatch)
-    if v.argument != "ssm_state_indices" or v.kind is not DtypeError or fact is None or len(fact.allowed) != 1:
+    if v.argument != "ssm_state_indices" or v.kind is not DtypeError or fact is None:
         return None
+    if len(fact.allowed) != 1:  # not int32/int64 at all: a float or a narrow integer tensor
+        got = str(fact.got).removeprefix("torch.")
+        return (f"slot indices must be int32 or int64 (kernels turn them into slot offsets), not {got}: build them "
+                "with dtype=torch.int32, or cast once when you build the batch metadata: "
+                "ssm_state_indices.to(torch.int32)")
     (dt,) = fact.allowed
     return (f"cast the indices once when you build the batch metadata: ssm_state_indices.to({dt}) "
             "(the config pins the index dtype the kernels were built for)")
