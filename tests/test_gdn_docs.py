@@ -87,10 +87,9 @@ GOLDEN = {
         '      expected [N, HV, V, K] = [8, 16, 128, 128]\n'
         '      got      [8, 32, 128, 128]\n'
         '      dim 1 (HV): expected 16 (HV from config (num_v_heads=32 / tp_size=2)), got 32\n'
-        '      fix: initial_state carries HV=32 heads but the config expects 16 per rank (num_v_heads=32 / '
-        'tp_size=2): the tensors look sharded for tp_size=1, the config for tp_size=2. Build the config '
-        'with tp_size=1 (GDNConfig.from_hf_config(path, tp_size=1)) or shard the weights and pools for '
-        'tp_size=2; the other shape violations follow from this one\n'
+        '      fix: initial_state carries HV=32 heads but the config and every other tensor have 16 per rank '
+        '(num_v_heads=32 / tp_size=2): the pool looks allocated for tp_size=1, the rank for tp_size=2. '
+        "Allocate the pool with the rank's heads (cfg.local_num_v_heads = 16), not the model's\n"
         '  dims: B=4 from mixed_qkv.shape[0]; H=8 from config (num_heads=16 / tp_size=2); HV=16 from config '
         '(num_v_heads=32 / tp_size=2); K=128 from config (head_k_dim=128); V=128 from config '
         '(head_v_dim=128); N=8 from initial_state.shape[0]'

@@ -132,6 +132,10 @@ def _render_tp(found: TPMismatch, ctx: Any) -> str | None:
     name, sym, got = witness
     want, implied, tp = found.here[sym], found.tp_size, found.config.tp_size
     source = found.config.contract_dim_source(sym)
+    if [x.argument for x in ctx.violations if x.kind is ShapeError] == ["initial_state"]:  # only the pool is off
+        return (f"initial_state carries {sym}={got} heads but the config and every other tensor have {want} per rank "
+                f"({source}): the pool looks allocated for tp_size={implied}, the rank for tp_size={tp}. Allocate "
+                f"the pool with the rank's heads (cfg.local_num_v_heads = {want}), not the model's")
     return (f"{name} carries {sym}={got} heads but the config expects {want} per rank ({source}): the tensors "
             f"look sharded for tp_size={implied}, the config for tp_size={tp}. Build the config with "
             f"tp_size={implied} (GDNConfig.from_hf_config(path, tp_size={implied})) or shard the weights and pools "
