@@ -198,6 +198,18 @@ def test_a_mistake_left_uncaught_is_reported_not_documented():
         reproduce(valid, QWEN)
 
 
+def test_kdas_catalogue_holds_the_reverse_a_gdn_shaped_gate_given_to_kda():
+    from kda_contracts.ops.packed_decode import mistakes as kda_mistakes
+
+    entry = next(m for m in kda_mistakes.MISTAKES if m.key == "gate-per-value-head")
+    message = kda_mistakes.reproduce(entry, KIMI).message
+    assert message.splitlines()[1:5] == [
+        "  [1] a: ShapeError", "      expected [B, HV*K] = [4, 4096]", "      got      [4, 32]",
+        "      dim 1 (HV*K): expected 4096, got 32"]
+    assert ("fix: `a` has GDN's per-value-head gate shape [B, HV] (HV=32); KDA's gate has one logit per key "
+            "channel, [B, HV*K] with K=128. If this is a GDN (Qwen3-Next) layer call kc.gdn_packed_decode") in message
+
+
 def test_the_tp_mistake_needs_a_config_that_can_be_sharded():
     one_head = kc.GDNConfig(num_heads=1, num_v_heads=1, head_k_dim=16)
     with pytest.raises(ValueError, match="allow no tp_size > 1"):

@@ -95,6 +95,11 @@ def _unflattened_dt_bias(cfg: KDAConfig) -> Attempt:
     return Attempt(dict(c, dt_bias=c["dt_bias"].view(cfg.local_num_v_heads, cfg.head_k)), cfg)
 
 
+def _gdn_shaped_a(cfg: KDAConfig) -> Attempt:
+    c = _call(cfg)
+    return Attempt(dict(c, a=c["a"].new_zeros(BATCH, cfg.local_num_v_heads)), cfg)
+
+
 def _tp_mismatch(cfg: KDAConfig) -> Attempt:
     tp = _other_tp(cfg)
     if tp is None:
@@ -189,6 +194,10 @@ MISTAKES: tuple[Mistake, ...] = (
             "pass `a.flatten(1)` (shape [B, HV*K])", ShapeError, _unflattened_a),
     Mistake("unflattened-dt-bias", "`dt_bias` passed as [HV, K]", "dt_bias = layer.dt_bias  # a [HV, K] parameter",
             "same indexing hazard as `a`", "pass `dt_bias.flatten()`", ShapeError, _unflattened_dt_bias),
+    Mistake("gate-per-value-head", "`a` with GDN's shape [B, HV]", "a = gdn_layer.a_proj(x)  # Qwen3-Next's [B, HV]",
+            "the kernel reads a[b, hv*K + k] far past each row's HV values: other requests' gates, or out of bounds",
+            "pass KDA's gate, one logit per key channel: [B, HV*K]; for a GDN (Qwen3-Next) layer call "
+            "`kc.gdn_packed_decode`", ShapeError, _gdn_shaped_a),
     Mistake("tp-mismatch", "tensors for one TP degree, config for another",
             "cfg = KDAConfig.from_hf_config(path)  # tp_size forgotten: 1",
             "head counts off by the TP factor: wrong heads read, out-of-bounds state slots",
