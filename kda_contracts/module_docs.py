@@ -137,7 +137,7 @@ def _parameters(o: Op) -> str:
         elif p.kind is p.VAR_KEYWORD:
             out.append(f"**{p.name}")
         elif p.kind is p.KEYWORD_ONLY and not star:
-            out += ["*", p.name]
+            out += ["*", p.name + _default(p.default)]
             star = True
         else:
             out.append(p.name + _default(p.default))

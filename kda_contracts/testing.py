@@ -3,9 +3,11 @@
 Example::
 
     import kda_contracts as kc
-    from kda_contracts.testing import make_decode_call
+    from kda_contracts.testing import make_decode_call, make_gdn_decode_call
     call = make_decode_call(kc.KDAConfig.preset("kimi-linear-48b-a3b", tp_size=8), batch=2, pool=4)
     out, state = kc.packed_decode(**call, backend="torch")
+    gdn = make_gdn_decode_call(kc.GDNConfig.preset("qwen3-next-80b-a3b", tp_size=8), batch=2, pool=4)
+    out, state = kc.gdn_packed_decode(**gdn, backend="torch")
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import torch
 
 from .ops.packed_decode.config import KDAConfig
 
-__all__ = ["make_decode_call"]
+__all__ = ["make_decode_call", "make_gdn_decode_call"]
 
 
 def make_decode_call(
@@ -58,3 +60,35 @@ def make_decode_call(
         "use_qk_l2norm_in_kernel": cfg.use_qk_l2norm,
         "lower_bound": cfg.effective_lower_bound,
     }
+
+
+def make_gdn_decode_call(
+    cfg: KDAConfig,
+    batch: int,
+    pool: int,
+    *,
+    activation_dtype: torch.dtype = torch.bfloat16,
+    state_dtype: torch.dtype = torch.float32,
+    index_dtype: torch.dtype = torch.int32,
+    device: str | torch.device = "cpu",
+    seed: int = 0,
+) -> dict[str, Any]:
+    """Random, valid GDN packed-decode arguments for one TP rank of ``cfg`` (a ``GDNConfig``):
+    :func:`make_decode_call`'s, with GDN's gate (``a`` ``[B, HV]``, ``dt_bias`` ``[HV]``) and no
+    ``lower_bound``.
+
+    Example::
+
+        >>> from kda_contracts import GDNConfig
+        >>> call = make_gdn_decode_call(GDNConfig.preset("qwen3-next-80b-a3b", tp_size=2), batch=2, pool=4)
+        >>> tuple(call["a"].shape), tuple(call["dt_bias"].shape)
+        ((2, 16), (16,))
+    """
+    call = make_decode_call(cfg, batch, pool, activation_dtype=activation_dtype, state_dtype=state_dtype,
+                            index_dtype=index_dtype, device=device, seed=seed)
+    g = torch.Generator().manual_seed(seed + 1)
+    HV = cfg.local_num_v_heads
+    call["a"] = torch.randn(batch, HV, generator=g).to(dtype=activation_dtype, device=device)
+    call["dt_bias"] = torch.randn(HV, generator=g).to(device=device)
+    del call["lower_bound"]
+    return call

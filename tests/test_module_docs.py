@@ -13,9 +13,9 @@ from kda_contracts import decorator as enforce
 from kda_contracts import module_docs
 from kda_contracts import opdef as op_module
 from kda_contracts.cli import main
+from kda_contracts.ops.packed_decode.docs import FILES
 
-KDA_FILES = {"contracts.md", "contracts.json", "errors.md", "mixed_qkv.svg", "state_pool_vk.svg",
-             "state_pool_kv.svg"}
+BUILTIN_FILES = set(FILES)  # the shipped ops' pages and pictures (KDA's and GDN's)
 
 USER_OPS = '''
 """A user's kernels: one op with a fast backend, one with two contract variants, one contract."""
@@ -225,7 +225,7 @@ def test_the_shipped_op_renders_through_the_same_generic_path(capsys, tmp_path, 
 # -- --builtin and --check ---------------------------------------------------------------------------
 def test_builtin_adds_the_kda_sections_and_keeps_the_users_ops(user_dir, capsys):
     md = _render(user_dir, capsys, "--builtin")
-    assert {p.name for p in Path("api").iterdir()} == KDA_FILES
+    assert {p.name for p in Path("api").iterdir()} == BUILTIN_FILES
     assert "## Packed decode layouts" in md and "## packed_decode[VK]" in md and "## Backends" in md
     assert "## scale_rows" in md and "| `fast` | 30 |" in md and md.count("## rms") == 1
     assert "## read_state[VK]" not in md  # an op's contracts stay in its section

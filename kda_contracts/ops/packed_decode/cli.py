@@ -55,7 +55,7 @@ exit codes:
      documenting a --module failed (traceback on stderr)
 """
 
-_DEMO = "a valid Kimi-Linear decode call, five real mistakes caught, the reference kernel"
+_DEMO = "a valid Kimi-Linear decode call, six real mistakes caught (one of GDN's), the reference kernel"
 
 
 def config_from_arg(value: str | None, tp: int | None) -> tuple[KDAConfig, str]:

@@ -15,6 +15,7 @@ from typing import Any, Literal
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
+from typing_extensions import Self
 
 from .dtypes import DTYPES_BY_NAME
 
@@ -235,7 +236,7 @@ class KDAConfig(BaseModel):
         return cls(**fields)
 
     @classmethod
-    def preset(cls, name: str, tp_size: int = 1, **overrides: Any) -> KDAConfig:
+    def preset(cls, name: str, tp_size: int = 1, **overrides: Any) -> Self:
         """A named preset (see :data:`PRESETS`), sharded over ``tp_size`` ranks.
 
         Example::

@@ -110,6 +110,7 @@ def layout_resolver(function: str) -> Callable[[Any, str | None], Layout]:
     or a keyword that contradicts the config, is a LayoutError naming ``function``."""
 
     def resolve_layout(config: Any, state_layout: str | None) -> Layout:
+        """The declared state layout: `state_layout=`, else the config's, else "VK" (never guessed from shapes)."""
         cfg_layout = getattr(config, "state_layout", None)
         if state_layout is None:
             return cfg_layout or "VK"
@@ -123,6 +124,7 @@ def layout_resolver(function: str) -> Callable[[Any, str | None], Layout]:
                 hint="pass one source of truth: drop state_layout= or fix the config")], {}, {})
         return state_layout  # type: ignore[return-value]
 
+    resolve_layout.__qualname__ = "resolve_layout"  # what the docs show, not the factory's <locals>
     return resolve_layout
 
 

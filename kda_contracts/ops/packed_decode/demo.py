@@ -1,20 +1,23 @@
 """``kda-contracts demo``: a short tour of what the contracts catch, then the reference kernel.
 
-Every mistake shown is one that public serving stacks have shipped or a hazard the catalogue
-(:mod:`.mistakes`) lists; each message is the real one the library raises.
+Every mistake shown is one that public serving stacks have shipped or a hazard the catalogues
+(:mod:`.mistakes`, and GDN's :mod:`kda_contracts.ops.gdn_decode.mistakes`) list; each message is
+the real one the library raises.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch
 
 from ...testing import make_decode_call
+from ..gdn_decode import mistakes as gdn_mistakes
+from ..gdn_decode.config import GDNConfig
 from .config import KDAConfig
 from .decode import packed_decode, validate_packed_decode
-from .mistakes import MISTAKES, reproduce
+from .mistakes import MISTAKES, Mistake, Reproduction, reproduce
 
 __all__ = ["run_demo"]
 
@@ -22,18 +25,21 @@ __all__ = ["run_demo"]
 # The mistakes the tour shows, by their key in the catalogue (kda_contracts.ops.packed_decode.mistakes), which
 # defines how each is made; `kda-contracts docs` renders the same catalogue.
 TOUR = ("unflattened-a", "tp-mismatch", "kv-for-vk", "int64-indices", "strided-state")
+# And one of GDN's (Qwen3-Next), from its catalogue: the same call as KDA's but for the gate.
+GDN_TOUR = ("gdn-kda-shaped-a",)
 
 
-def _show_rejections(cfg: KDAConfig, print_: Callable[[str], None]) -> int:
-    """Make each mistake of :data:`TOUR` on a call for ``cfg``; print its message; count the caught."""
+def _show_rejections(catalogue: Sequence[Mistake], keys: Sequence[str], run: Callable[[Mistake], Reproduction],
+                     print_: Callable[[str], None]) -> int:
+    """Make each mistake of ``catalogue`` named in ``keys`` with ``run``; print its message; count the caught."""
 
-    by_key = {m.key: m for m in MISTAKES}
+    by_key = {m.key: m for m in catalogue}
     caught = 0
-    for key in TOUR:
+    for key in keys:
         mistake = by_key[key]
         print_(f"\n-- {mistake.title}")
         try:
-            r = reproduce(mistake, cfg)
+            r = run(mistake)
         except AssertionError as err:  # not caught, or caught as another kind
             print_(f"   NOT caught as documented (this is a bug): {err}")
             continue
@@ -60,7 +66,11 @@ def run_demo(print_: Callable[[str], None] = print) -> int:
     call2 = make_decode_call(tp2, B, N)
     print_(f"-- a correct TP2 call passes too: {validate_packed_decode(**call2, config=tp2)}")
 
-    caught = _show_rejections(tp1, print_)
+    caught = _show_rejections(MISTAKES, TOUR, lambda m: reproduce(m, tp1), print_)
+    gdn = GDNConfig.preset("qwen3-next-80b-a3b")
+    print_(f"\n-- GDN packed decode, Qwen3-Next-80B-A3B (H={gdn.local_num_heads}, HV={gdn.local_num_v_heads}, "
+           f"K=V={gdn.head_k}): KDA's call but for the gate, a [B, HV] and dt_bias [HV]")
+    caught += _show_rejections(gdn_mistakes.MISTAKES, GDN_TOUR, lambda m: gdn_mistakes.reproduce(m, gdn), print_)
 
     state_before = call["initial_state"].clone()
     t0 = time.perf_counter()
@@ -75,6 +85,7 @@ def run_demo(print_: Callable[[str], None] = print) -> int:
            f"|out| mean {out.float().abs().mean().item():.4f}, {ms:.1f} ms on the CPU")
     print_(f"   the {B} used slots were updated: {changed}; the other {N - B} slots are bit-identical: "
            f"{same_elsewhere}")
-    ok = caught == len(TOUR) and same_elsewhere and changed and out is call["out"] and state is call["initial_state"]
-    print_(f"\n{caught}/{len(TOUR)} mistakes caught; demo {'OK' if ok else 'FAILED'}")
+    shown = len(TOUR) + len(GDN_TOUR)
+    ok = caught == shown and same_elsewhere and changed and out is call["out"] and state is call["initial_state"]
+    print_(f"\n{caught}/{shown} mistakes caught; demo {'OK' if ok else 'FAILED'}")
     return 0 if ok else 1

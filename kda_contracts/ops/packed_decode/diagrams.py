@@ -1,7 +1,8 @@
 """SVG pictures of the packed-decode layouts, drawn from a :class:`~kda_contracts.KDAConfig`.
 
 Plain SVG strings (no plotting dependency), deterministic for a given config, so the generated
-docs can be checked for drift byte for byte. Two pictures:
+docs can be checked for drift byte for byte (another op's pictures reuse :class:`Svg`, the
+colours and :func:`group_heads`). Two pictures:
 
 - :func:`mixed_qkv_svg`: one row of ``mixed_qkv``: q heads | k heads | v heads, every head
   boundary (or every g-th one when heads are too narrow to draw), column offsets, and how a
@@ -23,15 +24,16 @@ from xml.sax.saxutils import escape
 
 from .config import KDAConfig
 
-__all__ = ["mixed_qkv_svg", "state_pool_svg"]
+__all__ = ["COLORS", "STROKE", "Svg", "group_heads", "mixed_qkv_svg", "state_pool_svg"]
 
 _FONT = "font-family=\"DejaVu Sans, Helvetica, Arial, sans-serif\""
-_COLORS = {"q": "#cfe2ff", "k": "#d1f0d6", "v": "#ffe3c4", "slot": "#e9e4f7", "head": "#fff1b8", "hot": "#ffd0d0"}
-_STROKE = {"q": "#2a5db0", "k": "#2e8540", "v": "#b35c00"}
+COLORS = {"q": "#cfe2ff", "k": "#d1f0d6", "v": "#ffe3c4", "slot": "#e9e4f7", "head": "#fff1b8", "hot": "#ffd0d0"}
+STROKE = {"q": "#2a5db0", "k": "#2e8540", "v": "#b35c00"}
 
 
-class _Svg:
-    """A tiny SVG builder: numbers are rounded to 0.1 px so output is stable across platforms."""
+class Svg:
+    """A tiny SVG builder (rectangles, lines, text): numbers are rounded to 0.1 px so output is
+    stable across platforms."""
 
     def __init__(self, width: int, height: int, title: str) -> None:
         self.width, self.height = width, height
@@ -70,8 +72,9 @@ def _n(x: float) -> str:
     return str(int(r)) if r == int(r) else f"{r:.1f}"
 
 
-def _group(n_heads: int, head_px: float, min_px: float) -> int:
-    """The smallest power of two g such that g heads span at least ``min_px`` pixels."""
+def group_heads(n_heads: int, head_px: float, min_px: float) -> int:
+    """The smallest power of two g such that g heads of ``head_px`` pixels span at least ``min_px``
+    (draw every g-th head boundary when heads are too narrow to draw one by one)."""
     g = 1
     while g * head_px < min_px and g < n_heads:
         g *= 2
@@ -90,7 +93,7 @@ def mixed_qkv_svg(cfg: KDAConfig) -> str:
     width = 2 * H * K + HV * V
     W, left, bar_w = 980, 30, 920
     px = bar_w / width
-    svg = _Svg(W, 300, f"mixed_qkv row: q | k | v heads (H={H}, HV={HV}, K={K}, V={V})")
+    svg = Svg(W, 300, f"mixed_qkv row: q | k | v heads (H={H}, HV={HV}, K={K}, V={V})")
     svg.text(left, 24, f"one row of mixed_qkv (one request): 2·H·K + HV·V = {width} columns", 15, weight="bold")
     svg.text(left, 42, f"H={H} q/k heads, HV={HV} value heads, K={K}, V={V} (one rank, tp_size={cfg.tp_size}); "
                        "last dim stride 1", 12)
@@ -100,26 +103,26 @@ def mixed_qkv_svg(cfg: KDAConfig) -> str:
     for name, n, d, start in segments:
         x0 = left + start * px
         seg_w = n * d * px
-        svg.rect(x0, y, seg_w, h, _COLORS[name], _STROKE[name], 1.5)
+        svg.rect(x0, y, seg_w, h, COLORS[name], STROKE[name], 1.5)
         head_px = d * px
         # Draw every head boundary when heads are at least 3 px wide; otherwise every g-th one.
-        g = _group(n, head_px, 3.0)
+        g = group_heads(n, head_px, 3.0)
         min_group_px = max(min_group_px, g)
         for i in range(g, n, g):
             xb = x0 + i * head_px
-            svg.line(xb, y, xb, y + h, _STROKE[name], 0.6)
+            svg.line(xb, y, xb, y + h, STROKE[name], 0.6)
         # Head numbers under the bar, every `lab` heads (at least 26 px apart).
-        lab = _group(n, head_px, 26.0)
+        lab = group_heads(n, head_px, 26.0)
         for i in range(0, n, lab):
-            svg.text(x0 + (i + 0.5) * head_px, y + h + 13, str(i), 9, "middle", fill=_STROKE[name])
+            svg.text(x0 + (i + 0.5) * head_px, y + h + 13, str(i), 9, "middle", fill=STROKE[name])
         last = n - 1
         if name == "v" and last % lab and (last - last // lab * lab) * head_px >= 14:
-            svg.text(x0 + (last + 0.5) * head_px, y + h + 13, str(last), 9, "middle", fill=_STROKE[name])
+            svg.text(x0 + (last + 0.5) * head_px, y + h + 13, str(last), 9, "middle", fill=STROKE[name])
         label = {"q": "q", "k": "k", "v": "v"}[name]
         sym = "H" if name != "v" else "HV"
         dsym = "K" if name != "v" else "V"
-        svg.text(x0 + seg_w / 2, y - 22, f"{label}: {n} heads × {dsym}={d}", 13, "middle", "bold", _STROKE[name])
-        svg.text(x0 + seg_w / 2, y - 8, f"{sym}·{dsym} = {n * d} columns", 11, "middle", fill=_STROKE[name])
+        svg.text(x0 + seg_w / 2, y - 22, f"{label}: {n} heads × {dsym}={d}", 13, "middle", "bold", STROKE[name])
+        svg.text(x0 + seg_w / 2, y - 8, f"{sym}·{dsym} = {n * d} columns", 11, "middle", fill=STROKE[name])
     for col in (0, H * K, 2 * H * K, width):
         x = left + col * px
         svg.line(x, y + h, x, y + h + 34, "#111111", 1.2)
@@ -131,9 +134,9 @@ def mixed_qkv_svg(cfg: KDAConfig) -> str:
     # The index rule, as a zoom on the first q head.
     zy = 228
     zx, zw = left, 300
-    svg.rect(zx, zy, zw, 26, _COLORS["q"], _STROKE["q"], 1.2)
+    svg.rect(zx, zy, zw, 26, COLORS["q"], STROKE["q"], 1.2)
     for i in range(1, 16):
-        svg.line(zx + i * zw / 16, zy, zx + i * zw / 16, zy + 26, _STROKE["q"], 0.4)
+        svg.line(zx + i * zw / 16, zy, zx + i * zw / 16, zy + 26, STROKE["q"], 0.4)
     svg.text(zx + 4, zy + 17, "d = 0", 10)
     svg.text(zx + zw - 4, zy + 17, f"d = {K - 1}", 10, "end")
     svg.line(left, y + h, zx, zy, "#777777", 0.8, dash=True)
@@ -158,7 +161,7 @@ def _fmt_bytes(n: int) -> str:
     return f"{n} B"
 
 
-def _draw_pool(svg: _Svg, slot_size: int) -> float:
+def _draw_pool(svg: Svg, slot_size: int) -> float:
     """The pool column: N slots, slot s marked; returns the y of slot s."""
     px, py, pw, ph = 40, 86, 110, 26
     svg.text(px + pw / 2, py - 12, "pool: N slots", 12, "middle", "bold")
@@ -168,14 +171,14 @@ def _draw_pool(svg: _Svg, slot_size: int) -> float:
         if lab == "⋮":
             svg.text(px + pw / 2, yy + 18, lab, 16, "middle")
             continue
-        svg.rect(px, yy, pw, ph, _COLORS["hot"] if lab == "slot s" else _COLORS["slot"], width=1.2)
+        svg.rect(px, yy, pw, ph, COLORS["hot"] if lab == "slot s" else COLORS["slot"], width=1.2)
         svg.text(px + pw / 2, yy + 17, lab, 11, "middle")
     svg.text(px + pw / 2, py + 5 * (ph + 6) + 10, "slot stride: free", 11, "middle")
     svg.text(px + pw / 2, py + 5 * (ph + 6) + 25, f"(≥ HV·V·K = {slot_size})", 10, "middle", fill="#555555")
     return py + 2 * (ph + 6)
 
 
-def _draw_slot(svg: _Svg, HV: int, head_size: int, slot_y: float) -> tuple[float, float, float, float, int]:
+def _draw_slot(svg: Svg, HV: int, head_size: int, slot_y: float) -> tuple[float, float, float, float, int]:
     """Slot s as HV head boxes, linked to the pool; returns (x, y, height, head width, heads per box)."""
     px, pw, ph = 40, 110, 26
     sx, sy, sw, sh = 210, 136, 330, 34
@@ -184,11 +187,11 @@ def _draw_slot(svg: _Svg, HV: int, head_size: int, slot_y: float) -> tuple[float
     svg.text(sx + sw / 2, sy - 26, f"slot s: HV = {HV} heads, one after another", 12, "middle", "bold")
     svg.text(sx + sw / 2, sy - 11, f"head stride V·K = {head_size}", 11, "middle")
     head_w = sw / HV
-    g = _group(HV, head_w, 9.0)
+    g = group_heads(HV, head_w, 9.0)
     for i in range(0, HV, g):
         w = head_w * min(g, HV - i)
-        svg.rect(sx + i * head_w, sy, w, sh, _COLORS["hot"] if i == 0 else _COLORS["head"], width=0.8)
-    every = _group(HV, head_w, 26.0)
+        svg.rect(sx + i * head_w, sy, w, sh, COLORS["hot"] if i == 0 else COLORS["head"], width=0.8)
+    every = group_heads(HV, head_w, 26.0)
     for i in range(0, HV, every):
         svg.text(sx + (i + 0.5) * head_w, sy + sh + 13, str(i), 9, "middle")
     if g > 1:
@@ -196,7 +199,7 @@ def _draw_slot(svg: _Svg, HV: int, head_size: int, slot_y: float) -> tuple[float
     return sx, sy, sh, head_w, g
 
 
-def _draw_head(svg: _Svg, slot: tuple[float, float, float, float, int], rows_sym: str, cols_sym: str, rows: int,
+def _draw_head(svg: Svg, slot: tuple[float, float, float, float, int], rows_sym: str, cols_sym: str, rows: int,
                cols: int) -> None:
     """One head's rows x cols matrix, the stride-1 axis along the rows, linked to its slot box."""
     sx, sy, sh, head_w, g = slot
@@ -205,11 +208,11 @@ def _draw_head(svg: _Svg, slot: tuple[float, float, float, float, int], rows_sym
     mx, my = 740, 120
     svg.line(sx, sy + sh, mx, my + mh, "#777777", 0.8, dash=True)
     svg.line(sx + head_w * g, sy, mx, my, "#777777", 0.8, dash=True)
-    svg.rect(mx, my, mw, mh, _COLORS["head"], width=1.5)
+    svg.rect(mx, my, mw, mh, COLORS["head"], width=1.5)
     n_strips = 8
     for i in range(1, n_strips):
         svg.line(mx, my + i * mh / n_strips, mx + mw, my + i * mh / n_strips, "#b8a25a", 0.6)
-    svg.rect(mx, my, mw, mh / n_strips, _COLORS["hot"], "#b03030", 1.2)
+    svg.rect(mx, my, mw, mh / n_strips, COLORS["hot"], "#b03030", 1.2)
     svg.text(mx + mw / 2, my - 30, f"state[s, hv]: a {rows_sym}×{cols_sym} = {rows}×{cols} matrix", 12, "middle",
              "bold")
     svg.line(mx, my - 12, mx + mw, my - 12, "#b03030", 1.6, arrow=True)
@@ -238,7 +241,7 @@ def state_pool_svg(cfg: KDAConfig, layout: str) -> str:
     who = "sglang's layout, the default" if layout == "VK" else "flash-linear-attention's default"
     state_dtype = cfg.state_dtype or "float32"
     elt = {"float32": 4, "bfloat16": 2, "float16": 2}[state_dtype]
-    svg = _Svg(980, 400, f"state pool, {layout} layout {dims}")
+    svg = Svg(980, 400, f"state pool, {layout} layout {dims}")
     svg.text(30, 24, f"initial_state {dims}: {layout} layout ({who})", 15, weight="bold")
     svg.text(30, 42, f"HV={HV}, K={K}, V={V} (one rank, tp_size={cfg.tp_size}); slot s = ssm_state_indices[b]; "
                      f"one slot = HV·V·K = {HV * V * K} elements ({_fmt_bytes(HV * V * K * elt)} in {state_dtype})",

@@ -1,6 +1,8 @@
 """The packed-decode part of ``kda-contracts docs``: the reference page with the layout pictures,
 the per-TP-degree table and the backends; the catalogue of known mistakes with the messages the
-library really raises; the SVG pictures. The engine (:mod:`kda_contracts.docs`) describes and
+library really raises; the SVG pictures. GDN packed decode, the same call with another gate, gets
+its sections, pictures and catalogue on the same pages, for its own model
+(:mod:`kda_contracts.ops.gdn_decode.docs`). The engine (:mod:`kda_contracts.docs`) describes and
 renders the contracts and keeps the folder in step.
 
 Example::
@@ -29,16 +31,20 @@ from ...docs import (
     describe_contracts,
     mark_svg,
     render_reference,
+    slug,
 )
 from ...module_docs import ModulePage, op_section
+from ..gdn_decode import docs as gdn_docs
+from ..gdn_decode.decode import gdn_packed_decode
 from . import adapters
 from .config import KDAConfig
 from .diagrams import mixed_qkv_svg, state_pool_svg
-from .mistakes import BATCH, MISTAKES, POOL, reproduce
+from .mistakes import BATCH, MISTAKES, POOL, catalogue_lines, reproduce
 
 __all__ = ["FILES", "describe", "generate", "render_contracts_md", "render_errors_md"]
 
-FILES = ("contracts.md", "contracts.json", "errors.md", "mixed_qkv.svg", "state_pool_vk.svg", "state_pool_kv.svg")
+FILES = ("contracts.md", "contracts.json", "errors.md", "mixed_qkv.svg", "state_pool_vk.svg", "state_pool_kv.svg",
+         *gdn_docs.FILES)
 
 
 def describe_adapter(ad: Backend, cfg: KDAConfig | None) -> dict[str, Any]:
@@ -55,9 +61,13 @@ def describe(cfg: KDAConfig, label: str, contracts: Mapping[str, Contract] | Non
              page: ModulePage | None = None) -> dict[str, Any]:
     """The whole generated reference as data (what ``contracts.json`` holds); ``page``: the
     ops and contracts of ``--module`` modules, added after the packed-decode sections (their
-    contracts are then left out of the default list, every registered contract)."""
-    if contracts is None and page is not None:
-        contracts = {k: c for k, c in registered_contracts().items() if k not in page.keys}
+    contracts are then left out of the default list, every registered contract). GDN's
+    contracts are described in its own part (``"gdn_packed_decode"``), for its own model."""
+    if contracts is None:
+        skip = page.keys if page is not None else frozenset()
+        contracts = {k: c for k, c in registered_contracts().items() if k not in skip}
+    gdn = [id(c) for c in gdn_packed_decode.contracts.values()]
+    contracts = {k: c for k, c in contracts.items() if id(c) not in gdn}
     doc: dict[str, Any] = {
         "generator": GENERATED_MARK,
         "config": {
@@ -69,6 +79,8 @@ def describe(cfg: KDAConfig, label: str, contracts: Mapping[str, Contract] | Non
         "contracts": describe_contracts(contracts, cfg),
         "backends": [describe_adapter(adapters.get(n), cfg) for n in adapters.names()],
     }
+    if page is None or all(o["name"] != gdn_packed_decode.name for o in page.ops):  # else --module documents it
+        doc["gdn_packed_decode"] = gdn_docs.describe()
     if page is not None:
         doc["contracts"] += page.contracts
         doc["modules"] = page.data()
@@ -90,7 +102,12 @@ def _intro(doc: Mapping[str, Any]) -> list[str]:
         "Regenerate with `kda-contracts docs` (another config: `kda-contracts docs --config kimi-linear-48b-a3b "
         "--tp 2`, or a `config.json` path). Machine-readable: [contracts.json](contracts.json). Known mistakes "
         "and the messages they produce: [errors.md](errors.md).",
-    ]
+    ] + ([] if "gdn_packed_decode" not in doc else [
+        "",
+        f"GDN packed decode (`gdn_packed_decode`, Qwen3-Next) is documented for its own model, "
+        f"**{doc['gdn_packed_decode']['config']['label']}**, with shapes for TP "
+        f"{'/'.join(map(str, gdn_docs.TP_SIZES))}: [{gdn_docs.TITLE}](#{slug(gdn_docs.TITLE)}).",
+    ])
 
 
 def _tp_table(cfg: KDAConfig) -> list[str]:
@@ -155,12 +172,15 @@ def render_contracts_md(doc: Mapping[str, Any]) -> str:
     before = [_layouts(KDAConfig.model_validate(doc["config"]["fields"]))] if has_decode else []
     page = doc.get("modules")
     ops = [op_section(d, availability=page["availability_listed"]) for d in page["ops"]] if page else []
-    return render_reference(_intro(doc), doc["contracts"], before, [_backends(doc), *ops])
+    gdn = gdn_docs.sections(doc["gdn_packed_decode"]) if "gdn_packed_decode" in doc else []
+    return render_reference(_intro(doc), doc["contracts"], before, [_backends(doc), *gdn, *ops])
 
 
 # -- errors.md -------------------------------------------------------------------------------------
 def render_errors_md(cfg: KDAConfig, label: str) -> str:
-    """``errors.md``: each known mistake, the message the library raises for it, and the fix."""
+    """``errors.md``: each known mistake, the message the library raises for it, and the fix;
+    packed decode's for ``cfg``, then GDN's for its own model."""
+    rows, body = catalogue_lines(MISTAKES, lambda m: reproduce(m, cfg))
     lines = [
         DO_NOT_EDIT,
         "",
@@ -168,30 +188,14 @@ def render_errors_md(cfg: KDAConfig, label: str) -> str:
         "",
         f"Each known packed-decode mistake, made on a valid call for **{label}** (B={BATCH} requests, a pool "
         f"of N={POOL} slots), with the message the library raises today and the fix. The messages are produced "
-        "by running the library (`kda_contracts.ops.packed_decode.mistakes`), so they cannot drift from the code.",
+        "by running the library (`kda_contracts.ops.packed_decode.mistakes`), so they cannot drift from the code. "
+        f"GDN's (Qwen3-Next) follow: [{gdn_docs.TITLE}](#{slug(gdn_docs.TITLE)}).",
         "",
         "| mistake | error | fix |",
         "|---|---|---|",
+        *rows,
     ]
-    body: list[str] = []
-    for m in MISTAKES:
-        try:
-            r = reproduce(m, cfg)
-        except ValueError as exc:  # a mistake this config cannot express (e.g. no other TP degree)
-            lines.append(f"| {m.title} | — | not reproducible for this config: {exc} |")
-            continue
-        lines.append(f"| [{cell(m.title)}](#{m.key}) | `{r.error}` | {cell(m.fix)} |")
-        body += [
-            f"<a id=\"{m.key}\"></a>",
-            f"## {m.title}",
-            "",
-            f"The mistake: `{m.code}`. Without a contract: {m.hazard}.",
-            "",
-        ]
-        if r.notes:
-            body += ["(" + "; ".join(r.notes) + ")", ""]
-        body += ["```text", r.message, "```", "", f"**Fix:** {m.fix}.", ""]
-    return "\n".join([*lines, "", *body])
+    return "\n".join([*lines, "", *body, *gdn_docs.errors_lines()])
 
 
 def generate(cfg: KDAConfig, label: str, contracts: Mapping[str, Contract] | None = None,
@@ -207,4 +211,5 @@ def generate(cfg: KDAConfig, label: str, contracts: Mapping[str, Contract] | Non
         "mixed_qkv.svg": mark_svg(mixed_qkv_svg(cfg)),
         "state_pool_vk.svg": mark_svg(state_pool_svg(cfg, "VK")),
         "state_pool_kv.svg": mark_svg(state_pool_svg(cfg, "KV")),
+        **gdn_docs.files(),
     }

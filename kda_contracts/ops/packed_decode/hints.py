@@ -106,8 +106,13 @@ def tp_renderer(config_name: str) -> Callable[[TPMismatch, CallContext], str | N
             return None
         name, sym, got = witness
         want, implied, tp = found.here[sym], found.tp_size, found.config.tp_size
+        source = config_dim_source(found.config, sym)
+        if [x.argument for x in ctx.violations if x.kind is ShapeError] == ["initial_state"]:  # only the pool is off
+            return (f"initial_state carries {sym}={got} heads but the config and every other tensor have {want} per "
+                    f"rank ({source}): the pool looks allocated for tp_size={implied}, the rank for tp_size={tp}. "
+                    f"Allocate the pool with the rank's heads (cfg.local_num_v_heads = {want}), not the model's")
         return (f"{name} carries {sym}={got} heads but the config expects {want} per rank "
-                f"({config_dim_source(found.config, sym)}): the tensors look sharded for tp_size={implied}, the "
+                f"({source}): the tensors look sharded for tp_size={implied}, the "
                 f"config for tp_size={tp}. Build the config with tp_size={implied} ({config_name}.from_hf_config("
                 f"path, tp_size={implied})) or shard the weights and pools for tp_size={tp}; the other shape "
                 "violations follow from this one")
@@ -130,8 +135,13 @@ def hint_width(v: Violation, ctx: CallContext) -> str | None:
 
 def hint_index_dtype(v: Violation, ctx: CallContext) -> str | None:
     fact = v.fact(DtypeMismatch)
-    if v.argument != "ssm_state_indices" or v.kind is not DtypeError or fact is None or len(fact.allowed) != 1:
+    if v.argument != "ssm_state_indices" or v.kind is not DtypeError or fact is None:
         return None
+    if len(fact.allowed) != 1:  # not int32/int64 at all: a float or a narrow integer tensor
+        got = str(fact.got).removeprefix("torch.")
+        return (f"slot indices must be int32 or int64 (kernels turn them into slot offsets), not {got}: build them "
+                "with dtype=torch.int32, or cast once when you build the batch metadata: "
+                "ssm_state_indices.to(torch.int32)")
     (dt,) = fact.allowed
     return (f"cast the indices once when you build the batch metadata: ssm_state_indices.to({dt}) "
             "(the config pins the index dtype the kernels were built for)")

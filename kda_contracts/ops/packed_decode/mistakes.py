@@ -16,18 +16,19 @@ Example::
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
+from ...docs import cell
 from ...errors import ContractError, DeviceError, DtypeError, LayoutError, ShapeError, ValueRangeError
 from ...testing import make_decode_call
 from .config import KDAConfig
 from .decode import validate_packed_decode
 
-__all__ = ["MISTAKES", "Attempt", "Mistake", "Reproduction", "reproduce"]
+__all__ = ["MISTAKES", "Attempt", "Mistake", "Reproduction", "catalogue_lines", "reproduce"]
 
 BATCH, POOL = 4, 8  # small, so the messages stay short and the catalogue builds fast
 
@@ -92,6 +93,11 @@ def _unflattened_a(cfg: KDAConfig) -> Attempt:
 def _unflattened_dt_bias(cfg: KDAConfig) -> Attempt:
     c = _call(cfg)
     return Attempt(dict(c, dt_bias=c["dt_bias"].view(cfg.local_num_v_heads, cfg.head_k)), cfg)
+
+
+def _gdn_shaped_a(cfg: KDAConfig) -> Attempt:
+    c = _call(cfg)
+    return Attempt(dict(c, a=c["a"].new_zeros(BATCH, cfg.local_num_v_heads)), cfg)
 
 
 def _tp_mismatch(cfg: KDAConfig) -> Attempt:
@@ -188,6 +194,10 @@ MISTAKES: tuple[Mistake, ...] = (
             "pass `a.flatten(1)` (shape [B, HV*K])", ShapeError, _unflattened_a),
     Mistake("unflattened-dt-bias", "`dt_bias` passed as [HV, K]", "dt_bias = layer.dt_bias  # a [HV, K] parameter",
             "same indexing hazard as `a`", "pass `dt_bias.flatten()`", ShapeError, _unflattened_dt_bias),
+    Mistake("gate-per-value-head", "`a` with GDN's shape [B, HV]", "a = gdn_layer.a_proj(x)  # Qwen3-Next's [B, HV]",
+            "the kernel reads a[b, hv*K + k] far past each row's HV values: other requests' gates, or out of bounds",
+            "pass KDA's gate, one logit per key channel: [B, HV*K]; for a GDN (Qwen3-Next) layer call "
+            "`kc.gdn_packed_decode`", ShapeError, _gdn_shaped_a),
     Mistake("tp-mismatch", "tensors for one TP degree, config for another",
             "cfg = KDAConfig.from_hf_config(path)  # tp_size forgotten: 1",
             "head counts off by the TP factor: wrong heads read, out-of-bounds state slots",
@@ -241,18 +251,41 @@ MISTAKES: tuple[Mistake, ...] = (
 )
 
 
-def reproduce(mistake: Mistake, cfg: KDAConfig) -> Reproduction:
-    """Make ``mistake`` on a valid call for ``cfg`` and capture the error the library raises.
+def reproduce(mistake: Mistake, cfg: KDAConfig, *,
+              validate: Callable[..., Any] = validate_packed_decode) -> Reproduction:
+    """Make ``mistake`` on a valid call for ``cfg`` and capture the error the library raises
+    (``validate``: the op's validating entry point; another op's catalogue passes its own).
 
     Raises ``AssertionError`` when the mistake is not caught, or caught as another kind: the
     catalogue must describe what the code does.
     """
     attempt = mistake.build(cfg)
     try:
-        validate_packed_decode(**attempt.call, config=attempt.config, strict=attempt.strict)
+        validate(**attempt.call, config=attempt.config, strict=attempt.strict)
     except ContractError as err:
         if not isinstance(err, mistake.error):
             raise AssertionError(f"mistake {mistake.key!r}: expected a {mistake.error.__name__}, got "
                                  f"{type(err).__name__}:\n{err}") from None
         return Reproduction(mistake, type(err).kind_name, str(err), attempt.config, tuple(attempt.notes))
     raise AssertionError(f"mistake {mistake.key!r} was not caught for {cfg!r}")
+
+
+def catalogue_lines(mistakes: Sequence[Mistake], run: Callable[[Mistake], Reproduction]) -> tuple[list[str], list[str]]:
+    """A catalogue in Markdown: the table rows (after a ``| mistake | error | fix |`` header) and
+    one section per mistake with the message ``run`` reproduced (anchored by its key). A mistake
+    ``run`` cannot make for this config (a ValueError) gets a row saying so and no section."""
+    rows: list[str] = []
+    body: list[str] = []
+    for m in mistakes:
+        try:
+            r = run(m)
+        except ValueError as exc:  # a mistake this config cannot express (e.g. no other TP degree)
+            rows.append(f"| {m.title} | — | not reproducible for this config: {exc} |")
+            continue
+        rows.append(f"| [{cell(m.title)}](#{m.key}) | `{r.error}` | {cell(m.fix)} |")
+        body += [f"<a id=\"{m.key}\"></a>", f"## {m.title}", "", f"The mistake: `{m.code}`. Without a contract: "
+                 f"{m.hazard}.", ""]
+        if r.notes:
+            body += ["(" + "; ".join(r.notes) + ")", ""]
+        body += ["```text", r.message, "```", "", f"**Fix:** {m.fix}.", ""]
+    return rows, body
