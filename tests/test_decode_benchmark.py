@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 BENCH = Path(__file__).resolve().parent.parent / "benchmarks"
 KDA_SECTION = "## Packed decode kernels (GPU)\n\nthe KDA table, untouched\n"
@@ -72,6 +73,51 @@ def test_gdn_summary_without_sglang_says_so():
     gdn = _load("decode_gdn")
     assert gdn.summary([_row("triton", 8, 1.0)]) == [
         "No row has both one of our GDN kernels and sglang-triton timed: no targets to check."]
+
+
+@pytest.fixture
+def abuse():
+    mod = _load("gpu_abuse")
+    mod.DEVICE, mod.ACTIVATIONS = "cpu", torch.float32
+    return mod
+
+
+def test_gpu_abuse_help_runs_without_a_gpu(abuse, capsys):
+    with pytest.raises(SystemExit) as stop:
+        abuse.main(["--help"])
+    assert stop.value.code == 0 and "--op {kda,gdn}" in capsys.readouterr().out
+
+
+def test_gdn_abuse_passes_the_reference_and_catches_stray_writes(abuse, capsys):
+    from decode_gdn import reference
+
+    ref = reference()
+
+    def writes_before_the_pool(*args, **kwargs):  # into the canary slot in front of slot 0
+        ref(*args, **kwargs)
+        state = args[6]
+        torch.as_strided(state, (1,), (1,), state.storage_offset() - 1).fill_(1.0)
+
+    trials = 12
+    failures = abuse.abuse({"torch": ref, "good": ref, "stray": writes_before_the_pool}, ref, True,
+                           torch.Generator().manual_seed(0), trials)
+    out = capsys.readouterr().out
+    assert failures == trials and out.count("FAIL stray trial") == trials and "FAIL good" not in out
+    assert "cases per backend: {'torch': 12, 'good': 12, 'stray': 12}" in out
+
+
+def test_gdn_abuse_trials_cover_layouts_dtypes_index_widths_and_bad_indices(abuse):
+    g = torch.Generator().manual_seed(0)
+    trials = [abuse.gdn_trial(t, g) for t in range(60)]
+    assert {t[4] for t in trials} == {"VK", "KV"}
+    assert {t[5] for t in trials} == {torch.float32, torch.bfloat16, torch.float16}
+    assert {t[6] for t in trials} == {torch.int32, torch.int64}
+    assert {t[0].num_v_heads // t[0].num_heads for t in trials} == {1, 2, 4}
+    for _cfg, B, N, idx, *_ in trials:
+        valid = [i for i in idx if 0 <= i < N]
+        assert len(valid) == len(set(valid)) and len(idx) == B  # no duplicate slots
+    bad = {i for t in trials for i in t[3] if not 0 <= i < t[2]}
+    assert {-1, 8, 2**31 - 1, 2**63 - 1} <= bad
 
 
 def test_plot_draws_a_gdn_json(tmp_path):
