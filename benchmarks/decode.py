@@ -23,6 +23,7 @@ op writes its own section of docs/benchmarks.md.
     python benchmarks/decode.py --op gdn --out docs/benchmarks.md --json GDN.json
     python benchmarks/decode.py --quick                                    # a smaller sweep
     python benchmarks/decode.py --plot OUT.json docs/decode.png            # the picture (CPU is fine)
+    python benchmarks/decode.py --report A.json B.json --out docs/benchmarks.md   # a sweep split in parts
     python benchmarks/decode.py --dry [--op gdn]                           # CPU smoke test (Triton interpreter)
 
 Peers, when importable: for KDA, sglang's Helion and Triton KDA packed-decode kernels (bring them in
@@ -52,7 +53,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import decode_peers
 from decode_ops import KDA, OPS, Kernel
-from decode_report import OURS, plot, render
+from decode_report import OURS, plot, render, run_facts
 from markdown_sections import replace_section
 
 import kda_contracts as kc
@@ -479,17 +480,43 @@ def add_ratios(rows: list[Row], copy_tbps: float) -> list[dict[str, Any]]:
     return out
 
 
-def report(data: list[dict[str, Any]], copy_tbps: float, eager: list[tuple[str, float]], cmd: str) -> str:
-    """The op's Markdown section."""
-    return render(data, copy_tbps, eager, cmd, method_text(), section=OP.section, summary_lines=OP.summary(data),
-                  main_peer=OP.main_peer, eager_shape=OP.eager_shape)
+def report(data: list[dict[str, Any]], copy_tbps: float, eager: list[tuple[str, float]], cmd: str,
+           facts: str | None = None, method: str | None = None) -> str:
+    """The op's Markdown section (this process's run facts and method unless given)."""
+    return render(data, copy_tbps, eager, cmd, method or method_text(), section=OP.section,
+                  summary_lines=OP.summary(data), main_peer=OP.main_peer, eager_shape=OP.eager_shape, facts=facts)
 
 
-def dry_run(out: str | None) -> int:
+def save_json(path: Path, rows: list[Row], copy_tbps: float, cmd: str, eager: list[tuple[str, float]]) -> None:
+    """Every row and the run's facts (what --plot and --report read)."""
+    doc = dict(op=OP.name, main_peer=OP.main_peer, device=torch.cuda.get_device_name(), facts=run_facts(),
+               method=method_text(), copy_tbps=copy_tbps, command=cmd, rows=add_ratios(rows, copy_tbps), eager=eager)
+    path.write_text(json.dumps(doc, indent=1))
+
+
+def report_from_json(paths: list[str], out: str | None) -> int:
+    """The section from one or more --json files of one op (a sweep split over several commands):
+    rows together, the copy ceiling the best of the runs' (% of copy recomputed against it)."""
+    global OP
+    docs = [json.loads(Path(p).read_text()) for p in paths]
+    OP = OPS[docs[0].get("op", "kda")]()
+    copy_tbps = max(d["copy_tbps"] for d in docs)
+    data = [dict(r, pct_copy=None if r["tbps"] is None else 100 * r["tbps"] / copy_tbps)
+            for d in docs for r in d["rows"]]
+    eager = next((d["eager"] for d in docs if d.get("eager")), [])
+    text = report(data, copy_tbps, eager, "; ".join(d["command"] for d in docs), docs[0].get("facts"),
+                  docs[0].get("method"))
+    print(text)
+    if out:
+        replace_section(Path(out), OP.section, text)
+    return 0
+
+
+def dry_run(out: str | None, json_out: str | None) -> int:
     """Exercise the sweep's code paths on the CPU: Triton kernels under its interpreter, CUDA timing
-    and graphs replaced by stubs; the section goes to ``out`` too when given. For GDN the reference
-    is also timed as a backend ("torch", checked against itself), so the rows and the report exist
-    before any GDN kernel does."""
+    and graphs replaced by stubs; the section and rows go to ``out`` and ``json_out`` when given.
+    For GDN the reference is also timed as a backend ("torch", checked against itself), so the rows
+    and the report exist before any GDN kernel does."""
     global SAMPLES, OP, ACTIVATIONS
     SAMPLES = 1
     # fp32 activations: the Triton interpreter truncates fp32 -> bf16 where the GPU rounds, which
@@ -522,6 +549,8 @@ def dry_run(out: str | None) -> int:
     print(text)
     if out:
         replace_section(Path(out), OP.section, text)
+    if json_out:
+        save_json(Path(json_out), rows, 1.0, "dry", [("dry", 0.0)])
     bad = [d for d in data if d["correct"] is False]
     print(f"dry run: {len(data)} rows, {len(bad)} incorrect", file=sys.stderr)
     return 1 if bad else 0
@@ -542,15 +571,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--skip", default="", help="comma-separated backends or peers to leave out")
     p.add_argument("--plot", nargs=2, metavar=("JSON", "PNG"), help="draw the picture from a --json file and exit")
     p.add_argument("--dry", action="store_true", help="CPU smoke test of this script (tiny sizes, no timing)")
+    p.add_argument("--report", nargs="+", metavar="JSON", help="write the section (--out) from --json files of one "
+                   "op, e.g. a sweep split by --heads over several commands, and exit")
     args = p.parse_args(argv)
     global OP
     OP = OPS[args.op]()
     if args.plot:
         plot(Path(args.plot[0]), Path(args.plot[1]))
         return 0
+    if args.report:
+        return report_from_json(args.report, args.out)
     SKIP.update(filter(None, args.skip.split(",")))
     if args.dry:
-        return dry_run(args.out)
+        return dry_run(args.out, args.json)
     if not torch.cuda.is_available():
         print("benchmarks/decode.py needs a CUDA device", file=sys.stderr)
         return 2
@@ -568,9 +601,7 @@ def main(argv: list[str] | None = None) -> int:
 
     def save(rows: list[Row]) -> None:
         if args.json:
-            doc = dict(op=OP.name, main_peer=OP.main_peer, device=torch.cuda.get_device_name(), copy_tbps=copy_tbps,
-                       command=cmd, rows=add_ratios(rows, copy_tbps), eager=eager)
-            Path(args.json).write_text(json.dumps(doc, indent=1))
+            save_json(Path(args.json), rows, copy_tbps, cmd, eager)
 
     states = [getattr(torch, name) for name in args.states.split(",")]
     rows = sweep(device, batches, heads, states, layouts, args.candidates, save)

@@ -60,11 +60,8 @@ def summary(data: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
-def render(data: list[dict[str, Any]], copy_tbps: float, eager: list[tuple[str, float]], cmd: str, method: str, *,
-           section: str = SECTION, summary_lines: list[str] | None = None, main_peer: str = "sglang-helion",
-           eager_shape: str = "H = 32") -> str:
-    """The Markdown section under ``section``: run facts, ``method`` (how it was measured), the summary
-    (KDA's unless ``summary_lines``), every row (the "vs" column against ``main_peer``), the eager path."""
+def run_facts() -> str:
+    """When, on what and with which versions this process runs (the first line under the heading)."""
     from importlib.metadata import PackageNotFoundError, version
 
     versions = [f"torch {torch.__version__}"]
@@ -73,10 +70,18 @@ def render(data: list[dict[str, Any]], copy_tbps: float, eager: list[tuple[str, 
             versions.append(f"{dist} {version(dist)}")
         except PackageNotFoundError:
             pass
+    return (f"Run {datetime.date.today().isoformat()} on {torch.cuda.get_device_name()} · {', '.join(versions)} · "
+            f"Python {platform.python_version()}")
+
+
+def render(data: list[dict[str, Any]], copy_tbps: float, eager: list[tuple[str, float]], cmd: str, method: str, *,
+           section: str = SECTION, summary_lines: list[str] | None = None, main_peer: str = "sglang-helion",
+           eager_shape: str = "H = 32", facts: str | None = None) -> str:
+    """The Markdown section under ``section``: run facts (``run_facts()`` unless ``facts``), ``method``
+    (how it was measured), the summary (KDA's unless ``summary_lines``), every row (the "vs" column
+    against ``main_peer``), the eager path."""
     lines = [
-        section, "",
-        f"Run {datetime.date.today().isoformat()} on {torch.cuda.get_device_name()} · {', '.join(versions)} · "
-        f"Python {platform.python_version()}", f"Command: `{cmd}`", "",
+        section, "", facts or run_facts(), f"Command: `{cmd}`", "",
         f"Device-to-device copy measured in the same run (read + write; the better of before and after the "
         f"sweep): **{copy_tbps:.2f} TB/s**. {method}", "",
     ]
@@ -102,13 +107,15 @@ def render(data: list[dict[str, Any]], copy_tbps: float, eager: list[tuple[str, 
 
 def plot(json_path: Path, png: Path) -> None:
     """% of copy against B, one line per backend and peer (VK), hot and cold panels, ceiling drawn
-    (KDA or GDN, as the file's ``op`` says; files without it are KDA's)."""
+    (KDA or GDN, as the file's ``op`` says; files without it are KDA's). ``json_path`` may name several
+    files of one op, comma-separated (a sweep split over several commands; the best copy is the ceiling)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    doc = json.loads(json_path.read_text())
+    docs = [json.loads(Path(p).read_text()) for p in str(json_path).split(",")]
+    doc = dict(docs[0], copy_tbps=max(d["copy_tbps"] for d in docs), rows=[r for d in docs for r in d["rows"]])
     rows = [d for d in doc["rows"] if d["layout"] == "VK" and d["us"] and ":" not in d["backend"]]
     combos = sorted({(d["H"], d["state"]) for d in rows}, key=lambda c: (-c[0], c[1]))
     fig, axes = plt.subplots(len(combos), 2, figsize=(9, 2.3 * len(combos)), sharex=True, sharey=True, squeeze=False)

@@ -25,13 +25,17 @@ def _load(name):
     return mod
 
 
+def _decode(*args):
+    got = subprocess.run([sys.executable, str(BENCH / "decode.py"), *args], capture_output=True, text=True,
+                         env=dict(os.environ, TRITON_INTERPRET="1"), timeout=600)
+    assert got.returncode == 0, got.stderr[-3000:]
+    return got
+
+
 def test_gdn_dry_run_checks_every_backend_and_writes_its_own_section(tmp_path):
     doc = tmp_path / "benchmarks.md"
     doc.write_text("# Benchmarks\n\n" + KDA_SECTION)
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    got = subprocess.run([sys.executable, str(BENCH / "decode.py"), "--dry", "--op", "gdn", "--out", str(doc)],
-                         capture_output=True, text=True, env=env, timeout=600)
-    assert got.returncode == 0, got.stderr[-3000:]
+    got = _decode("--dry", "--op", "gdn", "--out", str(doc), "--json", str(tmp_path / "gdn.json"))
     assert " 0 incorrect" in got.stderr.splitlines()[-1]
     text = doc.read_text()
     assert KDA_SECTION in text  # the KDA section is left as it was
@@ -44,6 +48,13 @@ def test_gdn_dry_run_checks_every_backend_and_writes_its_own_section(tmp_path):
     assert rows and not [r for r in rows if "✗" in r]
     for name in ("triton", "fla"):  # each of ours ran or is reported (helion is left out of dry runs)
         assert any(f"| {name} |" in r for r in rows) or f"gdn backend {name}: unavailable" in got.stderr
+    # the same section again from the saved rows (how a sweep split over several commands is reported)
+    doc.write_text("# Benchmarks\n\n" + KDA_SECTION)
+    _decode("--report", str(tmp_path / "gdn.json"), "--out", str(doc))
+    assert doc.read_text() == text
+    if importlib.util.find_spec("matplotlib"):
+        _decode("--plot", f"{tmp_path / 'gdn.json'},{tmp_path / 'gdn.json'}", str(tmp_path / "gdn.png"))
+        assert (tmp_path / "gdn.png").read_bytes()[:4] == b"\x89PNG"
 
 
 def _row(backend, B, us, state="float32", variant="cold", pct=None, H=16):
