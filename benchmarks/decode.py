@@ -1,7 +1,10 @@
 """Packed-decode kernels side by side with their peers: correctness on the device, then speed.
 
-For Kimi-Linear sizes (K = V = 128; H = HV = 32, 16, 4 i.e. TP1/TP2/TP8; fp32 and bf16 state;
-B = 1, 8, 64, 256, 1024) every available backend and peer runs in one process on the same inputs:
+``--op kda`` (the default), Kimi-Linear sizes: K = V = 128; H = HV = 32, 16, 4 i.e. TP1/TP2/TP8.
+``--op gdn``, Qwen3-Next sizes: K = V = 128; H = 16, 8 with HV = 2H (GVA; ``--heads`` gives H), one
+gate per value head (``a`` [B, HV], ``dt_bias`` [HV]); the GDN-specific parts are in decode_gdn.py.
+For fp32 and bf16 state and B = 1, 8, 64, 256, 1024, every available backend and peer of the op
+runs in one process on the same inputs:
 
 * correctness first, per row: output and used slots against the PyTorch reference, every other
   slot bit-identical;
@@ -13,27 +16,35 @@ B = 1, 8, 64, 256, 1024) every available backend and peer runs in one process on
 
 Reported per row: µs per call, effective TB/s (state read + write + activations), % of the
 device-to-device copy bandwidth measured in the same run, and ours / best peer (time ratio
-inverted: > 1 means ours is faster). "ours" is the backend ``backend="auto"`` runs (triton).
+inverted: > 1 means ours is faster). "ours" is the backend ``backend="auto"`` runs (triton). Each
+op writes its own section of docs/benchmarks.md.
 
     python benchmarks/decode.py --out docs/benchmarks.md --json OUT.json   # on a CUDA machine
+    python benchmarks/decode.py --op gdn --out docs/benchmarks.md --json GDN.json
     python benchmarks/decode.py --quick                                    # a smaller sweep
     python benchmarks/decode.py --plot OUT.json docs/decode.png            # the picture (CPU is fine)
+    python benchmarks/decode.py --report A.json B.json --out docs/benchmarks.md   # a sweep split in parts
+    python benchmarks/decode.py --dry [--op gdn]                           # CPU smoke test (Triton interpreter)
 
-Peers, when importable: sglang's Helion and Triton KDA packed-decode kernels (bring them in with
-``benchmarks/fetch_peers.sh DEST`` and put DEST on PYTHONPATH; see docs/kernels.md) and
-flash-linear-attention's in-place ``fused_recurrent_kda`` kernel (``pip install fla-core``).
+Peers, when importable: for KDA, sglang's Helion and Triton KDA packed-decode kernels (bring them in
+with ``benchmarks/fetch_peers.sh DEST`` and put DEST on PYTHONPATH; see docs/kernels.md) and
+flash-linear-attention's in-place ``fused_recurrent_kda`` kernel (``pip install fla-core``); for
+GDN, sglang's Triton GDN packed-decode kernel and fla's ``fused_recurrent_gated_delta_rule`` (out of
+place: fla-core 0.6.0 has no indexed in-place GDN entry). Missing backends and peers are reported.
 """
 
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import math
+import os
 import statistics
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -41,10 +52,11 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import decode_peers
-from decode_report import OURS, SECTION, plot, render
+from decode_ops import KDA, OPS, Kernel
+from decode_report import OURS, plot, render, run_facts
+from markdown_sections import replace_section
 
 import kda_contracts as kc
-from kda_contracts.testing import make_decode_call
 
 HOT_CALLS = 20  # calls per hot graph
 COLD_MIN_SETS = 16
@@ -53,21 +65,25 @@ COLD_MAX_SETS = 2048
 SAMPLES = 5  # medians over this many timings per backend, interleaved across backends
 MIN_SAMPLE_MS = 10.0
 K = V = 128
+ACTIVATIONS = torch.bfloat16  # mixed_qkv, a, b and out
 
 
 def method_text() -> str:
     """How the rows were measured (the paragraph under the run facts in the report)."""
+    act = "bf16" if ACTIVATIONS == torch.bfloat16 else "fp32"
     return (
-        "K = V = 128, HV = H, bf16 activations, l2norm on, softplus gate. µs = median per call over CUDA-graph "
+        f"K = V = 128, {OP.method} {act} activations, l2norm on, softplus gate. µs = median per call over CUDA-graph "
         f"replay (CUDA events, {SAMPLES} samples of ≥ {MIN_SAMPLE_MS:.0f} ms, backends interleaved). hot: "
         f"{HOT_CALLS} calls on one random set of B slots; cold: each graph rotates through ≥ {COLD_MIN_SETS} "
         f"disjoint random slot sets spanning ≥ {COLD_L2_MULTIPLE}× the L2. TB/s = (state read + write + "
-        "activations) / time. vs peer = best peer's time / ours (> 1: ours faster); vs sgl-helion likewise. ok = "
-        "output and used slots within tolerance of the PyTorch reference and all other slots bit-identical.")
+        "activations) / time. vs peer = best peer's time / ours (> 1: ours faster); "
+        f"vs {OP.main_peer} likewise. ok = output and used slots within tolerance of the PyTorch reference and all "
+        "other slots bit-identical.")
 
 
 Launch = Callable[[torch.Tensor], None]
 Binder = Callable[[dict[str, Any]], Launch]
+OP = KDA  # the op being measured (main sets it from --op)
 
 
 @dataclass
@@ -76,6 +92,7 @@ class Row:
     layout: str
     backend: str
     H: int
+    HV: int
     state: str
     B: int
     us: float | None
@@ -87,10 +104,16 @@ class Row:
     note: str = ""
 
 
-def traffic_bytes(B: int, H: int, HV: int, state_bytes: int, act_bytes: int) -> int:
+def traffic_bytes(B: int, H: int, HV: int, state_bytes: int, act_bytes: int, gate_width: int) -> int:
+    """State read + write, q, k, v, the gate inputs (``gate_width`` per value head: K for KDA, 1 for
+    GDN), b, and the output."""
     state = 2 * B * HV * V * K * state_bytes
-    acts = B * (2 * H * K + HV * V + HV * K + HV) * act_bytes + B * HV * V * act_bytes
+    acts = B * (2 * H * K + HV * V + HV * gate_width + HV) * act_bytes + B * HV * V * act_bytes
     return state + acts
+
+
+def gate_width() -> int:
+    return K if OP.gate_per_channel else 1
 
 
 # --- inputs ---------------------------------------------------------------------------------------
@@ -100,7 +123,7 @@ def device_inputs(H: int, B: int, N: int, sdt: torch.dtype, layout: str, device:
                   seed: int = 0) -> dict[str, Any]:
     """Random valid inputs made on the device (a pool of tens of GB is too slow to make on the host)."""
     g = torch.Generator(device=device).manual_seed(seed)
-    HV, act = H, torch.bfloat16
+    HV, G, act = OP.hv_per_h * H, gate_width(), ACTIVATIONS
 
     def rnd(*shape: int) -> torch.Tensor:
         return torch.randn(*shape, device=device, generator=g)
@@ -109,8 +132,8 @@ def device_inputs(H: int, B: int, N: int, sdt: torch.dtype, layout: str, device:
     state = torch.empty(shape, device=device, dtype=sdt)
     for chunk in state.split(max(1, (1 << 28) // (HV * V * K))):  # 1 GiB of fp32 noise at a time
         chunk.copy_(0.1 * torch.randn(chunk.shape, device=device, generator=g))
-    return dict(mixed_qkv=rnd(B, 2 * H * K + HV * V).to(act), a=rnd(B, HV * K).to(act), b=rnd(B, HV).to(act),
-                A_log=(1 + 15 * torch.rand(HV, device=device, generator=g)).log(), dt_bias=0.5 * rnd(HV * K),
+    return dict(mixed_qkv=rnd(B, 2 * H * K + HV * V).to(act), a=rnd(B, HV * G).to(act), b=rnd(B, HV).to(act),
+                A_log=(1 + 15 * torch.rand(HV, device=device, generator=g)).log(), dt_bias=0.5 * rnd(HV * G),
                 scale=K**-0.5, state=state, out=torch.zeros(B, 1, HV, V, device=device, dtype=act), H=H,
                 layout=layout)
 
@@ -121,8 +144,8 @@ def slot_sets(N: int, B: int, sets: int, device: torch.device, seed: int = 1) ->
     return torch.randperm(N, generator=g)[: sets * B].view(sets, B).to(torch.int32).to(device)
 
 
-def cold_sets(B: int, H: int, state_bytes: int, l2_bytes: int) -> int:
-    per_set = B * H * V * K * state_bytes
+def cold_sets(B: int, HV: int, state_bytes: int, l2_bytes: int) -> int:
+    per_set = B * HV * V * K * state_bytes
     return min(COLD_MAX_SETS, max(COLD_MIN_SETS, math.ceil(COLD_L2_MULTIPLE * l2_bytes / per_set)))
 
 
@@ -147,7 +170,8 @@ def candidate_configs(layout: str, sdt: torch.dtype, batch: int, num_v_heads: in
     and for KV other tiles and the two-pass chunked tile (``ck``)."""
     from kda_kernels.triton_decode import pick_config
 
-    p = pick_config(batch, num_v_heads, V, sdt, layout)
+    gdn = {"gdn": True} if OP.name == "gdn" and "gdn" in inspect.signature(pick_config).parameters else {}
+    p = pick_config(batch, num_v_heads, V, sdt, layout, **gdn)  # GDN's own table, once pick_config has one
     grouped = num_v_heads % 16 == 0
     qka = dict(act_eviction="evict_last", v_eviction="")  # keep q, k and the gate inputs, not v, in L2
     if layout == "KV":
@@ -175,23 +199,17 @@ SKIP: set[str] = set()  # backends left out (--skip)
 SAME_SIZE_COPY: dict[tuple[int, str, int], float] = {}  # (H, state, B) -> TB/s of a copy of the state's bytes
 
 
-def backends(layout: str, sdt: torch.dtype, B: int, H: int, peers: dict[str, Binder],
+def backends(layout: str, sdt: torch.dtype, B: int, HV: int, ours: dict[str, Kernel], peers: dict[str, Binder],
              candidates: bool) -> dict[str, Binder]:
-    """Ours (every registered CUDA backend that can be graph-captured), candidates, then peers."""
-    out: dict[str, Binder] = {}
-    for name, (ok, _why) in kc.adapters.available().items():
-        if name in ("torch", "fla") or name in SKIP:  # the reference; fla's adapter compacts on the host
-            continue
-        if not ok:
-            continue
-        if layout == "KV" and name != OURS:
-            continue
-        out[name] = our_binder(kc.adapters.get(name).load())
-    if candidates:
+    """Ours (``OP.ours()``: only ``OURS`` on KV), candidates, then peers (VK only)."""
+    # KV: only ours (and the reference that stands in for it in a GDN dry run)
+    out = {n: our_binder(k) for n, k in ours.items() if n not in SKIP and (layout == "VK" or n in (OURS, "torch"))}
+    if candidates and OURS in ours:
         from kda_kernels import triton_decode
 
-        for cname, cfg in candidate_configs(layout, sdt, B, H).items():
-            out[f"{OURS}:{cname}"] = our_binder(triton_decode.packed_decode, config=cfg)
+        kernel = getattr(triton_decode, OP.triton_kernel)
+        for cname, cfg in candidate_configs(layout, sdt, B, HV).items():
+            out[f"{OURS}:{cname}"] = our_binder(kernel, config=cfg)
     if layout == "VK":
         out.update({n: b for n, b in peers.items() if n not in SKIP})
     return out
@@ -211,16 +229,14 @@ def tolerances(sdt: torch.dtype) -> tuple[tuple[float, float], tuple[float, floa
 
 def check(binders: dict[str, Binder], H: int, sdt: torch.dtype, B: int, layout: str,
           device: torch.device) -> dict[str, tuple[float | None, float | None, bool | None, str]]:
-    """Each backend on a fresh copy of one small pool: max errors vs the reference, and whether the
-    slots it should not touch are bit-identical."""
-    from kda_kernels import reference
-
+    """Each backend on a fresh copy of one small pool: max errors vs the reference (``OP.reference``),
+    and whether the slots it should not touch are bit-identical."""
     N = 2 * B + 8
     x = device_inputs(H, B, N, sdt, layout, device, seed=B + H)
     idx = slot_sets(N, B, 1, device, seed=7)[0]
     pristine = x["state"].clone()
-    ref = dict(x, out=x["out"].clone())
-    our_binder(reference.packed_decode)(ref)(idx)
+    ref = dict(x, out=x["out"].clone(), state=x["state"].clone())
+    our_binder(OP.reference())(ref)(idx)
     used = torch.zeros(N, dtype=torch.bool, device=device)
     used[idx.long()] = True
     (oa, orr), (sa, sr) = tolerances(sdt)
@@ -318,7 +334,7 @@ def copy_bandwidth(device: torch.device, warm_s: float = 0.0, nbytes: int = 2 <<
 def time_row(binders: dict[str, Binder], H: int, sdt: torch.dtype, B: int, layout: str, device: torch.device,
              l2_bytes: int) -> dict[tuple[str, str], float | str]:
     """(variant, backend) -> µs per call (or the error) for hot and cold, on one shared pool."""
-    S = cold_sets(B, H, sdt.itemsize, l2_bytes)
+    S = cold_sets(B, OP.hv_per_h * H, sdt.itemsize, l2_bytes)
     x = device_inputs(H, B, max(S * B, 64), sdt, layout, device)
     sets = list(slot_sets(x["state"].shape[0], B, S, device))
     results: dict[tuple[str, str], float | str] = {}
@@ -340,36 +356,50 @@ def time_row(binders: dict[str, Binder], H: int, sdt: torch.dtype, B: int, layou
 
 def sweep(device: torch.device, batches: list[int], heads: list[int], states: list[torch.dtype], layouts: list[str],
           candidates: bool, on_row: Callable[[list[Row]], None]) -> list[Row]:
-    peers, missing = decode_peers.load_peers()
-    for name, why in missing.items():
-        print(f"# peer {name}: unavailable ({why})", file=sys.stderr)
+    peers, missing = decode_peers.load_peers(OP.name)
+    ours, missing_ours = OP.ours()
+    for kind, why_not in (("backend", missing_ours), ("peer", missing)):
+        for name, why in why_not.items():
+            print(f"# {OP.name} {kind} {name}: unavailable ({why})", file=sys.stderr)
     l2 = torch.cuda.get_device_properties(device).L2_cache_size
     rows: list[Row] = []
     for H in heads:
+        HV = OP.hv_per_h * H
         for sdt in states:
             for B in batches:
                 for layout in layouts:
                     t0 = time.time()
-                    binders = backends(layout, sdt, B, H, peers, candidates)
+                    binders = backends(layout, sdt, B, HV, ours, peers, candidates)
                     checks = check(binders, H, sdt, B, layout, device)
-                    good = {n: b for n, b in binders.items() if checks[n][2] is not None}
-                    times = time_row(good, H, sdt, B, layout, device, l2)
-                    nbytes = traffic_bytes(B, H, H, sdt.itemsize, 2)
+                    # not timed: the untimed, and any whose check raised (no capture of a failing launch)
+                    timed = {n: b for n, b in binders.items()
+                             if n not in OP.untimed and not checks[n][3].startswith("failed")}
+                    times: dict[tuple[str, str], float | str] = {
+                        **time_row(timed, H, sdt, B, layout, device, l2),
+                        **{(v, n): OP.untimed[n] for v in ("hot", "cold") for n in binders if n in OP.untimed}}
                     if B >= 256 and layout == "VK":  # a copy of the state's bytes: the ceiling at this size
-                        state_bytes = B * H * V * K * sdt.itemsize
+                        state_bytes = B * HV * V * K * sdt.itemsize
                         SAME_SIZE_COPY[(H, str(sdt)[6:], B)] = copy_bandwidth(device, nbytes=state_bytes)
-                    for variant in ("hot", "cold"):
-                        for name in binders:
-                            e_out, e_st, ok, note = checks[name]
-                            t = times.get((variant, name))
-                            us = t if isinstance(t, float) else None
-                            note = note or (t if isinstance(t, str) else "")
-                            tb = None if us is None else nbytes / (us * 1e-6) / 1e12
-                            rows.append(Row(variant, layout, name, H, str(sdt)[6:], B, us, tb, None, e_out, e_st,
-                                            ok, note))
-                    print(f"# H={H} {sdt} B={B} {layout}: {time.time() - t0:.1f}s "
+                    rows += make_rows(checks, times, layout, H, sdt, B)
+                    print(f"# {OP.name} H={H} HV={HV} {sdt} B={B} {layout}: {time.time() - t0:.1f}s "
                           + " ".join(f"{n}={times.get(('cold', n))!s:.6}" for n in binders), file=sys.stderr)
                     on_row(rows)
+    return rows
+
+
+def make_rows(checks: dict[str, tuple[float | None, float | None, bool | None, str]],
+              times: dict[tuple[str, str], float | str], layout: str, H: int, sdt: torch.dtype, B: int) -> list[Row]:
+    """The hot and cold rows of one (H, state, B, layout): the check's verdict and the timing (or why none)."""
+    HV = OP.hv_per_h * H
+    nbytes = traffic_bytes(B, H, HV, sdt.itemsize, ACTIVATIONS.itemsize, gate_width())
+    rows = []
+    for variant in ("hot", "cold"):
+        for name, (e_out, e_st, ok, note) in checks.items():
+            t = times.get((variant, name))
+            us = t if isinstance(t, float) else None
+            note = note or (t if isinstance(t, str) else "")
+            tb = None if us is None else nbytes / (us * 1e-6) / 1e12
+            rows.append(Row(variant, layout, name, H, HV, str(sdt)[6:], B, us, tb, None, e_out, e_st, ok, note))
     return rows
 
 
@@ -392,20 +422,20 @@ def wall_us_per_call(fn: Callable[[], None], calls: int = 300) -> float:
 
 
 def eager_overhead(device: torch.device) -> list[tuple[str, float]]:
-    """µs per eager call at B=1 (H=32, fp32 state), interleaved three times: the contract's modes
-    against our kernel launched directly."""
-    cfg = kc.KDAConfig.preset("kimi-linear-48b-a3b")
-    call = make_decode_call(cfg, 1, 64, device=device)
-    kernel = kc.adapters.get(OURS).load()
-    x = dict(call, state=call["initial_state"], H=cfg.local_num_heads, layout="VK")
+    """µs per eager call at B=1 (``OP.eager_shape``, fp32 state), interleaved three times: the
+    contract's modes against our kernel launched directly."""
+    call, kernel, op = OP.eager(device, OURS)
+    state, mq = call["initial_state"], call["mixed_qkv"]
+    HV, Vs, Ks = state.shape[1:]
+    x = dict(call, state=state, H=(mq.shape[1] - HV * Vs) // (2 * Ks), layout="VK")
     direct = our_binder(kernel)(x)
     idx = call["ssm_state_indices"]
     paths: dict[str, Callable[[], None]] = {f"{OURS} kernel called directly (launch only)": lambda: direct(idx)}
     for mode in ("off", "check", "strict"):
         def run(mode: str = mode) -> None:
             with kc.mode(mode):  # type: ignore[arg-type]
-                kc.packed_decode(**call, backend=OURS)
-        paths[f"kc.packed_decode(backend='{OURS}'), {mode} mode"] = run
+                op(**call, backend=OURS)
+        paths[f"kc.{op.__name__}(backend='{OURS}'), {mode} mode"] = run
     got: dict[str, list[float]] = {p: [] for p in paths}
     for _ in range(3):
         for label, fn in paths.items():
@@ -413,12 +443,21 @@ def eager_overhead(device: torch.device) -> list[tuple[str, float]]:
     return [(label, statistics.median(v)) for label, v in got.items()]
 
 
+def eager_or_none(device: torch.device) -> list[tuple[str, float]]:
+    """The eager-path figures, or none (and why, on stderr) when the op's call cannot run here."""
+    try:
+        return eager_overhead(device)
+    except Exception as exc:  # e.g. GDN's op without a "triton" backend registered yet
+        print(f"# eager path skipped: {type(exc).__name__}: {str(exc)[:200]}", file=sys.stderr)
+        return []
+
+
 # --- report ---------------------------------------------------------------------------------------
 
 
 def add_ratios(rows: list[Row], copy_tbps: float) -> list[dict[str, Any]]:
-    """Rows as dicts with % of copy, and for ours: ours / best peer and ours / sglang-helion (> 1: faster)."""
-    peers = ("sglang-helion", "sglang-triton", "fla-kernel")
+    """Rows as dicts with % of copy, and for ours: ours / best peer and ours / the main peer (> 1: faster)."""
+    peers = OP.peers
     out = []
     key = lambda r: (r.variant, r.layout, r.H, r.state, r.B)  # noqa: E731
     by_key: dict[tuple, dict[str, Row]] = {}
@@ -434,17 +473,64 @@ def add_ratios(rows: list[Row], copy_tbps: float) -> list[dict[str, Any]]:
         peer_us = [group[p].us for p in peers if p in group and group[p].us is not None]
         vk = by_key.get((r.variant, "VK", r.H, r.state, r.B), {}).get(r.backend)
         d["vs_best_peer"] = None if not peer_us or r.us is None else min(peer_us) / r.us
-        sh = group.get("sglang-helion")
-        d["vs_sglang_helion"] = None if sh is None or sh.us is None or r.us is None else sh.us / r.us
+        main = group.get(OP.main_peer)
+        d["vs_main_peer"] = None if main is None or main.us is None or r.us is None else main.us / r.us
         d["kv_vs_vk"] = None if r.layout != "KV" or vk is None or vk.us is None or r.us is None else vk.us / r.us
         out.append(d)
     return out
 
 
-def dry_run() -> int:
-    """Exercise the sweep's code paths on the CPU: CUDA timing and graphs are replaced by stubs."""
-    global SAMPLES
+def report(data: list[dict[str, Any]], copy_tbps: float, eager: list[tuple[str, float]], cmd: str,
+           facts: str | None = None, method: str | None = None) -> str:
+    """The op's Markdown section (this process's run facts and method unless given)."""
+    return render(data, copy_tbps, eager, cmd, method or method_text(), section=OP.section,
+                  summary_lines=OP.summary(data), main_peer=OP.main_peer, eager_shape=OP.eager_shape, facts=facts)
+
+
+def save_json(path: Path, rows: list[Row], copy_tbps: float, cmd: str, eager: list[tuple[str, float]]) -> None:
+    """Every row and the run's facts (what --plot and --report read)."""
+    doc = dict(op=OP.name, main_peer=OP.main_peer, device=torch.cuda.get_device_name(), facts=run_facts(),
+               method=method_text(), copy_tbps=copy_tbps, command=cmd, rows=add_ratios(rows, copy_tbps), eager=eager)
+    path.write_text(json.dumps(doc, indent=1))
+
+
+def report_from_json(paths: list[str], out: str | None) -> int:
+    """The section from one or more --json files of one op (a sweep split over several commands):
+    rows together, the copy ceiling the best of the runs' (% of copy recomputed against it)."""
+    global OP
+    docs = [json.loads(Path(p).read_text()) for p in paths]
+    OP = OPS[docs[0].get("op", "kda")]()
+    copy_tbps = max(d["copy_tbps"] for d in docs)
+    data = [dict(r, pct_copy=None if r["tbps"] is None else 100 * r["tbps"] / copy_tbps)
+            for d in docs for r in d["rows"]]
+    eager = next((d["eager"] for d in docs if d.get("eager")), [])
+    text = report(data, copy_tbps, eager, "; ".join(d["command"] for d in docs), docs[0].get("facts"),
+                  docs[0].get("method"))
+    print(text)
+    if out:
+        replace_section(Path(out), OP.section, text)
+    return 0
+
+
+def dry_run(out: str | None, json_out: str | None) -> int:
+    """Exercise the sweep's code paths on the CPU: Triton kernels under its interpreter, CUDA timing
+    and graphs replaced by stubs; the section and rows go to ``out`` and ``json_out`` when given.
+    For GDN the reference is also timed as a backend ("torch", checked against itself), so the rows
+    and the report exist before any GDN kernel does."""
+    global SAMPLES, OP, ACTIVATIONS
     SAMPLES = 1
+    # fp32 activations: the Triton interpreter truncates fp32 -> bf16 where the GPU rounds, which
+    # would move GDN's beta (sigmoid(b) rounded to b's dtype) by one bf16 ulp against the reference.
+    ACTIVATIONS = torch.float32
+    os.environ.setdefault("TRITON_INTERPRET", "1")  # read when a kernel module is first imported
+    if OP.name == "gdn":
+        real = OP.ours
+
+        def with_reference() -> tuple[dict[str, Kernel], dict[str, str]]:
+            found, missing = real()
+            return {**found, "torch": OP.reference()}, missing
+
+        OP = replace(OP, ours=with_reference)
     torch.cuda.synchronize = lambda *a, **k: None  # type: ignore[assignment]
     torch.cuda.get_device_name = lambda *a: "cpu (dry run)"  # type: ignore[assignment]
     torch.cuda.get_device_properties = lambda *a: type("P", (), {"L2_cache_size": 1 << 20})  # type: ignore
@@ -459,7 +545,12 @@ def dry_run() -> int:
     rows = sweep(torch.device("cpu"), [1, 2], [2], [torch.float32, torch.bfloat16], ["VK", "KV"], True,
                  lambda rows: None)
     data = add_ratios(rows, 1.0)
-    print(render(data, 1.0, [("dry", 0.0)], "dry", method_text()))
+    text = report(data, 1.0, [("dry", 0.0)], "dry")
+    print(text)
+    if out:
+        replace_section(Path(out), OP.section, text)
+    if json_out:
+        save_json(Path(json_out), rows, 1.0, "dry", [("dry", 0.0)])
     bad = [d for d in data if d["correct"] is False]
     print(f"dry run: {len(data)} rows, {len(bad)} incorrect", file=sys.stderr)
     return 1 if bad else 0
@@ -469,43 +560,48 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", help="write the Markdown table here (replacing its section)")
     p.add_argument("--json", help="write every row (and the copy bandwidth) here, updated after each row")
-    p.add_argument("--quick", action="store_true", help="B in {1, 256}, H=32 only")
+    p.add_argument("--op", choices=sorted(OPS), default="kda", help="the op to measure (default: kda)")
+    p.add_argument("--quick", action="store_true", help="B in {1, 256}, the first of --heads only")
     p.add_argument("--candidates", action="store_true", help="also time extra Triton launch shapes (tuning)")
     p.add_argument("--no-kv", action="store_true", help="skip the KV-layout rows")
     p.add_argument("--no-eager", action="store_true", help="skip the eager-path figures")
-    p.add_argument("--heads", default="32,16,4")
+    p.add_argument("--heads", help="H values (default: 32,16,4 for kda; 16,8 for gdn, with HV = 2H)")
     p.add_argument("--batches", default="1,8,64,256,1024")
     p.add_argument("--states", default="float32,bfloat16")
     p.add_argument("--skip", default="", help="comma-separated backends or peers to leave out")
     p.add_argument("--plot", nargs=2, metavar=("JSON", "PNG"), help="draw the picture from a --json file and exit")
     p.add_argument("--dry", action="store_true", help="CPU smoke test of this script (tiny sizes, no timing)")
+    p.add_argument("--report", nargs="+", metavar="JSON", help="write the section (--out) from --json files of one "
+                   "op, e.g. a sweep split by --heads over several commands, and exit")
     args = p.parse_args(argv)
+    global OP
+    OP = OPS[args.op]()
     if args.plot:
         plot(Path(args.plot[0]), Path(args.plot[1]))
         return 0
+    if args.report:
+        return report_from_json(args.report, args.out)
+    SKIP.update(filter(None, args.skip.split(",")))
     if args.dry:
-        return dry_run()
+        return dry_run(args.out, args.json)
     if not torch.cuda.is_available():
         print("benchmarks/decode.py needs a CUDA device", file=sys.stderr)
         return 2
     device = torch.device("cuda")
     batches = [1, 256] if args.quick else [int(b) for b in args.batches.split(",")]
-    heads = [32] if args.quick else [int(h) for h in args.heads.split(",")]
+    heads = [int(h) for h in (args.heads or OP.heads).split(",")][: 1 if args.quick else None]
     layouts = ["VK"] if args.no_kv else ["VK", "KV"]
     copy_tbps = copy_bandwidth(device, warm_s=2.0)
     print(f"# copy bandwidth {copy_tbps:.2f} TB/s", file=sys.stderr)
     cmd = "python " + " ".join(sys.argv)
 
-    SKIP.update(filter(None, args.skip.split(",")))
-    eager = [] if args.no_eager else eager_overhead(device)
+    eager = [] if args.no_eager else eager_or_none(device)
     for label, us in eager:
         print(f"# eager: {label}: {us:.1f} µs", file=sys.stderr)
 
     def save(rows: list[Row]) -> None:
         if args.json:
-            doc = dict(device=torch.cuda.get_device_name(), copy_tbps=copy_tbps, command=cmd,
-                       rows=add_ratios(rows, copy_tbps), eager=eager)
-            Path(args.json).write_text(json.dumps(doc, indent=1))
+            save_json(Path(args.json), rows, copy_tbps, cmd, eager)
 
     states = [getattr(torch, name) for name in args.states.split(",")]
     rows = sweep(device, batches, heads, states, layouts, args.candidates, save)
@@ -513,12 +609,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"# copy bandwidth after the sweep {copy_after:.2f} TB/s", file=sys.stderr)
     copy_tbps = max(copy_tbps, copy_after)  # the ceiling: the better of the two
     save(rows)
-    text = render(add_ratios(rows, copy_tbps), copy_tbps, eager, cmd, method_text())
+    text = report(add_ratios(rows, copy_tbps), copy_tbps, eager, cmd)
     print(text)
     if args.out:
-        from markdown_sections import replace_section
-
-        replace_section(Path(args.out), SECTION, text)
+        replace_section(Path(args.out), OP.section, text)
     return 0
 
 

@@ -1,5 +1,6 @@
-"""The report of benchmarks/decode.py: the summary against sglang's Helion kernel, the Markdown
-table and the picture (``--plot``), from the rows as dicts (``decode.add_ratios``).
+"""The report of benchmarks/decode.py: KDA's summary against sglang's Helion kernel, the Markdown
+table and the picture (``--plot``), from the rows as dicts (``decode.add_ratios``). GDN's summary
+is in decode_gdn.py.
 
 Example::
 
@@ -28,14 +29,15 @@ def fmt(x: float | None, spec: str) -> str:
 
 
 def summary(data: list[dict[str, Any]]) -> list[str]:
-    ours = [d for d in data if d["backend"] == OURS and d["layout"] == "VK" and d["vs_sglang_helion"]]
+    """KDA: ours against sglang's Helion kernel (its main peer), and % of copy at B ≥ 256."""
+    ours = [d for d in data if d["backend"] == OURS and d["layout"] == "VK" and d["vs_main_peer"]]
     if not ours:
         return []
-    worst = min(ours, key=lambda d: d["vs_sglang_helion"])
-    geo = math.exp(statistics.fmean(math.log(d["vs_sglang_helion"]) for d in ours))
+    worst = min(ours, key=lambda d: d["vs_main_peer"])
+    geo = math.exp(statistics.fmean(math.log(d["vs_main_peer"]) for d in ours))
     big = [d["pct_copy"] for d in ours if d["B"] >= 256 and d["state"] == "float32"]
     lines = [f"Ours ({OURS}) / sglang-helion over {len(ours)} rows (hot and cold): geometric mean "
-             f"**{geo:.3f}×**, worst **{worst['vs_sglang_helion']:.3f}×** ({worst['variant']}, H={worst['H']}, "
+             f"**{geo:.3f}×**, worst **{worst['vs_main_peer']:.3f}×** ({worst['variant']}, H={worst['H']}, "
              f"{worst['state']}, B={worst['B']})."]
     if big:
         lines.append(f"Ours at B ≥ 256 with fp32 state: {min(big):.1f}–{max(big):.1f} % of copy.")
@@ -58,8 +60,8 @@ def summary(data: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
-def render(data: list[dict[str, Any]], copy_tbps: float, eager: list[tuple[str, float]], cmd: str, method: str) -> str:
-    """The Markdown section: run facts, ``method`` (how it was measured), the summary, every row, the eager path."""
+def run_facts() -> str:
+    """When, on what and with which versions this process runs (the first line under the heading)."""
     from importlib.metadata import PackageNotFoundError, version
 
     versions = [f"torch {torch.__version__}"]
@@ -68,38 +70,52 @@ def render(data: list[dict[str, Any]], copy_tbps: float, eager: list[tuple[str, 
             versions.append(f"{dist} {version(dist)}")
         except PackageNotFoundError:
             pass
+    return (f"Run {datetime.date.today().isoformat()} on {torch.cuda.get_device_name()} · {', '.join(versions)} · "
+            f"Python {platform.python_version()}")
+
+
+def render(data: list[dict[str, Any]], copy_tbps: float, eager: list[tuple[str, float]], cmd: str, method: str, *,
+           section: str = SECTION, summary_lines: list[str] | None = None, main_peer: str = "sglang-helion",
+           eager_shape: str = "H = 32", facts: str | None = None) -> str:
+    """The Markdown section under ``section``: run facts (``run_facts()`` unless ``facts``), ``method``
+    (how it was measured), the summary (KDA's unless ``summary_lines``), every row (the "vs" column
+    against ``main_peer``), the eager path."""
     lines = [
-        SECTION, "",
-        f"Run {datetime.date.today().isoformat()} on {torch.cuda.get_device_name()} · {', '.join(versions)} · "
-        f"Python {platform.python_version()}", f"Command: `{cmd}`", "",
+        section, "", facts or run_facts(), f"Command: `{cmd}`", "",
         f"Device-to-device copy measured in the same run (read + write; the better of before and after the "
         f"sweep): **{copy_tbps:.2f} TB/s**. {method}", "",
     ]
-    lines += [*summary(data), ""]
-    lines += ["| variant | layout | backend | H | state | B | µs | TB/s | % of copy | vs peer | vs sgl-helion | "
-              "err out | err state | ok | note |", "|" + "---|" * 15]
+    lines += [*(summary(data) if summary_lines is None else summary_lines), ""]
+    gva = any(d["HV"] != d["H"] for d in data)
+    lines += [f"| variant | layout | backend | {'H/HV' if gva else 'H'} | state | B | µs | TB/s | % of copy | "
+              f"vs peer | vs {main_peer.replace('sglang-', 'sgl-')} | err out | err state | ok | note |",
+              "|" + "---|" * 15]
     for d in data:
+        heads = f"{d['H']}/{d['HV']}" if gva else d["H"]
         lines.append(
-            f"| {d['variant']} | {d['layout']} | {d['backend']} | {d['H']} | {d['state']} | {d['B']} | "
+            f"| {d['variant']} | {d['layout']} | {d['backend']} | {heads} | {d['state']} | {d['B']} | "
             f"{fmt(d['us'], '.1f')} | {fmt(d['tbps'], '.2f')} | {fmt(d['pct_copy'], '.0f')} | "
-            f"{fmt(d['vs_best_peer'], '.3f')} | {fmt(d['vs_sglang_helion'], '.3f')} | {fmt(d['err_out'], '.1e')} | "
+            f"{fmt(d['vs_best_peer'], '.3f')} | {fmt(d['vs_main_peer'], '.3f')} | {fmt(d['err_out'], '.1e')} | "
             f"{fmt(d['err_state'], '.1e')} | {'—' if d['correct'] is None else ('✓' if d['correct'] else '✗')} | "
             f"{d['note']} |")
     if eager:
-        lines += ["", "Eager path at B = 1, H = 32, fp32 state (µs per call, wall clock, median of 3 interleaved "
-                  "rounds of 7×300 calls):", "", "| path | µs/call |", "|---|---|"]
+        lines += ["", f"Eager path at B = 1, {eager_shape}, fp32 state (µs per call, wall clock, median of 3 "
+                  "interleaved rounds of 7×300 calls):", "", "| path | µs/call |", "|---|---|"]
         lines += [f"| {label} | {us:.1f} |" for label, us in eager]
     return "\n".join(lines) + "\n"
 
 
 def plot(json_path: Path, png: Path) -> None:
-    """% of copy against B, one line per backend and peer (VK), hot and cold panels, ceiling drawn."""
+    """% of copy against B, one line per backend and peer (VK), hot and cold panels, ceiling drawn
+    (KDA or GDN, as the file's ``op`` says; files without it are KDA's). ``json_path`` may name several
+    files of one op, comma-separated (a sweep split over several commands; the best copy is the ceiling)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    doc = json.loads(json_path.read_text())
+    docs = [json.loads(Path(p).read_text()) for p in str(json_path).split(",")]
+    doc = dict(docs[0], copy_tbps=max(d["copy_tbps"] for d in docs), rows=[r for d in docs for r in d["rows"]])
     rows = [d for d in doc["rows"] if d["layout"] == "VK" and d["us"] and ":" not in d["backend"]]
     combos = sorted({(d["H"], d["state"]) for d in rows}, key=lambda c: (-c[0], c[1]))
     fig, axes = plt.subplots(len(combos), 2, figsize=(9, 2.3 * len(combos)), sharex=True, sharey=True, squeeze=False)
@@ -116,14 +132,17 @@ def plot(json_path: Path, png: Path) -> None:
                     ax.plot(*zip(*pts, strict=False), marker="o", ms=3 if ours else 2, lw=3 if ours else 1, label=n,
                             zorder=1 if ours else 2)
             ax.set_xscale("log", base=2)
-            ax.set_title(f"{variant}, H={H}, {st} state", fontsize=8)
+            hv = next((d.get("HV", H) for d in rows if d["H"] == H), H)
+            heads = f"H={H}" if hv == H else f"H={H}, HV={hv}"
+            ax.set_title(f"{variant}, {heads}, {st} state", fontsize=8)
             ax.tick_params(labelsize=7)
             if j == 0:
                 ax.set_ylabel("% of copy", fontsize=7)
     axes[-1][0].set_xlabel("B (requests)", fontsize=7)
     axes[-1][1].set_xlabel("B (requests)", fontsize=7)
     axes[0][1].legend(fontsize=6, loc="lower right")
-    fig.suptitle(f"KDA packed decode on {doc['device']}: effective bandwidth / copy ({doc['copy_tbps']:.2f} TB/s, "
+    op = doc.get("op", "kda").upper()
+    fig.suptitle(f"{op} packed decode on {doc['device']}: effective bandwidth / copy ({doc['copy_tbps']:.2f} TB/s, "
                  "dashed)", fontsize=9)
     fig.tight_layout()
     buf = io.BytesIO()

@@ -61,7 +61,7 @@ def gdn_packed_decode(mixed_qkv: Tensor, a: Tensor, b: Tensor, A_log: Tensor, dt
     batch = mixed_qkv.shape[0]
     V = out.shape[-1]
     K = (mixed_qkv.shape[1] - HV * V) // (2 * num_heads)
-    if batch == 0:
+    if batch == 0:  # nothing to do (and no first valid row for row_slots to find)
         return
     if N == 0:
         out.zero_()

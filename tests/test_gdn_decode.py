@@ -76,6 +76,14 @@ def test_reference_matches_per_request_loop(layout, state_dtype, idx_dtype, l2no
     assert torch.equal(state[untouched], before[untouched])  # nothing outside the used slots changes
 
 
+@pytest.mark.parametrize("layout", ["VK", "KV"])
+def test_empty_batch_is_a_no_op(layout):
+    c = make_call(layout=layout, indices=[])
+    before = c["initial_state"].clone()
+    out, state = kc.gdn_packed_decode(*c.values(), True, state_layout=layout)
+    assert out.shape[0] == 0 and torch.equal(state, before)
+
+
 def test_bf16_activations_and_strict_mode():
     c = make_call(act=torch.bfloat16, state_dtype=torch.bfloat16, indices=[4, -1, 2])
     want_out, _ = oracle(c, 2, "VK", True)
