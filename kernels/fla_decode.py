@@ -103,7 +103,8 @@ def _gdn_fwd() -> Any:
 @DecodeBackend
 def gdn_packed_decode(call: DecodeArgs) -> None:
     """GDN packed decode (``a`` ``[B, HV]``, ``dt_bias`` ``[HV]``) on fla's out-of-place kernel:
-    valid rows only (a host sync), their slots gathered, the fp32 final state scattered back."""
+    valid rows only (a host sync), their slots gathered, the fp32 final state scattered back.
+    Duplicate slots (rejected by strict mode) race as in every kernel: one row's state wins."""
     if call.lower_bound is not None:
         raise ValueError("GDN has no bounded gate: lower_bound must be None")
     _, H, HV, K, V, N = call.dims

@@ -2,7 +2,12 @@
 through the op (``backend=name``) and directly: every one against the torch reference on both
 layouts, fp32/bf16/fp16 state, int32/int64 indices, GVA, padding and out-of-range indices, with
 unused slots and the bytes around the pool bit-identical. Grids are tiny (the Triton interpreter
-runs one program at a time)."""
+runs one program at a time).
+
+Beta rounding (``sigmoid(b)`` to ``b``'s dtype) is not pinned here: the Triton interpreter truncates
+fp32 -> bf16 where the GPU rounds to nearest, so with bf16 activations the interpreted kernels differ
+from the reference by one bf16 step of beta. The H200 runs of ``benchmarks/decode.py --op gdn``
+check it (fp32 state, bf16 activations, 1e-4/1e-5 tolerances)."""
 
 import functools
 import os
@@ -151,3 +156,17 @@ def test_empty_batch_is_a_no_op(backend):
     buf, call = _case(indices=())
     got, out = _run(backend, buf, call, "VK")
     assert out.shape[0] == 0 and torch.equal(got, buf)
+
+
+def test_kda_gets_the_narrow_index_hint_too():
+    """The int16/float index hint lives in KDA's shared hints, so KDA calls get it as well (pinned)."""
+    from kda_contracts.testing import make_decode_call
+
+    cfg = kc.KDAConfig(num_heads=2, head_k_dim=8)
+    call = make_decode_call(cfg, 3, 8)
+    call["ssm_state_indices"] = call["ssm_state_indices"].to(torch.int16)
+    with pytest.raises(kc.DtypeError) as err:
+        kc.validate_packed_decode(**call, config=cfg)
+    assert ("fix: slot indices must be int32 or int64 (kernels turn them into slot offsets), not int16: build them "
+            "with dtype=torch.int32, or cast once when you build the batch metadata: "
+            "ssm_state_indices.to(torch.int32)") in str(err.value)
