@@ -17,7 +17,6 @@ and declares its public, contracted methods, which call the helpers here. Exampl
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -28,7 +27,7 @@ import torch.nn.functional as F
 from kda_kernels.interface import row_slots, scatter_rows
 from torch import Tensor, nn
 
-from ..ops.packed_decode.config import KDAConfig
+from ..ops.packed_decode.config import KDAConfig, read_hf_json
 from .layer_contracts import layer_dims
 
 __all__ = ["LinearAttentionDecode", "StepKernel", "conv_channel_shard", "rank_columns", "rank_rows", "read_hf_config"]
@@ -45,11 +44,7 @@ def read_hf_config(path_or_dict: str | Path | Mapping[str, Any]) -> Mapping[str,
 
         raw = read_hf_config("config.json"); eps = raw.get("rms_norm_eps", 1e-6)
     """
-    if isinstance(path_or_dict, Mapping):
-        return path_or_dict
-    with open(path_or_dict, encoding="utf-8") as fh:
-        raw: Mapping[str, Any] = json.load(fh)
-    return raw
+    return read_hf_json(path_or_dict)[0]
 
 
 def rank_rows(t: Tensor, rank: int, size: int, start: int = 0) -> Tensor:

@@ -16,14 +16,13 @@ Example::
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from pydantic import Field, model_validator
 
-from ..packed_decode.config import KDAConfig
+from ..packed_decode.config import KDAConfig, read_hf_json
 
 __all__ = ["GDN_PRESETS", "GDNConfig"]
 
@@ -58,13 +57,7 @@ class GDNConfig(KDAConfig):
 
             cfg = GDNConfig.from_hf_config("Qwen3-Next-80B-A3B-Instruct/config.json", tp_size=4)
         """
-        if isinstance(path_or_dict, Mapping):
-            raw: Mapping[str, Any] = path_or_dict
-            origin = "the config dict"
-        else:
-            origin = str(path_or_dict)
-            with open(path_or_dict, encoding="utf-8") as fh:
-                raw = json.load(fh)
+        raw, origin = read_hf_json(path_or_dict)
         needed = ("linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim", "linear_value_head_dim")
         missing = [k for k in needed if k not in raw]
         if missing:

@@ -25,6 +25,22 @@ DtypeName = Literal["float32", "bfloat16", "float16"]
 IndexDtypeName = Literal["int32", "int64"]
 
 
+def read_hf_json(path_or_dict: str | Path | Mapping[str, Any]) -> tuple[Mapping[str, Any], str]:
+    """A Hugging Face ``config.json`` as a mapping (a mapping is returned as is), and where it came
+    from for messages: the path, or ``"the config dict"``.
+
+    Example::
+
+        >>> read_hf_json({"hidden_size": 8})
+        ({'hidden_size': 8}, 'the config dict')
+    """
+    if isinstance(path_or_dict, Mapping):
+        return path_or_dict, "the config dict"
+    with open(path_or_dict, encoding="utf-8") as fh:
+        raw: Mapping[str, Any] = json.load(fh)
+    return raw, str(path_or_dict)
+
+
 class KDAConfig(BaseModel):
     """One KDA layer's decode shapes and conventions, as seen by one tensor-parallel rank.
 
@@ -203,13 +219,7 @@ class KDAConfig(BaseModel):
 
             cfg = KDAConfig.from_hf_config("Kimi-Linear-48B-A3B-Instruct/config.json", tp_size=2)
         """
-        if isinstance(path_or_dict, Mapping):
-            raw: Mapping[str, Any] = path_or_dict
-            origin = "the config dict"
-        else:
-            origin = str(path_or_dict)
-            with open(path_or_dict, encoding="utf-8") as fh:
-                raw = json.load(fh)
+        raw, origin = read_hf_json(path_or_dict)
         lac = raw.get("linear_attn_config")
         if not isinstance(lac, Mapping):
             raise ValueError(
