@@ -166,9 +166,14 @@ def our_binder(kernel: Callable[..., None], **extra: Any) -> Binder:
 
 def candidate_configs(layout: str, sdt: torch.dtype, batch: int, num_v_heads: int) -> dict[str, Any]:
     """Extra Triton launch shapes timed with --candidates (named ``triton:NAME`` in the rows), each
-    derived from the shape ``pick_config`` chooses for the row: other program orders and cache hints,
-    and for KV other tiles and the two-pass chunked tile (``ck``)."""
-    from kda_kernels.triton_decode import pick_config
+    derived from the shape ``pick_config`` chooses for the row, and none equal to it or to another:
+    for VK the guard (``m``: masked, ``br``: branch), program orders (``vf``: V tiles fastest, ``hf``:
+    heads fastest, ``grp``: groups of 16 heads), cache hints (``qka``: q, k and the gate inputs kept in
+    L2, not v; ``ka``: all activations; ``noev`` / ``ev1``: no hint / evict_first on the state;
+    ``cg``: the state read through L2 only; ``cs``: streaming stores; ``se1``: evict_first on the state
+    store only) and for fp32 other tiles (``r4``, ``r8``, ``r16``, ``t2``: two pipelined 4-row tiles);
+    for KV other tiles and the two-pass chunked tile (``ck``)."""
+    from kda_kernels.triton_decode import DecodeConfig, pick_config
 
     gdn = {"gdn": True} if OP.name == "gdn" and "gdn" in inspect.signature(pick_config).parameters else {}
     p = pick_config(batch, num_v_heads, V, sdt, layout, **gdn)  # GDN's own table, once pick_config has one
@@ -184,18 +189,46 @@ def candidate_configs(layout: str, sdt: torch.dtype, batch: int, num_v_heads: in
         if grouped:
             out["grp"] = p._replace(grid="grouped")
         return out
-    out = {"qka": p._replace(**qka)}
-    if grouped:
-        out.update({"grp-qka": p._replace(grid="grouped", **qka),
-                    "grp-qka-noev": p._replace(grid="grouped", state_eviction="", **qka)})
-        if p.grid != "grouped":
+    rows = p.block_v
+    mask = dict(guard="mask")
+    if sdt.itemsize < 4:
+        out = {"m": p._replace(**mask), "br": p._replace(guard="branch"), "qka": p._replace(**qka),
+               "vf": p._replace(grid="v_fastest"), "hf": p._replace(grid="head_fastest"),
+               "m-plain": DecodeConfig(rows, 1, **mask),
+               "m-vf": DecodeConfig(rows, 1, grid="v_fastest", **mask),
+               "m-cg": DecodeConfig(rows, 1, load_cache=".cg", **mask),
+               "m-qka": DecodeConfig(rows, 1, **mask, **qka),
+               "m-qka-noev": DecodeConfig(rows, 1, state_eviction="", **mask, **qka),
+               "m-ka-noev": DecodeConfig(rows, 1, state_eviction="", act_eviction="evict_last", **mask)}
+        if grouped:
+            out.update({"grp": DecodeConfig(rows, 1, grid="grouped"),
+                        "grp-qka": DecodeConfig(rows, 1, grid="grouped", state_eviction="", **qka),
+                        "m-grp": DecodeConfig(rows, 1, grid="grouped", **mask),
+                        "m-grp-qka": DecodeConfig(rows, 1, grid="grouped", state_eviction="", **mask, **qka),
+                        "m-grp-qka-ev": DecodeConfig(rows, 1, grid="grouped", **mask, **qka),
+                        "m-grp-cg": DecodeConfig(rows, 1, grid="grouped", load_cache=".cg", **mask),
+                        "m-grp-noev": DecodeConfig(rows, 1, grid="grouped", state_eviction="", **mask)})
+        else:
+            out["m-hf"] = DecodeConfig(rows, 1, grid="head_fastest", **mask)
+    else:
+        out = {f"r{12 - rows}": p._replace(block_v=12 - rows) if rows in (4, 8) else p._replace(block_v=8),
+               "vf": p._replace(grid="v_fastest"), "flat": p._replace(grid="flat"),
+               "hf": p._replace(grid="head_fastest"),
+               "noev": p._replace(state_eviction=""), "ev1": p._replace(state_eviction="evict_first"),
+               "noact": p._replace(act_eviction="", v_eviction=None), "ka": p._replace(act_eviction="evict_last"),
+               "qka": p._replace(**qka), "cg": p._replace(load_cache=".cg"), "cs": p._replace(store_cache=".cs"),
+               "br": p._replace(guard="branch"), "t2": p._replace(block_v=4, tiles=2, num_stages=2),
+               "r4-vf-noev-ka": p._replace(block_v=4, grid="v_fastest", state_eviction="", act_eviction="evict_last"),
+               "r8-vf": p._replace(block_v=8, grid="v_fastest"), "r16": p._replace(block_v=16),
+               "r16-vf": p._replace(block_v=16, grid="v_fastest"), "se1": p._replace(store_eviction="evict_first")}
+        if grouped:
             out["grp"] = p._replace(grid="grouped")
-    if sdt.itemsize < 4 and grouped:
-        out["grp-vfirst"] = p._replace(grid="grouped", v_eviction="evict_first")
-    return out
+    unique: dict[Any, str] = {p: ""}
+    return {name: c for name, c in out.items() if unique.setdefault(c, name) == name}
 
 
 SKIP: set[str] = set()  # backends left out (--skip)
+ONLY: set[str] = set()  # candidates timed (--only; empty: all)
 SAME_SIZE_COPY: dict[tuple[int, str, int], float] = {}  # (H, state, B) -> TB/s of a copy of the state's bytes
 
 
@@ -209,7 +242,8 @@ def backends(layout: str, sdt: torch.dtype, B: int, HV: int, ours: dict[str, Ker
 
         kernel = getattr(triton_decode, OP.triton_kernel)
         for cname, cfg in candidate_configs(layout, sdt, B, HV).items():
-            out[f"{OURS}:{cname}"] = our_binder(kernel, config=cfg)
+            if not ONLY or cname in ONLY:
+                out[f"{OURS}:{cname}"] = our_binder(kernel, config=cfg)
     if layout == "VK":
         out.update({n: b for n, b in peers.items() if n not in SKIP})
     return out
@@ -326,6 +360,65 @@ def copy_bandwidth(device: torch.device, warm_s: float = 0.0, nbytes: int = 2 <<
         times.append(start.elapsed_time(end) / 10)
     del src, dst
     return 2 * n * 4 / (statistics.median(times) * 1e-3) / 1e12
+
+
+# --- compiling ahead (--warm) ----------------------------------------------------------------------
+
+
+def launch_shapes(batches: list[int], heads: list[int], states: list[torch.dtype], layouts: list[str],
+                  candidates: bool) -> list[tuple[int, str, str, Any]]:
+    """(H, state dtype name, layout, DecodeConfig) of every Triton launch the sweep makes: the picked
+    shape of each row and, with ``candidates``, the (--only) candidates."""
+    from kda_kernels.triton_decode import pick_config
+
+    gdn = {"gdn": True} if OP.name == "gdn" and "gdn" in inspect.signature(pick_config).parameters else {}
+    found: dict[tuple[int, str, str, Any], None] = {}
+    for H in heads:
+        for sdt in states:
+            for B in batches:
+                for layout in layouts:
+                    HV = OP.hv_per_h * H
+                    cfgs = [pick_config(B, HV, V, sdt, layout, **gdn)]
+                    if candidates:
+                        cfgs += [c for n, c in candidate_configs(layout, sdt, B, HV).items() if not ONLY or n in ONLY]
+                    for c in cfgs:
+                        found[(H, str(sdt)[6:], layout, c)] = None
+    return list(found)
+
+
+def _warm_one(op: str, device_name: str, H: int, state: str, layout: str, cfg: Any) -> str:
+    """Compile one launch shape (run in a worker process): two tiny launches, with a pool size that is
+    not and one that is a multiple of 16 (Triton specializes N on that, and the sweep uses both)."""
+    global OP
+    OP = OPS[op]()
+    from kda_kernels import triton_decode
+
+    kernel = getattr(triton_decode, OP.triton_kernel)
+    device = torch.device(device_name)
+    try:
+        for N in (8, 16):
+            x = device_inputs(H, 2, N, getattr(torch, state), layout, device)
+            our_binder(kernel, config=cfg)(x)(torch.arange(2, dtype=torch.int32, device=device))
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+    except Exception as exc:  # reported; the sweep then checks (and times) it as it would anyway
+        return f"H={H} {state} {layout} {cfg}: {type(exc).__name__}: {str(exc)[:120]}"
+    return ""
+
+
+def warm(workers: int, shapes: list[tuple[int, str, str, Any]], device: str = "cuda") -> None:
+    """Compile the sweep's Triton launch shapes in ``workers`` processes into Triton's on-disk cache,
+    so the sweep (one process) loads them instead of compiling them one after the other."""
+    from concurrent.futures import ProcessPoolExecutor
+    from multiprocessing import get_context
+
+    t0 = time.time()
+    with ProcessPoolExecutor(workers, mp_context=get_context("spawn")) as pool:
+        errors = [e for e in pool.map(_warm_one, *zip(*[(OP.name, device, *s) for s in shapes], strict=True)) if e]
+    for e in errors:
+        print(f"# warm: {e}", file=sys.stderr)
+    print(f"# warm: {len(shapes)} launch shapes compiled in {workers} processes in {time.time() - t0:.1f}s, "
+          f"{len(errors)} failed", file=sys.stderr)
 
 
 # --- the sweep ------------------------------------------------------------------------------------
@@ -563,6 +656,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--op", choices=sorted(OPS), default="kda", help="the op to measure (default: kda)")
     p.add_argument("--quick", action="store_true", help="B in {1, 256}, the first of --heads only")
     p.add_argument("--candidates", action="store_true", help="also time extra Triton launch shapes (tuning)")
+    p.add_argument("--only", default="", help="comma-separated candidate names: time only these (with --candidates)")
+    p.add_argument("--warm", type=int, default=0, metavar="N", help="first compile every Triton launch shape of "
+                   "the sweep in N processes (Triton's on-disk cache), then time in this one")
     p.add_argument("--no-kv", action="store_true", help="skip the KV-layout rows")
     p.add_argument("--no-eager", action="store_true", help="skip the eager-path figures")
     p.add_argument("--heads", help="H values (default: 32,16,4 for kda; 16,8 for gdn, with HV = 2H)")
@@ -582,6 +678,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.report:
         return report_from_json(args.report, args.out)
     SKIP.update(filter(None, args.skip.split(",")))
+    ONLY.update(filter(None, args.only.split(",")))
     if args.dry:
         return dry_run(args.out, args.json)
     if not torch.cuda.is_available():
@@ -591,6 +688,9 @@ def main(argv: list[str] | None = None) -> int:
     batches = [1, 256] if args.quick else [int(b) for b in args.batches.split(",")]
     heads = [int(h) for h in (args.heads or OP.heads).split(",")][: 1 if args.quick else None]
     layouts = ["VK"] if args.no_kv else ["VK", "KV"]
+    states = [getattr(torch, name) for name in args.states.split(",")]
+    if args.warm:
+        warm(args.warm, launch_shapes(batches, heads, states, layouts, args.candidates))
     copy_tbps = copy_bandwidth(device, warm_s=2.0)
     print(f"# copy bandwidth {copy_tbps:.2f} TB/s", file=sys.stderr)
     cmd = "python " + " ".join(sys.argv)
@@ -603,7 +703,6 @@ def main(argv: list[str] | None = None) -> int:
         if args.json:
             save_json(Path(args.json), rows, copy_tbps, cmd, eager)
 
-    states = [getattr(torch, name) for name in args.states.split(",")]
     rows = sweep(device, batches, heads, states, layouts, args.candidates, save)
     copy_after = copy_bandwidth(device, warm_s=0.5)
     print(f"# copy bandwidth after the sweep {copy_after:.2f} TB/s", file=sys.stderr)

@@ -13,7 +13,7 @@ padding and out-of-range indices, no duplicate slots (so every call is compared 
 reference), HV = H, 2H (Qwen3-Next) and 4H, and a canary slot before and after the pool as well as
 between its slots, all bit-identical afterwards.
 
-    python benchmarks/gpu_abuse.py [--op kda|gdn] [--all-configs]
+    python benchmarks/gpu_abuse.py [--op kda|gdn] [--all-configs] [--jobs 14]
     TRITON_INTERPRET=1 python benchmarks/gpu_abuse.py --op gdn --device cpu --trials 12   # the logic, on a CPU
 """
 
@@ -107,10 +107,11 @@ def gdn_trial(trial, g):
     return cfg, B, N, idx, layout, sdt, index_dtype
 
 
-def abuse(kernels, reference, gdn, g, trials) -> int:
-    """Every kernel on ``trials`` abusive calls; returns the number of failures."""
+def abuse(kernels, reference, gdn, g, trials, share=0, jobs=1) -> int:
+    """Every kernel on ``trials`` abusive calls (of those, trials ``share``, ``share + jobs``, ...);
+    returns the number of failures."""
     failures, checked = 0, {n: 0 for n in kernels}
-    for trial in range(trials):
+    for trial in range(share, trials, jobs):
         cfg, B, N, idx, layout, sdt, index_dtype = (gdn_trial if gdn else kda_trial)(trial, g)
         valid = sorted({i for i in idx if 0 <= i < N})
         duplicated = len([i for i in idx if 0 <= i < N]) != len(valid)
@@ -170,6 +171,8 @@ def main(argv=None) -> int:
     p.add_argument("--trials", type=int, default=60, help="abusive calls per backend (default: 60)")
     p.add_argument("--device", default="cuda", help="cuda (default), or cpu to check this script under "
                    "TRITON_INTERPRET=1 (no launch-shape pass)")
+    p.add_argument("--jobs", type=int, default=1, help="split the trials and the launch shapes over this many "
+                   "processes (each compiles its share; the random indices differ from a one-process run)")
     args = p.parse_args(argv)
     global DEVICE, ACTIVATIONS
     DEVICE = args.device
@@ -177,6 +180,8 @@ def main(argv=None) -> int:
     if DEVICE == "cuda" and not torch.cuda.is_available():
         print("needs CUDA (or --device cpu)", file=sys.stderr)
         return 2
+    if args.jobs > 1:
+        return 1 if in_processes(args) else 0
     g = torch.Generator().manual_seed(0)
     kernels, reference = backends(args.op)
     print(f"{args.op} backends:", ", ".join(kernels))
@@ -184,6 +189,42 @@ def main(argv=None) -> int:
     if DEVICE == "cuda" and (args.op == "kda" or "triton" in kernels):
         failures += check_configs(args.all_configs, reference, g, gdn=args.op == "gdn")
     return 1 if failures else 0
+
+
+def _share(args, part: str, share: int) -> tuple[int, str]:
+    """One process's share (``part``: "trials" or "shapes"): (failures, what it printed)."""
+    import contextlib
+    import io
+
+    global DEVICE, ACTIVATIONS
+    DEVICE = args.device
+    ACTIVATIONS = torch.bfloat16 if DEVICE == "cuda" else torch.float32
+    g = torch.Generator().manual_seed(share)
+    text = io.StringIO()
+    with contextlib.redirect_stdout(text):
+        kernels, reference = backends(args.op)
+        if part == "trials":
+            failures = abuse(kernels, reference, args.op == "gdn", g, args.trials, share, args.jobs)
+        elif DEVICE == "cuda" and (args.op == "kda" or "triton" in kernels):
+            failures = check_configs(args.all_configs, reference, g, gdn=args.op == "gdn", share=share, jobs=args.jobs)
+        else:
+            failures = 0
+    return failures, text.getvalue()
+
+
+def in_processes(args) -> int:
+    """The run split over ``args.jobs`` processes: every trial and launch shape once; the failures."""
+    from concurrent.futures import ProcessPoolExecutor
+    from multiprocessing import get_context
+
+    parts = [(part, share) for part in ("trials", "shapes") for share in range(args.jobs)]
+    with ProcessPoolExecutor(args.jobs, mp_context=get_context("spawn")) as pool:
+        results = list(pool.map(_share, [args] * len(parts), *zip(*parts, strict=True)))
+    for _, text in results:
+        print(text, end="")
+    failures = sum(f for f, _ in results)
+    print(f"{args.op}: {args.jobs} processes, failures in all: {failures}")
+    return failures
 
 
 def configs_to_check(everything: bool, gdn=False) -> dict[str, tuple[object, tuple[str, ...], tuple[torch.dtype, ...]]]:
@@ -210,14 +251,15 @@ def configs_to_check(everything: bool, gdn=False) -> dict[str, tuple[object, tup
     return found
 
 
-def check_configs(everything: bool, reference, g, gdn=False) -> int:
-    """Each config on K = V = 128 calls with padding, out-of-range and valid indices (fp32 activations:
-    out within 1e-4, fp32 state within 1e-5, bf16 state within 2e-3 plus one bf16 ulp)."""
+def check_configs(everything: bool, reference, g, gdn=False, share=0, jobs=1) -> int:
+    """Each config (of those, configs ``share``, ``share + jobs``, ...) on K = V = 128 calls with
+    padding, out-of-range and valid indices (fp32 activations: out within 1e-4, fp32 state within
+    1e-5, bf16 state within 2e-3 plus one bf16 ulp)."""
     from kda_kernels import triton_decode
 
     kernel = triton_decode.gdn_packed_decode if gdn else triton_decode.packed_decode
     failures = checked = 0
-    for name, (config, layouts, dtypes) in configs_to_check(everything, gdn).items():
+    for name, (config, layouts, dtypes) in list(configs_to_check(everything, gdn).items())[share::jobs]:
         for layout in layouts:
             for sdt in dtypes:
                 for H, HV in ((2, 2), (1, 4)):
