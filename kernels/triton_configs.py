@@ -5,7 +5,7 @@ figures are in docs/benchmarks.md). Pure Python: importable without triton.
 Example::
 
     from kda_kernels.triton_configs import pick_config
-    pick_config(1024, 32, 128, torch.bfloat16).grid   # 'grouped'
+    pick_config(1024, 32, 128, torch.bfloat16).guard   # 'mask'
 """
 
 from __future__ import annotations
@@ -58,11 +58,6 @@ class DecodeConfig(NamedTuple):
     kv_chunk: int = 0
 
 
-# Activation bytes per call above which the evict_last hint on them hurts 16-bit-state calls: kept in
-# L2 they crowd out the streaming state (H200, 60 MB of L2; measured at B=1024, H=32).
-_ACT_L2_BUDGET = 16 << 20
-
-
 def pick_config(
     batch: int, num_v_heads: int, head_v_dim: int, state_dtype: torch.dtype, state_layout: str = "VK",
     *, gdn: bool = False,
@@ -74,17 +69,21 @@ def pick_config(
     flight. fp32 state: 4 rows (2 KB) while B * HV < 4096, then 8 rows with no hint on the state and
     evict_last on the activations. 16-bit state: 16 rows (4 KB); when that leaves fewer than ~1024
     programs (B * HV < 128 at V = 128) the tile shrinks to 8 or 4 rows so that small batches still
-    spread over all 132 SMs; from B * HV = 4096 (HV a multiple of 16) groups of 16 heads go first,
-    with q, k and the gate inputs kept in L2 while they fit (not v, read once); otherwise by B * HV
-    the activations are kept in L2 (evict_last) or the state is read through L2 only (.cg).
-    Measured per regime against sglang's Helion kernel: see docs/kernels.md. KV (contiguous along
-    V): tiles of 16 to 64 V columns (whole lines per row), wider as the batch grows; 16-bit state
-    from B * HV = 8192 in two passes over 32-row chunks of a full-width (V = 128: 256-byte) tile.
+    spread over all 132 SMs; from B * HV = 4096 the masked guard, no hint on the state, q, k and the
+    gate inputs kept in L2 (evict_last; not v, each v element is read once), request-major order
+    (side by side on the H200, 2-6% faster than groups of 16 heads first with the branch guard at
+    B * HV >= 16384, 0.5-1.3% at 8192, level at 4096); below 4096 the activations are kept in L2
+    (evict_last), or at B * HV < 1024 with HV < 16 the state is read through L2 only (.cg).
+    Measured per regime against sglang's Helion kernel: see docs/kernels.md and docs/benchmarks.md.
+    KV (contiguous along V): tiles of 16 to 64 V columns (whole lines per row), wider as the batch
+    grows; 16-bit state from B * HV = 8192 in two passes over 32-row chunks of a full-width
+    (V = 128: 256-byte) tile.
 
     GDN (``gdn=True``, one gate per value head) with 16-bit state in VK: the same tiles with the
-    masked guard (the branch guard measured 15-20% slower there from B * HV = 2048, though not for
-    KDA): groups of 16 heads first with q, k and the gate kept in L2 from B * HV = 4096, else V
-    tiles fastest. Measured on an H200 against sglang's Triton GDN kernel (docs/benchmarks.md).
+    masked guard (the branch guard measured 15-20% slower there from B * HV = 2048; for KDA, in
+    the shape above, 0.6-4.5% from 4096): groups of 16 heads first with q, k and the gate kept in
+    L2 from B * HV = 4096, else V tiles fastest. Measured on an H200 against sglang's Triton GDN
+    kernel (docs/benchmarks.md).
 
     Example::
 
@@ -123,23 +122,15 @@ def pick_config(
         rows = 16
         while rows > 4 and work * -(-head_v_dim // rows) < 1024:
             rows //= 2
-        act_bytes = batch * num_v_heads * head_v_dim * 2 * 4  # ~q, k, v, gate inputs (16-bit, K = V)
-        reused_bytes = batch * num_v_heads * head_v_dim * 2 * 3  # q, k and gate inputs: read by every V tile
         keep_acts = dict(act_eviction="evict_last")
         if rows < 16:  # a few hundred programs: plain
             cfg = DecodeConfig(block_v=rows, num_warps=1)
-        elif work >= 4096 and num_v_heads % 16 == 0:  # groups of 16 heads first
-            if reused_bytes > _ACT_L2_BUDGET:  # no room in L2 for the activations: no hints
-                cfg = DecodeConfig(block_v=rows, num_warps=1, grid="grouped")
-            else:  # q, k and the gate inputs kept in L2 (not v: each v is read once), no state hint
-                cfg = DecodeConfig(block_v=rows, num_warps=1, grid="grouped", state_eviction="",
-                                   act_eviction="evict_last", v_eviction="")
-        elif act_bytes > _ACT_L2_BUDGET:  # large activations: no evict_last, groups of 16 heads first
-            cfg = DecodeConfig(block_v=rows, num_warps=1, grid="grouped")
-        elif work >= 8192:
-            cfg = DecodeConfig(block_v=rows, num_warps=1, state_eviction="", **keep_acts)
-        elif work >= 4096 or (work < 1024 and num_v_heads < 16):
-            # the state read through L2 only (.cg), masked guard
+        elif work >= 4096:
+            # masked guard, no hint on the state, q, k and the gate inputs kept in L2 (not v: each v
+            # element is read by one program only), request-major order
+            cfg = DecodeConfig(block_v=rows, num_warps=1, guard="mask", state_eviction="",
+                               act_eviction="evict_last", v_eviction="")
+        elif work < 1024 and num_v_heads < 16:  # the state read through L2 only (.cg), masked guard
             cfg = DecodeConfig(block_v=rows, num_warps=1, guard="mask", load_cache=".cg")
         elif work < 1024:
             cfg = DecodeConfig(block_v=rows, num_warps=1, guard="mask", **keep_acts)
