@@ -43,7 +43,8 @@ from torch import Tensor
 from .errors import LayoutError, ValueRangeError, Violation
 
 __all__ = ["NoAddressError", "Region", "ValueChecksSkipped", "alias_violations", "all_finite", "distinct_elements",
-           "finite_flag", "has_addresses", "overlap", "region", "regions_overlap", "self_overlap", "skip_value_checks", "without_data"]
+           "finite_flag", "has_addresses", "overlap", "region", "regions_overlap", "self_overlap", "skip_value_checks",
+           "without_data"]
 
 CHUNK = 1 << 17  # runs enumerated per step: bounds the memory of every test (a few MiB)
 FINITE_CHUNK = 1 << 24  # elements all_finite checks at once (a 16 MiB mask)

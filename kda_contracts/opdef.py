@@ -367,7 +367,8 @@ class Op:
         cls.__call__ = build_dispatcher(self)  # type: ignore[method-assign]
 
     def _transact(self, chosen: Chosen, dims: tuple[int, ...], variant: str | None, vals: tuple[Any, ...],
-                  config: Any, args: tuple[Any, ...], kwargs: dict[str, Any], memo: dict[str, Any] | None = None) -> Any:
+                  config: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
+                  memo: dict[str, Any] | None = None) -> Any:
         """Strict mode: snapshot what the op writes, run the backend, run the ``after`` checks;
         if the backend raises or a check fails, restore the snapshot, then raise. Compiled code
         (and CUDA-graph capture) runs the backend alone, as check mode does."""

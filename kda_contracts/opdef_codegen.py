@@ -154,7 +154,8 @@ def _check_lines(o: Op, n: Names, ns: dict[str, Any], fixed: int | None, plain: 
         lines += [f"        {dims} = {n('checks')}[{v}]({plain}{sep}{cfg})", f"        if {dims} is None:",
                   f"            {dims} = {n('rejects')}[{v}]({plain}{sep}{cfg})"]
         if any(vc.spec.value_checks is not None for vc in cs.values()):
-            lines += [f"        if {mode} == 2:", f"            {n('memo')} = {n('stricts')}[{v}]({dims}, {plain}{sep}{cfg})"]
+            lines += [f"        if {mode} == 2:",
+                      f"            {n('memo')} = {n('stricts')}[{v}]({dims}, {plain}{sep}{cfg})"]
     else:
         ns.update({
             n("enter"): modes.counting_mode(c, fixed),

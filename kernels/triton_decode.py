@@ -450,7 +450,7 @@ def _launch(call: DecodeArgs, *, gdn: bool, oob_counter: Tensor | None, config: 
     if triton is None:
         raise RuntimeError(f"the triton backend is not available: {_TRITON_IMPORT_ERROR}")
     mixed_qkv, a, b, A_log, dt_bias, scale, state, out, indices = call[:9]
-    num_heads, use_qk_l2norm, lower_bound, state_layout, dims = call[9:]
+    _, use_qk_l2norm, lower_bound, state_layout, dims = call[9:]  # (H is dims[1])
     # Everything but the data (grid, constexprs, options) is planned once per distinct call shape:
     # the dims, the row strides the kernel specializes on, the state dtype, the flags and config.
     pkey = (dims, mixed_qkv.stride()[0], a.stride()[0], b.stride()[0], state.stride()[0], state.dtype,
