@@ -56,23 +56,36 @@ def _index_checks(idx: list[int], n: int) -> list[Violation]:
     return out
 
 
+def _finite_rows(x: Tensor) -> Tensor:
+    """``[rows]`` bool: whether each row (dim 0) of ``x`` is all finite. For 16- and 32-bit floats,
+    by a float64 sum per row: finite exactly when every element is (a NaN or an infinity
+    propagates; |x| < 2^128 cannot overflow a float64 sum), and no mask of ``x``'s size is made."""
+    if x.dtype in (torch.float32, torch.bfloat16, torch.float16):
+        return torch.isfinite(x.flatten(1).sum(1, dtype=torch.float64))
+    return torch.isfinite(x).flatten(1).all(1)
+
+
 def slots_finite(state: Tensor, idx: Tensor, n: int) -> Tensor:
     """A 0-dim bool tensor on the device: whether the slots the valid indices (``0 <= i < n``) name
-    hold finite values. No sync. Reads min(B, N) slots, a bounded number at a time: the named slots
-    gathered (B < N), or every slot of the pool, counting those no valid index names as fine."""
+    hold finite values. No sync. Reads min(B, N) slots, in chunks of at most ``FINITE_CHUNK``
+    elements: the named slots gathered (B < N), or the pool itself, slice by slice, counting the
+    slots no valid index names as fine (B >= N: no gather). Beyond a gather, allocates one float64
+    per slot."""
     if n == 0 or idx.numel() == 0:
         return torch.ones((), dtype=torch.bool, device=state.device)
     valid = (idx >= 0) & (idx < n)
-    slots = torch.where(valid, idx, 0).long()
-    if idx.numel() >= n:  # more rows than slots: mark the used slots, scan the pool
-        slots = torch.arange(n, device=state.device)
-        valid = torch.zeros(n, dtype=torch.int32, device=state.device).index_add_(
-            0, torch.where(valid, idx, 0).long(), valid.int()) > 0
     step = max(1, FINITE_CHUNK // max(1, state[0].numel()))
     flags = []
-    for i in range(0, slots.numel(), step):
-        rows = state.index_select(0, slots[i:i + step])
-        flags.append((torch.isfinite(rows).flatten(1).all(1) | ~valid[i:i + step]).all())
+    if idx.numel() >= n:  # more rows than slots: mark the used slots, scan the pool
+        used = torch.zeros(n, dtype=torch.int32, device=state.device).index_add_(
+            0, torch.where(valid, idx, 0).long(), valid.int()) > 0
+        for i in range(0, n, step):
+            flags.append((_finite_rows(state[i:i + step]) | ~used[i:i + step]).all())
+    else:
+        slots = torch.where(valid, idx, 0).long()
+        for i in range(0, slots.numel(), step):
+            rows = state.index_select(0, slots[i:i + step])
+            flags.append((_finite_rows(rows) | ~valid[i:i + step]).all())
     return flags[0] if len(flags) == 1 else torch.stack(flags).all()
 
 
