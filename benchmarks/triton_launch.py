@@ -270,39 +270,26 @@ def _time_one(state_dtype: torch.dtype) -> None:
     if state_dtype is not torch.float32:
         return
     # pieces of the fast path: the key and the cache lookup alone, and the launcher alone
-    cfg = td.pick_config(1, 32, 128, state_dtype)
-    args = (
-        case.mixed_qkv,
-        case.a,
-        case.b,
-        case.A_log,
-        case.dt_bias,
-        state,
-        out,
-        case.indices,
-        case.indices,
-        float(case.scale),
-        0.0,
-        state.shape[0],
-        case.mixed_qkv.stride(0),
-        case.a.stride(0),
-        case.b.stride(0),
-        state.stride(0),
-        32,
-        32,
-    )
-    consts = (128, 128, 128, cfg.block_v, False, True, False, False, cfg.tiles, cfg.num_stages, cfg.state_eviction)
-    key = td._launch_key(args, consts, cfg.num_warps)
+    dims = (1, 32, 32, 128, 128, state.shape[0])
+    pkey = (dims, case.mixed_qkv.stride()[0], case.a.stride()[0], case.b.stride()[0], state.stride()[0], state.dtype,
+            "VK", False, bool(case.use_qk_l2norm), False, False, None)  # as _launch plans this call (see _plan)
+    plan = td._plans.get(pkey)
+    if plan is None:
+        print(f"           (no plan for {pkey})")
+        return
+    grid, consts, _, plan_id = plan
+    args = (case.mixed_qkv, case.a, case.b, case.A_log, case.dt_bias, state, out, case.indices, case.indices,
+            float(case.scale), 0.0, state.shape[0])
+    key = td._launch_key(args, plan_id)
     entry = td._fast_launch["cache"].get(key)
     if entry is None:
         print(f"           (no cache entry for {key})")
         return
     _, run, function, packed = entry
-    grid0 = 32 * (128 // cfg.block_v)
     get_stream, device = td._fast_launch["env"][1], torch.cuda.current_device()
     ((key_us, _), (launch_us, _)) = host_us(
-        lambda: td._fast_launch["cache"].get(td._launch_key(args, consts, cfg.num_warps)),
-        lambda: run(grid0, 1, 1, get_stream(device), function, packed, None, None, None, *args, *consts),
+        lambda: td._fast_launch["cache"].get(td._launch_key(args, plan_id)),
+        lambda: run(*grid, get_stream(device), function, packed, None, None, None, *args, *consts),
     )
     print(f"           of which (medians): key + lookup {key_us:5.2f} us, launcher alone {launch_us:5.2f} us")
     print(f"           key: {key}")

@@ -19,6 +19,7 @@ import inspect
 import itertools
 import keyword
 import warnings
+import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, TypeVar, overload
 
@@ -115,7 +116,7 @@ class Contract:
         shim.__qualname__ = spec.name  # beartype names the shim in its own messages
         self._type_annotations = shim.__annotations__
         self.check_types: Callable[..., None] = beartype(conf=_BEARTYPE_CONF)(shim)
-        self._provenance: dict[bool, dict[str, str]] = {}
+        self._provenance: dict[Any, Any] = {}
         # Usage counters (for the pytest plugin's summary): checked calls and rejected calls.
         # Under torch.compile ``calls`` counts traces: each is advanced by code dynamo runs at
         # trace time and never traces or guards on (see modes.counting_mode), so the compiled
@@ -178,7 +179,19 @@ class Contract:
     def provenance(self, config: Any) -> dict[str, str]:
         key = config is not None
         if key:
-            return self.spec.provenance(config)
+            if not _frozen(config):
+                return self.spec.provenance(config)
+            hit = self._provenance.get(id(config))  # a frozen config says the same every call
+            if hit is not None and hit[0]() is config:
+                return hit[1]  # type: ignore[no-any-return]
+            if len(self._provenance) > 64:
+                self._provenance.clear()
+            prov = self.spec.provenance(config)
+            try:  # weakly: the cache never keeps a config alive
+                self._provenance[id(config)] = (weakref.ref(config), prov)
+            except TypeError:
+                pass
+            return prov
         cached = self._provenance.get(key)
         if cached is None:
             cached = self._provenance[key] = self.spec.provenance(None)
@@ -223,11 +236,11 @@ class Contract:
         env, _, _ = self.spec.explain(values, config)
         return tuple(env[s] for s in self.spec.symbols)
 
-    def _strict_positional(self, dims: tuple[int, ...], *vals_and_config: Any) -> None:
+    def _strict_positional(self, dims: tuple[int, ...], *vals_and_config: Any) -> dict[str, Any]:
         config = vals_and_config[-1]
         values = dict(zip(self._param_names, vals_and_config[:-1], strict=True))
-        self.run_value_checks(values, config, dict(zip(self.spec.symbols, dims, strict=True)),
-                              self.provenance(config))
+        return self.run_value_checks(values, config, dict(zip(self.spec.symbols, dims, strict=True)),
+                                     self.provenance(config))
 
     def validate_values(self, values: Mapping[str, Any], config: Any = None, *, strict: bool = False) -> Dims:
         """Check arguments given by name; ``strict`` adds the contract's value checks."""
@@ -236,16 +249,18 @@ class Contract:
         return Dims(dict(zip(self.spec.symbols, dims, strict=True)), self.provenance(config))
 
     def run_value_checks(self, values: Mapping[str, Any], config: Any, dims: dict[str, int],
-                         prov: dict[str, str]) -> None:
-        """Strict mode: the contract's value checks (after a clean metadata check)."""
+                         prov: dict[str, str]) -> dict[str, Any]:
+        """Strict mode: the contract's value checks (after a clean metadata check). Returns the
+        call's :attr:`CallContext.memo` (what the checks left for the rest of the call's checks)."""
         if self.spec.value_checks is None:
-            return
+            return {}
         ctx = CallContext(self.spec, values, config, dims, prov)
         violations = self.spec.value_checks(ctx)
         if violations:
             self.rejections += 1
             with dumps.saving_rejection(self, values, config, stage="value checks"):
                 raise_violations(self.name, violations, dims, prov)
+        return ctx.memo
 
     def wrap(self, fixed_mode: int | None = None) -> Callable[..., Any]:
         """A function with ``fn``'s signature that enforces this contract, then calls ``fn``."""
@@ -301,6 +316,12 @@ def _outside_compile(fn: Callable[..., Any]) -> Callable[..., Any]:
             raise
 
     return modes.mark_constant_result(run)
+
+
+def _frozen(config: Any) -> bool:
+    """A pydantic model declared frozen (its fields, and so the provenance it gives, never change)."""
+    model_config = getattr(type(config), "model_config", None)
+    return isinstance(model_config, dict) and model_config.get("frozen") is True
 
 
 def eager_value_checks(fn: Callable[..., Any], name: str) -> Callable[..., Any]:

@@ -43,7 +43,8 @@ from torch import Tensor
 from .errors import LayoutError, ValueRangeError, Violation
 
 __all__ = ["NoAddressError", "Region", "ValueChecksSkipped", "alias_violations", "all_finite", "distinct_elements",
-           "has_addresses", "overlap", "region", "regions_overlap", "self_overlap", "skip_value_checks", "without_data"]
+           "finite_flag", "has_addresses", "overlap", "region", "regions_overlap", "self_overlap", "skip_value_checks",
+           "without_data"]
 
 CHUNK = 1 << 17  # runs enumerated per step: bounds the memory of every test (a few MiB)
 FINITE_CHUNK = 1 << 24  # elements all_finite checks at once (a 16 MiB mask)
@@ -82,10 +83,11 @@ def has_addresses(t: Tensor) -> bool:
     """
     if t.is_meta or t.layout != torch.strided or t.is_nested:
         return False
-    from torch._subclasses.fake_tensor import is_fake
+    if type(t) is not Tensor:  # a plain tensor is never fake; a subclass may be
+        from torch._subclasses.fake_tensor import is_fake
 
-    if is_fake(t):
-        return False
+        if is_fake(t):
+            return False
     try:
         t.data_ptr()
     except (RuntimeError, NotImplementedError, TypeError):  # a subclass without storage
@@ -137,6 +139,23 @@ def distinct_elements(t: Tensor) -> Tensor:
     return t[tuple(slice(0, 1) if r else slice(None) for r in repeated)]
 
 
+def finite_flag(t: Tensor) -> Tensor:
+    """A 0-dim bool tensor on ``t``'s device: whether every value of ``t`` is finite. No sync (read
+    it, or stack several and read them at once); each broadcast value read once
+    (:func:`distinct_elements`) and a bounded number of rows at a time, as :func:`all_finite`.
+
+    Example::
+
+        >>> finite_flag(torch.tensor([1.0, float("inf")]))
+        tensor(False)
+    """
+    v = distinct_elements(t)
+    if v.numel() <= FINITE_CHUNK or v.dim() == 0:
+        return torch.isfinite(v).all()
+    step = max(1, FINITE_CHUNK // max(1, v[0].numel()))
+    return torch.stack([torch.isfinite(v[i:i + step]).all() for i in range(0, v.shape[0], step)]).all()
+
+
 def all_finite(t: Tensor) -> bool:
     """Whether every value of ``t`` is finite, reading each broadcast value once
     (:func:`distinct_elements`) and, for a tensor of many rows, a bounded number of rows at a
@@ -147,11 +166,7 @@ def all_finite(t: Tensor) -> bool:
         >>> all_finite(torch.zeros(1, 4096, dtype=torch.bfloat16).expand(2 ** 20, 4096))
         True
     """
-    v = distinct_elements(t)
-    if v.numel() <= FINITE_CHUNK or v.dim() == 0:
-        return bool(torch.isfinite(v).all())
-    step = max(1, FINITE_CHUNK // max(1, v[0].numel()))
-    return bool(torch.stack([torch.isfinite(v[i:i + step]).all() for i in range(0, v.shape[0], step)]).all())
+    return bool(finite_flag(t))
 
 
 # -- the bytes a tensor covers ----------------------------------------------------------------------
@@ -442,7 +457,10 @@ def alias_violations(values: Mapping[str, Any], written: Mapping[str, Tensor | N
     blind = without_data({**tensors, **{f"{n}'s written rows": r for n, r in wmap.items() if r is not None}})
     if blind:
         skip_value_checks(function, blind)
-    whole = {n: region(t) for n, t in tensors.items() if has_addresses(t)}
+    addressed = {n: t for n, t in tensors.items() if has_addresses(t)}
+    if _apart(addressed, wmap):
+        return []
+    whole = {n: region(t) for n, t in addressed.items()}
     writes = {m: region(tensors[m], rows) if rows is not None else whole[m] for m, rows in wmap.items()
               if m in whole and (rows is None or has_addresses(rows))}
     order = list(writes)
@@ -459,3 +477,56 @@ def alias_violations(values: Mapping[str, Any], written: Mapping[str, Tensor | N
             if hit is not None:
                 out.append(_pair_violation(hit[0], wmap[hit[0]], hit[1]))
     return out
+
+
+def _span(t: Tensor, rows: range | None = None) -> tuple[int, int] | None:
+    """``[lo, hi)``: the bytes from ``t``'s lowest to its highest element (of rows ``rows`` of dim
+    0, if given), from its metadata alone; None when it has no element."""
+    if t.numel() == 0 or (rows is not None and not rows):
+        return None
+    size = t.element_size()
+    lo = hi = t.data_ptr()
+    for k, (n, st) in enumerate(zip(t.shape, t.stride(), strict=True)):
+        first, last = (rows[0], rows[-1]) if rows is not None and k == 0 else (0, n - 1)
+        a, b = first * st * size, last * st * size
+        lo, hi = lo + min(a, b), hi + max(a, b)
+    return lo, hi + size
+
+
+def _non_overlapping(t: Tensor) -> bool:
+    """Whether no two elements of ``t`` can share a byte, by a sufficient test on its strides:
+    sorted by stride, each (of a dim of size > 1) is at least the extent of the dims inside it."""
+    extent = 1
+    for n, st in sorted((d for d in zip(t.shape, t.stride(), strict=True) if d[0] > 1), key=lambda d: abs(d[1])):
+        if abs(st) < extent:
+            return False
+        extent += (n - 1) * abs(st)
+    return True
+
+
+def _apart(tensors: Mapping[str, Tensor], wmap: Mapping[str, Tensor | None]) -> bool:
+    """A sufficient condition for :func:`alias_violations` to find nothing, decided from metadata
+    (no region is built): each written argument is laid out without overlap (nested strides)
+    and the bytes from its lowest to its highest written element miss every other argument's
+    span. Rows must be on the host (their bounds are read); otherwise False (the exact path
+    decides)."""
+    spans = {n: _span(t) for n, t in tensors.items()}
+    for m, rows in wmap.items():
+        t = tensors.get(m)
+        if t is None:
+            continue
+        if not _non_overlapping(t):
+            return False
+        if rows is None:
+            span = spans[m]
+        else:
+            if rows.device.type != "cpu" or rows.dtype.is_floating_point or t.dim() == 0:
+                return False
+            live = rows[(rows >= 0) & (rows < t.shape[0])] if rows.numel() else rows
+            span = _span(t, range(int(live.min()), int(live.max()) + 1)) if live.numel() else None
+        if span is None:
+            continue
+        for x, other in spans.items():
+            if x != m and other is not None and other[0] < span[1] and span[0] < other[1]:
+                return False
+    return True

@@ -45,6 +45,7 @@ from .dumps import saving_rejection
 from .errors import AnnotationError, ArgumentTypeError, ContractError, Violation, raise_violations
 from .explain import explain_return
 from .markers import Where
+from .memory import without_data
 from .nested import mentions_array
 from .opdef_codegen import bootstrap, build_dispatcher
 from .spec import CallContext, ContractOptions, Dims, build_spec
@@ -297,16 +298,18 @@ class Op:
                 raise_violations(self.name, violations, dict(dims), dims.provenance)
         return dims
 
-    def alias_violations(self, ctx: CallContext) -> list[Violation]:
+    def alias_violations(self, ctx: CallContext, parts: Mapping[str, Any] | None = None) -> list[Violation]:
         """Strict mode: the elements the op writes (``written=``, else every argument marked
         ``kc.Spec(mutated=True)``) share no byte with another argument, judged by address across
         storages (:func:`kda_contracts.memory.alias_violations`). During CUDA-graph capture, rows
-        cannot be read without a sync: only arguments written whole are checked."""
+        cannot be read without a sync: only arguments written whole are checked. ``parts``: what
+        ``written=`` said of this call, if already asked."""
         from .memory import alias_violations, without_data
 
         if without_data(ctx.values):  # meta or fake tensors: no addresses (the value checks said so)
             return []
-        parts = written_parts(self, ctx)
+        if parts is None:
+            parts = written_parts(self, ctx)
         if any(isinstance(v, torch.Tensor) and v.is_cuda for v in ctx.values.values()) and \
                 torch.cuda.is_current_stream_capturing():
             parts = {k: None for k, rows in parts.items() if rows is None}
@@ -364,7 +367,8 @@ class Op:
         cls.__call__ = build_dispatcher(self)  # type: ignore[method-assign]
 
     def _transact(self, chosen: Chosen, dims: tuple[int, ...], variant: str | None, vals: tuple[Any, ...],
-                  config: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+                  config: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
+                  memo: dict[str, Any] | None = None) -> Any:
         """Strict mode: snapshot what the op writes, run the backend, run the ``after`` checks;
         if the backend raises or a check fails, restore the snapshot, then raise. Compiled code
         (and CUDA-graph capture) runs the backend alone, as check mode does."""
@@ -376,12 +380,14 @@ class Op:
         c = self.contracts[variant]
         values = dict(zip(c._param_names, vals, strict=True))
         env = dict(zip(c.spec.symbols, dims, strict=True))
-        ctx = CallContext(c.spec, values, config, env, c.provenance(config))
-        violations = self.alias_violations(ctx)
+        ctx = CallContext(c.spec, values, config, env, c.provenance(config), memo=memo if memo is not None else {})
+        # asked once (the aliasing check and the snapshot share it); not of tensors without data
+        parts = None if without_data(values) else written_parts(self, ctx)
+        violations = self.alias_violations(ctx, parts)
         if violations:
             c.rejections += 1
             raise_violations(self.name, violations, env, ctx.provenance)
-        saved = snapshot(self, ctx)
+        saved = snapshot(self, ctx, parts)
         try:
             res = run()
         except Exception as exc:

@@ -154,7 +154,8 @@ def _check_lines(o: Op, n: Names, ns: dict[str, Any], fixed: int | None, plain: 
         lines += [f"        {dims} = {n('checks')}[{v}]({plain}{sep}{cfg})", f"        if {dims} is None:",
                   f"            {dims} = {n('rejects')}[{v}]({plain}{sep}{cfg})"]
         if any(vc.spec.value_checks is not None for vc in cs.values()):
-            lines += [f"        if {mode} == 2:", f"            {n('stricts')}[{v}]({dims}, {plain}{sep}{cfg})"]
+            lines += [f"        if {mode} == 2:",
+                      f"            {n('memo')} = {n('stricts')}[{v}]({dims}, {plain}{sep}{cfg})"]
     else:
         ns.update({
             n("enter"): modes.counting_mode(c, fixed),
@@ -171,7 +172,7 @@ def _check_lines(o: Op, n: Names, ns: dict[str, Any], fixed: int | None, plain: 
         lines += [f"        {dims} = {n('check')}({plain}{sep}{cfg})",
                   f"        if {dims} is None:", f"            {dims} = {n('reject')}({plain}{sep}{cfg})"]
         if spec.value_checks is not None:
-            lines += [f"        if {mode} == 2:", f"            {n('strict')}({dims}, {plain}{sep}{cfg})"]
+            lines += [f"        if {mode} == 2:", f"            {n('memo')} = {n('strict')}({dims}, {plain}{sep}{cfg})"]
     return lines
 
 
@@ -179,6 +180,8 @@ def _run_lines(o: Op, n: Names, ns: dict[str, Any], call: list[str], plain: str,
     """Run the chosen backend: in strict mode inside a transaction (snapshot, run, after-checks,
     rollback); otherwise directly, a backend's own exception becoming a BackendError."""
     mode, dims, res, v, chosen = n("mode"), n("dims"), n("res"), n("v"), n("b")
+    # what strict mode's value checks left for the rest of the call's checks (CallContext.memo)
+    memo = n("memo") if any(vc.spec.value_checks is not None for vc in o.contracts.values()) else "None"
     direct = f"{chosen}.run({', '.join(call)})"
     extras = f"{chosen}.run({dims}, {v}{', ' if call else ''}{', '.join(call)})"
     ns.update({n("transact"): o._transact, n("ContractError"): ContractError, n("failed"): _outside_compile(o._failed)})
@@ -189,7 +192,7 @@ def _run_lines(o: Op, n: Names, ns: dict[str, Any], call: list[str], plain: str,
         [a for a in call if a.startswith("**")]
     return [f"    if {mode} == 2:",
             f"        {res} = {n('transact')}({chosen}, {dims}, {v}, ({plain}{',' if plain else ''}), {cfg}, "
-            f"({', '.join(pos)}{',' if pos else ''}), {{{', '.join(kws)}}})",
+            f"({', '.join(pos)}{',' if pos else ''}), {{{', '.join(kws)}}}, {memo})",
             "    else:", "        try:",
             f"            if {chosen}.direct:", f"                {res} = {direct}", "            else:",
             f"                {res} = {extras}",

@@ -56,7 +56,9 @@ class MatchesConfig(Rule):
     needs: ClassVar[frozenset[str]] = frozenset({"value", "config_value"})
 
     def test(self, n: Slots) -> str:
-        return f"not {n.constants['match']}.agrees_value({n.value}, {n.config_value})"
+        # equal values agree (the common case, no call); otherwise the tolerance and None rules
+        return (f"({n.value} != {n.config_value} and "
+                f"not {n.constants['match']}.agrees_value({n.value}, {n.config_value}))")
 
     def constants(self) -> dict[str, Any]:
         return {"match": self.match}

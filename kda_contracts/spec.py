@@ -224,7 +224,14 @@ def derived_provenance(step: Solver | Derived) -> str:
 
 @dataclass
 class CallContext:
-    """What hints and value checks see of a call: its arguments, config and bound dims."""
+    """What hints and value checks see of a call: its arguments, config and bound dims.
+
+    ``memo`` is shared by one call's strict-mode checks, in order: the contract's value checks,
+    the op's ``written=`` (asked for the aliasing check and the snapshot) and its ``after=``
+    checks. A check may leave there what it read from the device, so that the next one need not
+    read it again (packed decode's value checks leave the host copy of the indices they read in
+    their single sync, and ``written=`` takes the used slots from it instead of syncing again).
+    """
 
     spec: ContractSpec
     values: Mapping[str, Any]
@@ -232,6 +239,7 @@ class CallContext:
     dims: dict[str, int]
     provenance: dict[str, str]
     violations: list[Violation] = field(default_factory=list)
+    memo: dict[str, Any] = field(default_factory=dict)
 
 
 class Dims(Mapping[str, int]):

@@ -52,14 +52,15 @@ def written_parts(op: Op, ctx: CallContext) -> Mapping[str, Any]:
     return parts
 
 
-def snapshot(op: Op, ctx: CallContext) -> Saved | None:
-    """Copies of what the call writes; None when nothing can be copied (fake or meta tensors,
-    CUDA-graph capture: the call then runs as in check mode)."""
+def snapshot(op: Op, ctx: CallContext, parts: Mapping[str, Any] | None = None) -> Saved | None:
+    """Copies of what the call writes (``parts``: :func:`written_parts`, if already asked); None
+    when nothing can be copied (fake or meta tensors, CUDA-graph capture: the call then runs as in
+    check mode). Rows given on the host go to the device without a sync."""
     saved: Saved = []
     tensors = [v for v in ctx.values.values() if isinstance(v, torch.Tensor)]
     if any(v.is_meta or type(v).__name__ == "FakeTensor" or _capturing(v) for v in tensors):
         return None  # no data, or no copy outside the graph being captured: as in check mode
-    for name, rows in written_parts(op, ctx).items():
+    for name, rows in (written_parts(op, ctx) if parts is None else parts).items():
         t = ctx.values.get(name)
         if not isinstance(t, torch.Tensor):
             continue
@@ -69,7 +70,9 @@ def snapshot(op: Op, ctx: CallContext) -> Saved | None:
             if rows is None:
                 saved.append((t, None, t.clone()))
             else:
-                rows = rows.to(device=t.device, dtype=torch.long)
+                # host rows: an asynchronous copy (from pageable memory the driver stages it at
+                # once, so nothing waits for the device)
+                rows = rows.to(device=t.device, dtype=torch.long, non_blocking=True)
                 saved.append((t, rows, t.index_select(0, rows)))
     return saved
 

@@ -276,3 +276,24 @@ class DecodeBackend:
         call = DecodeArgs(mixed_qkv, a, b, A_log, dt_bias, scale, state, out, indices, num_heads,
                           use_qk_l2norm, lower_bound, state_layout, dims)
         self.run(call, **options)
+
+    def launch(self, dims: tuple[int, ...], mixed_qkv: Tensor, a: Tensor, b: Tensor, A_log: Tensor, dt_bias: Tensor,
+               scale: float, state: Tensor, out: Tensor, indices: Tensor, use_qk_l2norm: bool,
+               lower_bound: float | None, state_layout: str, **options: Any) -> None:
+        """The call with its dims already read, ``(B, H, HV, K, V, N)`` as :class:`DecodeDims` orders
+        them (and ``state_layout`` known to be "VK" or "KV"): for a caller that validated the call
+        and bound those dims (kda_contracts' ops), so they are not read again.
+
+        Example:
+            >>> @DecodeBackend
+            ... def packed_decode(call: DecodeArgs) -> None:
+            ...     print(call.dims.num_heads)
+            >>> packed_decode.launch((1, 1, 1, 4, 3, 8), torch.zeros(1, 2 * 4 + 3), torch.zeros(1, 4),
+            ...     torch.zeros(1, 1), torch.zeros(1), torch.zeros(4), 0.5, torch.zeros(8, 1, 3, 4),
+            ...     torch.zeros(1, 1, 1, 3), torch.tensor([0]), True, None, "VK")
+            1
+        """
+        if dims[0] == 0:
+            return
+        self.run(DecodeArgs(mixed_qkv, a, b, A_log, dt_bias, scale, state, out, indices, dims[1], use_qk_l2norm,
+                            lower_bound, state_layout, tuple.__new__(DecodeDims, dims)), **options)

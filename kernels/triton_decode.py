@@ -450,22 +450,15 @@ def _launch(call: DecodeArgs, *, gdn: bool, oob_counter: Tensor | None, config: 
     if triton is None:
         raise RuntimeError(f"the triton backend is not available: {_TRITON_IMPORT_ERROR}")
     mixed_qkv, a, b, A_log, dt_bias, scale, state, out, indices = call[:9]
-    num_heads, use_qk_l2norm, lower_bound, state_layout, dims = call[9:]
-    batch, _, num_v_heads, head_k_dim, head_v_dim, num_slots = dims
-
-    cfg = config if config is not None else pick_config(batch, num_v_heads, head_v_dim, state.dtype, state_layout,
-                                                        gdn=gdn)
-    groups = triton.cdiv(head_v_dim, cfg.block_v * cfg.tiles)
-    grid_kind = {"flat": 0, "v_fastest": 1, "head_fastest": 2, "grouped": 3}[cfg.grid]
-    if (grid_kind in (1, 2) and batch > 65535) or (grid_kind == 3 and num_v_heads % 16):
-        grid_kind = 0
-    flat = (batch * num_v_heads * groups, 1, 1)
-    grid = (flat, (groups, num_v_heads, batch), (num_v_heads, groups, batch), flat)[grid_kind]
-    # The largest activation/output element offset a program forms, in elements.
-    widest = batch * max(mixed_qkv.stride(0), a.stride(0), b.stride(0), num_v_heads * head_v_dim)
-    wide = widest >= 2**31 - 1
-    # The kernel's parameters in order: runtime arguments, then constexprs (the fast launch below
-    # passes both tuples positionally, as Triton's own launch does).
+    _, use_qk_l2norm, lower_bound, state_layout, dims = call[9:]  # (H is dims[1])
+    # Everything but the data (grid, constexprs, options) is planned once per distinct call shape:
+    # the dims, the row strides the kernel specializes on, the state dtype, the flags and config.
+    pkey = (dims, mixed_qkv.stride()[0], a.stride()[0], b.stride()[0], state.stride()[0], state.dtype,
+            state_layout, gdn, bool(use_qk_l2norm), lower_bound is not None, oob_counter is not None, config)
+    plan = _plans.get(pkey)
+    if plan is None:
+        plan = _plan(pkey)
+    grid, constexprs, options, plan_id = plan
     args = (
         mixed_qkv,
         a,
@@ -478,44 +471,9 @@ def _launch(call: DecodeArgs, *, gdn: bool, oob_counter: Tensor | None, config: 
         oob_counter if oob_counter is not None else indices,
         float(scale),
         float(lower_bound) if lower_bound is not None else 0.0,
-        num_slots,
+        dims[5],  # N
     )
-    constexprs = (
-        num_heads,  # H
-        num_v_heads,  # HV
-        mixed_qkv.stride(0),
-        a.stride(0),
-        b.stride(0),
-        state.stride(0),
-        head_k_dim,  # K
-        head_v_dim,  # V
-        triton.next_power_of_2(head_k_dim),  # BK
-        cfg.block_v,  # BV
-        state_layout == "KV",  # STATE_KV
-        bool(use_qk_l2norm),  # USE_L2NORM
-        lower_bound is not None,  # BOUNDED_GATE
-        oob_counter is not None,  # HAS_COUNTER
-        cfg.tiles,  # TILES
-        cfg.num_stages,  # STAGES
-        cfg.state_eviction,  # STATE_EVICTION
-        cfg.guard == "mask",  # MASK_GUARD
-        cfg.load_cache,  # LOAD_CACHE
-        cfg.store_cache,  # STORE_CACHE
-        grid_kind,  # GRID
-        wide,  # WIDE
-        cfg.act_eviction,  # ACT_EVICTION
-        cfg.state_eviction if cfg.store_eviction is None else cfg.store_eviction,  # STORE_EVICTION
-        cfg.guard == "mask" or head_v_dim % (cfg.block_v * cfg.tiles) != 0,  # MASK_ROWS
-        head_k_dim != triton.next_power_of_2(head_k_dim),  # MASK_K
-        cfg.kv_chunk if state_layout == "KV" else 0,  # KV_CHUNK
-        cfg.act_eviction if cfg.v_eviction is None else cfg.v_eviction,  # V_EVICTION
-        0 if gdn else 1,  # GATE_STRIDE
-        gdn,  # ROUND_BETA
-    )
-    options = {"num_warps": cfg.num_warps}
-    if cfg.max_registers is not None:
-        options["maxnreg"] = cfg.max_registers
-    key = _launch_key(args, constexprs, (cfg.num_warps, cfg.max_registers)) if _fast_launch["enabled"] else None
+    key = _launch_key(args, plan_id) if _fast_launch["enabled"] else None
     error = None
     if key is not None:
         entry = _fast_launch["cache"].get(key)
@@ -528,6 +486,82 @@ def _launch(call: DecodeArgs, *, gdn: bool, oob_counter: Tensor | None, config: 
         _disable_fast_launch(f"the compiled kernel's launcher failed ({error!r})")
     elif key is not None:
         _remember(key, compiled)
+
+
+def _pow2(n: int) -> int:
+    """The smallest power of two >= n (n >= 1); plain Python (triton.next_power_of_2 is a
+    ConstexprFunction in recent Triton: ~2 µs a call on the host)."""
+    return 1 << max(n - 1, 0).bit_length()
+
+
+_plans: dict[tuple, tuple] = {}  # plan key -> (grid, constexprs, options, plan id)
+
+
+def _plan(pkey: tuple) -> tuple:
+    """The launch of one call shape: grid, the kernel's constexprs in order, the compile options,
+    and a small id standing for all three in the fast launch's key."""
+    dims, s_qkv, s_a, s_b, s_state, state_dtype, state_layout, gdn, use_qk_l2norm, bounded, counted, config = pkey
+    batch, num_heads, num_v_heads, head_k_dim, head_v_dim, _ = dims
+    cfg = config if config is not None else pick_config(batch, num_v_heads, head_v_dim, state_dtype, state_layout,
+                                                        gdn=gdn)
+    span = cfg.block_v * cfg.tiles
+    groups = -(-head_v_dim // span)
+    grid_kind = {"flat": 0, "v_fastest": 1, "head_fastest": 2, "grouped": 3}[cfg.grid]
+    if (grid_kind in (1, 2) and batch > 65535) or (grid_kind == 3 and num_v_heads % 16):
+        grid_kind = 0
+    flat = (batch * num_v_heads * groups, 1, 1)
+    grid = (flat, (groups, num_v_heads, batch), (num_v_heads, groups, batch), flat)[grid_kind]
+    # The largest activation/output element offset a program forms, in elements.
+    wide = batch * max(s_qkv, s_a, s_b, num_v_heads * head_v_dim) >= 2**31 - 1
+    bk = _pow2(head_k_dim)
+    # The kernel's constexprs in order, after its runtime arguments (the fast launch passes both
+    # tuples positionally, as Triton's own launch does).
+    constexprs = (
+        num_heads,  # H
+        num_v_heads,  # HV
+        s_qkv,
+        s_a,
+        s_b,
+        s_state,
+        head_k_dim,  # K
+        head_v_dim,  # V
+        bk,  # BK
+        cfg.block_v,  # BV
+        state_layout == "KV",  # STATE_KV
+        use_qk_l2norm,  # USE_L2NORM
+        bounded,  # BOUNDED_GATE
+        counted,  # HAS_COUNTER
+        cfg.tiles,  # TILES
+        cfg.num_stages,  # STAGES
+        cfg.state_eviction,  # STATE_EVICTION
+        cfg.guard == "mask",  # MASK_GUARD
+        cfg.load_cache,  # LOAD_CACHE
+        cfg.store_cache,  # STORE_CACHE
+        grid_kind,  # GRID
+        wide,  # WIDE
+        cfg.act_eviction,  # ACT_EVICTION
+        cfg.state_eviction if cfg.store_eviction is None else cfg.store_eviction,  # STORE_EVICTION
+        cfg.guard == "mask" or head_v_dim % span != 0,  # MASK_ROWS
+        head_k_dim != bk,  # MASK_K
+        cfg.kv_chunk if state_layout == "KV" else 0,  # KV_CHUNK
+        cfg.act_eviction if cfg.v_eviction is None else cfg.v_eviction,  # V_EVICTION
+        0 if gdn else 1,  # GATE_STRIDE
+        gdn,  # ROUND_BETA
+    )
+    options = {"num_warps": cfg.num_warps}
+    if cfg.max_registers is not None:
+        options["maxnreg"] = cfg.max_registers
+    # plans that compile alike share an id (the fast launch's key holds the id, not the tuples)
+    same = (constexprs, cfg.num_warps, cfg.max_registers)
+    plan_id = _plan_ids.setdefault(same, len(_plan_ids))
+    if len(_plans) >= _MAX_PLANS:  # a bounded cache: shapes churn (e.g. every batch size once)
+        _plans.clear()
+    plan = _plans[pkey] = (grid, constexprs, options, plan_id)
+    return plan
+
+
+_MAX_PLANS = 4096
+_plan_ids: dict[tuple, int] = {}
 
 
 # --- eager launch ---------------------------------------------------------------------------------
@@ -544,7 +578,6 @@ def _launch(call: DecodeArgs, *, gdn: bool, oob_counter: Tensor | None, config: 
 
 _N_RUNTIME_ARGS = 12
 _N_CONSTEXPRS = 30
-_INT_ARGS = slice(11, 12)  # N (head counts and strides are constexprs)
 _fast_launch: dict = {
     "enabled": os.environ.get("KDA_TRITON_FAST_LAUNCH", "1") not in ("", "0") and triton is not None,
     "cache": {},  # key -> (compiled kernel, launcher, function handle, packed metadata)
@@ -572,35 +605,29 @@ def _int_spec(x: int) -> int:
     return spec
 
 
-def _launch_key(args: tuple, constexprs: tuple, options: tuple) -> tuple | None:
-    """The specialization key of a launch: the device, the constexprs and options, each pointer's
-    dtype and 16-byte alignment, and each int's :func:`_int_spec` (floats are never specialized).
-    None when the fast launch cannot be used."""
+def _launch_key(args: tuple, plan_id: int) -> tuple | None:
+    """The specialization key of a launch: the device, the plan (constexprs and options, by
+    :func:`_plan`'s id), each pointer's dtype and 16-byte alignment, and each int's
+    :func:`_int_spec` (floats are never specialized). None when the fast launch cannot be used."""
     env = _fast_launch["env"]
     if env is None:
         env = _bind_launch_env()
         if env is None:
             return None
     q, a, b, A, d, s, o, i, c = args[:9]
-    ptrs = (
-        q.data_ptr(),
-        a.data_ptr(),
-        b.data_ptr(),
-        A.data_ptr(),
-        d.data_ptr(),
-        s.data_ptr(),
-        o.data_ptr(),
-        i.data_ptr(),
-        c.data_ptr(),
-    )
     return (
         env[0](),
-        options,
-        constexprs,
-        (q.dtype, a.dtype, b.dtype, A.dtype, d.dtype, s.dtype, o.dtype, i.dtype, c.dtype),
-        tuple([(p & 15) == 0 for p in ptrs]),
-        tuple([_int_spec(x) for x in args[_INT_ARGS]]),
+        plan_id,
+        q.dtype, a.dtype, b.dtype, A.dtype, d.dtype, s.dtype, o.dtype, i.dtype, c.dtype,
+        (q.data_ptr() | a.data_ptr() | b.data_ptr() | A.data_ptr() | d.data_ptr() | s.data_ptr() | o.data_ptr()
+         | i.data_ptr() | c.data_ptr()) & 15 == 0 or _alignment(args[:9]),
+        _int_spec(args[11]),
     )
+
+
+def _alignment(tensors: tuple) -> tuple[bool, ...]:
+    """Which of the pointers are 16-byte aligned (when not all are)."""
+    return tuple([(t.data_ptr() & 15) == 0 for t in tensors])
 
 
 def _bind_launch_env() -> tuple | None:

@@ -55,6 +55,9 @@ def _availability(module: str, probe: str) -> Callable[[], tuple[bool, str]]:
     return available
 
 
+_DIMS_ORDER = ("B", "H", "HV", "K", "V", "N")  # the contract's symbols, in kda_kernels' DecodeDims order
+
+
 def _interface_kernel(module: str, function: str) -> Callable[..., None]:
     """A backend with the op's signature calling ``module.function`` in the kernel interface
     (resolved on the first call)."""
@@ -64,9 +67,17 @@ def _interface_kernel(module: str, function: str) -> Callable[..., None]:
                ssm_state_indices, use_qk_l2norm_in_kernel=False, *, config=None, state_layout=None,
                dims, variant):
         if not resolved:
-            resolved.append(getattr(importlib.import_module(module), function))
-        resolved[0](mixed_qkv, a, b, A_log, dt_bias, scale, initial_state, out, ssm_state_indices,
-                    num_heads=dims.H, use_qk_l2norm=use_qk_l2norm_in_kernel, lower_bound=None, state_layout=variant)
+            fn = getattr(importlib.import_module(module), function)
+            launch = getattr(fn, "launch", None)  # a kda_kernels DecodeBackend takes the bound dims as they are
+            resolved.append(launch if callable(launch) and dims._fields == _DIMS_ORDER else None)
+            resolved.append(fn)
+        if resolved[0] is not None:
+            resolved[0](dims, mixed_qkv, a, b, A_log, dt_bias, scale, initial_state, out, ssm_state_indices,
+                        use_qk_l2norm_in_kernel, None, variant)
+        else:
+            resolved[1](mixed_qkv, a, b, A_log, dt_bias, scale, initial_state, out, ssm_state_indices,
+                        num_heads=dims.H, use_qk_l2norm=use_qk_l2norm_in_kernel, lower_bound=None,
+                        state_layout=variant)
 
     kernel.__name__ = kernel.__qualname__ = f"{module.rsplit('.', 1)[-1]}.{function}"
     return kernel

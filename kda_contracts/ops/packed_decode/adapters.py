@@ -40,6 +40,7 @@ ENTRY_POINT_GROUP = "kda_contracts.adapters"  # the older group; ``kda_contracts
 _INTERFACE_ARGS = 9  # mixed_qkv ... indices, then the keywords below
 _INTERFACE_KEYWORDS = ("num_heads", "use_qk_l2norm", "lower_bound", "state_layout")
 _PLUGIN_ERRORS: dict[str, str] = {}
+_DIMS_ORDER = ("B", "H", "HV", "K", "V", "N")  # the contract's symbols, in kda_kernels' DecodeDims order
 
 
 @dataclass(frozen=True)
@@ -96,6 +97,17 @@ class Adapter(Backend):
     def make_runner(self, kernel: Callable[..., Any], params: Sequence[inspect.Parameter],
                     dims_types: Mapping[str | None, type]) -> Callable[..., Any]:
         heads = {v: t._fields.index("H") for v, t in dims_types.items()}  # type: ignore[attr-defined]
+        launch = getattr(kernel, "launch", None)
+        if callable(launch) and all(t._fields == _DIMS_ORDER for t in dims_types.values()):  # type: ignore[attr-defined]
+            # a kda_kernels DecodeBackend: hand it the dims the contract bound (not read again)
+            def run_with_dims(d: tuple[int, ...], layout: str, mixed_qkv: Any, a: Any, b: Any, A_log: Any,
+                              dt_bias: Any, scale: float, initial_state: Any, out: Any, ssm_state_indices: Any,
+                              use_qk_l2norm_in_kernel: bool, lower_bound: float | None, *, config: Any,
+                              state_layout: Any) -> None:
+                launch(d, mixed_qkv, a, b, A_log, dt_bias, scale, initial_state, out, ssm_state_indices,
+                       use_qk_l2norm_in_kernel, lower_bound, layout)
+
+            return run_with_dims
 
         def run(d: tuple[int, ...], layout: str, mixed_qkv: Any, a: Any, b: Any, A_log: Any, dt_bias: Any,
                 scale: float, initial_state: Any, out: Any, ssm_state_indices: Any, use_qk_l2norm_in_kernel: bool,

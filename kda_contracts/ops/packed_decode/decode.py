@@ -52,9 +52,13 @@ def written_by_call(ctx: CallContext) -> dict[str, Any]:
     """What a call writes: all of ``out``, and the pool slots its valid indices name (strict mode
     copies just these before the kernel, and restores them if the call is rejected after it)."""
     idx = ctx.values["ssm_state_indices"]
+    n = ctx.dims["N"]
+    host = ctx.memo.get("indices")  # what the value checks read in their one sync
+    if host is not None:
+        return {"out": None, "initial_state": torch.tensor([i for i in host if 0 <= i < n], dtype=torch.long)}
     if idx.is_cuda and torch.cuda.is_current_stream_capturing():
         return {"out": None}  # the used slots cannot be read without a sync while capturing
-    return {"out": None, "initial_state": idx[(idx >= 0) & (idx < ctx.dims["N"])]}
+    return {"out": None, "initial_state": idx[(idx >= 0) & (idx < n)]}
 
 
 @op(name="packed_decode", namespace="kda_contracts", returns=("out", "initial_state"), after=output_checks,
