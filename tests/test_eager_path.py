@@ -155,7 +155,7 @@ def test_on_cuda_strict_packed_decode_syncs_twice() -> None:
             run("kda", call, "VK")
         finally:
             torch.cuda.set_sync_debug_mode("default")
-    syncs = [w for w in seen if "synchroniz" in str(w.message)]
+    syncs = [w for w in seen if "called a synchronizing CUDA operation" in str(w.message)]
     assert len(syncs) == 2, [str(w.message)[:120] for w in syncs]
 
 

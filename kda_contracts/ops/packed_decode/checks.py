@@ -22,14 +22,17 @@ Example::
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor
 
 from ...errors import ValueRangeError, Violation, raise_violations
-from ...memory import FINITE_CHUNK, finite_flag, skip_value_checks, without_data
+from ...memory import FINITE_CHUNK, distinct_elements, skip_value_checks, without_data
 from ...spec import CallContext
 
-__all__ = ["check_outputs", "output_violations", "slots_finite", "value_checks"]
+__all__ = ["check_outputs", "output_violations", "slot_probes", "slots_finite", "used_slots_finite",
+           "value_checks"]
 
 _TENSOR_ARGS = ("mixed_qkv", "a", "b", "A_log", "dt_bias", "initial_state", "out", "ssm_state_indices")
 
@@ -56,47 +59,67 @@ def _index_checks(idx: list[int], n: int) -> list[Violation]:
     return out
 
 
-def _finite_rows(x: Tensor) -> Tensor:
-    """``[rows]`` bool: whether each row (dim 0) of ``x`` is all finite. For 16- and 32-bit floats,
-    by a float64 sum per row: finite exactly when every element is (a NaN or an infinity
-    propagates; |x| < 2^128 cannot overflow a float64 sum), and no mask of ``x``'s size is made."""
-    if x.dtype in (torch.float32, torch.bfloat16, torch.float16):
-        return torch.isfinite(x.flatten(1).sum(1, dtype=torch.float64))
-    return torch.isfinite(x).flatten(1).all(1)
+_SUMMABLE = (torch.float32, torch.bfloat16, torch.float16)
 
 
-def slots_finite(state: Tensor, idx: Tensor, n: int) -> Tensor:
-    """A 0-dim bool tensor on the device: whether the slots the valid indices (``0 <= i < n``) name
-    hold finite values. No sync. Reads min(B, N) slots, in chunks of at most ``FINITE_CHUNK``
-    elements: the named slots gathered (B < N), or the pool itself, slice by slice, counting the
-    slots no valid index names as fine (B >= N: no gather). Beyond a gather, allocates one float64
-    per slot."""
+def _probe(t: Tensor) -> Tensor:
+    """A 0-dim float64 on ``t``'s device, finite exactly when every value of ``t`` is: a float64
+    sum, one reduction over the distinct values (:func:`~kda_contracts.memory.distinct_elements`),
+    no mask allocated (a NaN or an infinity propagates; values below 2^128 in magnitude cannot
+    overflow a float64 sum). Other dtypes: their finiteness, as 0 or NaN."""
+    v = distinct_elements(t)
+    if v.dtype in _SUMMABLE:
+        return v.sum(dtype=torch.float64)
+    if v.dtype.is_floating_point or v.dtype.is_complex:
+        return torch.where(torch.isfinite(v).all(), 0.0, math.nan).to(torch.float64)
+    return torch.zeros((), dtype=torch.float64, device=v.device)
+
+
+def _row_probes(x: Tensor) -> Tensor:
+    """``[rows]`` float64: per row of ``x`` (dim 0), finite exactly when the row is (as :func:`_probe`)."""
+    if x.dtype in _SUMMABLE:
+        return x.flatten(1).sum(1, dtype=torch.float64)
+    return torch.where(torch.isfinite(x).flatten(1).all(1), 0.0, math.nan).to(torch.float64)
+
+
+def slot_probes(state: Tensor, idx: Tensor, n: int) -> Tensor:
+    """Per-slot finiteness probes (float64, no sync) for the slots a call names: ``[B]``, row ``i``
+    for slot ``clamp(idx[i], 0, N-1)`` when B < N (gathered a bounded number of slots at a time), or
+    ``[N]``, one per slot of the pool (read slice by slice, no gather) when B >= N. Read them with
+    :func:`used_slots_finite` on the host copy of the indices."""
     if n == 0 or idx.numel() == 0:
-        return torch.ones((), dtype=torch.bool, device=state.device)
-    valid = (idx >= 0) & (idx < n)
+        return torch.zeros(0, dtype=torch.float64, device=state.device)
     step = max(1, FINITE_CHUNK // max(1, state[0].numel()))
-    flags = []
-    if idx.numel() >= n:  # more rows than slots: mark the used slots, scan the pool
-        used = torch.zeros(n, dtype=torch.int32, device=state.device).index_add_(
-            0, torch.where(valid, idx, 0).long(), valid.int()) > 0
-        for i in range(0, n, step):
-            flags.append((_finite_rows(state[i:i + step]) | ~used[i:i + step]).all())
+    if idx.numel() >= n:
+        parts = [_row_probes(state[i:i + step]) for i in range(0, n, step)]
     else:
-        slots = torch.where(valid, idx, 0).long()
-        for i in range(0, slots.numel(), step):
-            rows = state.index_select(0, slots[i:i + step])
-            flags.append((_finite_rows(rows) | ~valid[i:i + step]).all())
-    return flags[0] if len(flags) == 1 else torch.stack(flags).all()
+        slots = idx.clamp(0, n - 1)
+        parts = [_row_probes(state.index_select(0, slots[i:i + step])) for i in range(0, slots.numel(), step)]
+    return parts[0] if len(parts) == 1 else torch.cat(parts)
+
+
+def used_slots_finite(probes: list[float], indices: list[int], n: int) -> bool:
+    """Whether every slot a valid index (``0 <= i < n``) names read finite in :func:`slot_probes`."""
+    if len(probes) == len(indices) and len(indices) < n:  # one probe per row
+        return all(math.isfinite(p) for p, i in zip(probes, indices, strict=True) if 0 <= i < n)
+    return all(math.isfinite(probes[i]) for i in {i for i in indices if 0 <= i < n})
+
+
+def slots_finite(state: Tensor, idx: Tensor, n: int) -> bool:
+    """Whether the slots the valid indices of ``idx`` name hold finite values (one sync)."""
+    probes = slot_probes(state, idx, n)
+    host = torch.cat([probes, idx.to(probes.device, torch.float64)]).tolist()
+    return used_slots_finite(host[:probes.numel()], [int(i) for i in host[probes.numel():]], n)
 
 
 _INPUTS = ("mixed_qkv", "a", "b", "A_log", "dt_bias")
 
 
 def value_checks(ctx: CallContext) -> list[Violation]:
-    """Strict mode: the checks that read tensor contents, with one host sync. The device computes
-    a finiteness flag per input and one for the used slots; the flags and the indices come back
-    in a single read, and the range and duplicate checks run on that host copy of the indices
-    (left in ``ctx.memo["indices"]`` for :func:`~.decode.written_by_call`)."""
+    """Strict mode: the checks that read tensor contents, with one host sync. The device reduces
+    each input and each used slot to a finiteness probe; the probes and the indices come back in a
+    single read, and the range and duplicate checks run on that host copy of the indices (left in
+    ``ctx.memo["indices"]`` for :func:`~.decode.written_by_call` and the checks after the kernel)."""
     vals = ctx.values
     blind = without_data({name: vals[name] for name in _TENSOR_ARGS})
     if blind:  # shapes without data (meta tensors, FakeTensorMode)
@@ -110,29 +133,33 @@ def value_checks(ctx: CallContext) -> list[Violation]:
         torch._assert_async((idx < n).all(), "ssm_state_indices has an index >= N (the pool size)")
         return []
     # (aliasing: the op's own check, from what it writes — see decode.written_by_call)
-    flags = [finite_flag(vals[name]) for name in _INPUTS]
-    flags.append(slots_finite(state, idx, n))
-    host = torch.cat([torch.stack(flags).to(device=idx.device, dtype=torch.int64), idx.long()]).tolist()
-    finite, indices = host[:len(flags)], host[len(flags):]
+    probes = slot_probes(state, idx, n)
+    inputs = torch.stack([_probe(vals[name]).to(probes.device) for name in _INPUTS])
+    host = torch.cat([inputs, probes, idx.to(probes.device, torch.float64)]).tolist()
+    k, m = len(_INPUTS), probes.numel()
+    indices = [int(i) for i in host[k + m:]]
     ctx.memo["indices"] = indices
     out = _index_checks(indices, n)
-    if not out and not finite[-1]:  # the used slots must hold finite state before the kernel
+    if not out and not used_slots_finite(host[k:k + m], indices, n):  # finite state before the kernel
         out.append(Violation(ValueRangeError, "initial_state", "finite values in the slots this call uses",
                              "NaN or Inf in a used slot",
                              hint="the state of that request is already corrupt (an earlier step overflowed, "
                                   "or the slot was never initialised); reset the slot before decoding"))
-    for name, ok in zip(_INPUTS, finite, strict=False):
-        if not ok:
+    for name, probe in zip(_INPUTS, host[:k], strict=True):
+        if not math.isfinite(probe):
             out.append(Violation(ValueRangeError, name, "finite values", "NaN or Inf present",
                                  hint="find the op that produced it (torch.autograd.detect_anomaly, or "
                                       "check the previous layer's output)"))
     return out
 
 
-def output_violations(backend: str, out: Tensor, state: Tensor, idx: Tensor) -> list[Violation]:
+def output_violations(backend: str, out: Tensor, state: Tensor, idx: Tensor,
+                      host_indices: list[int] | None = None) -> list[Violation]:
     """Strict mode, after the kernel: the outputs still meet the contract's promises — finite
-    output and updated slots, all-zero rows for padding — with one host sync (three flags
-    computed on the device, read at once). Skipped during CUDA-graph capture."""
+    output and updated slots, all-zero rows for padding — with one host sync: a float64 L1 norm
+    per output row and a probe per used slot, read at once (``host_indices``: the host copy of
+    ``idx`` the value checks read, else it comes back in the same read). Skipped during CUDA-graph
+    capture."""
     if out.is_cuda and torch.cuda.is_current_stream_capturing():
         return []
     blind = without_data({"out": out, "initial_state": state, "ssm_state_indices": idx})
@@ -140,18 +167,21 @@ def output_violations(backend: str, out: Tensor, state: Tensor, idx: Tensor) -> 
         skip_value_checks(f"packed_decode (after backend {backend!r})", blind)
         return []
     n = state.shape[0]
-    live = (idx >= 0) & (idx < n)
-    padding_zero = ~(out.flatten(1).ne(0).any(1) & ~live).any() if out.shape[0] else torch.ones((), dtype=torch.bool)
-    ok_out, ok_pad, ok_state = torch.stack([finite_flag(out), padding_zero.to(out.device),
-                                            slots_finite(state, idx, n).to(out.device)]).tolist()
+    flat = out.flatten(1) if out.dim() > 1 else out.unsqueeze(1)
+    rows = torch.linalg.vector_norm(flat, ord=1, dim=1, dtype=torch.float64)  # one reduction: NaN/Inf propagate
+    probes = slot_probes(state, idx, n).to(rows.device)
+    parts = [rows, probes] if host_indices is not None else [rows, probes, idx.to(rows.device, torch.float64)]
+    host = torch.cat(parts).tolist()
+    b, m = rows.numel(), probes.numel()
+    indices = host_indices if host_indices is not None else [int(i) for i in host[b + m:]]
     violations = []
-    if not ok_out:
+    if not all(math.isfinite(r) for r in host[:b]):
         violations.append(Violation(ValueRangeError, "out", "finite values after the kernel", "NaN or Inf",
                                     hint=f"the inputs were finite: report this against backend {backend!r}"))
-    if not ok_pad:
+    if any(r != 0 for r, i in zip(host[:b], indices, strict=True) if not 0 <= i < n):
         violations.append(Violation(ValueRangeError, "out", "zero rows for padding and out-of-range indices",
                                     "non-zero rows", hint=f"backend {backend!r} broke the padding rule"))
-    if not ok_state:
+    if not used_slots_finite(host[b:b + m], indices, n):
         violations.append(Violation(ValueRangeError, "initial_state", "finite updated slots", "NaN or Inf",
                                     hint="a decay or beta far out of range can overflow a low-precision state"))
     return violations
