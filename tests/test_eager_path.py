@@ -266,3 +266,30 @@ def test_the_triton_launch_is_planned_once_per_call_shape() -> None:
     assert len(T._plans) == 3
     ((grid, constexprs, options, _),) = [p for k, p in T._plans.items() if k[-1] is not None]
     assert grid == (2 * 4 * 2, 1, 1) and constexprs[9] == 8 and options == {"num_warps": 1}
+
+
+# -- the probes: a NaN or an infinity anywhere is found, on the CPU and on CUDA ---------------------
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("state_dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
+def test_strict_mode_finds_one_bad_value_anywhere(device: str, state_dtype: torch.dtype, bad: float) -> None:
+    rng = random.Random(f"{device}{state_dtype}{bad}")
+    for where in ("mixed_qkv", "a", "dt_bias", "initial_state"):
+        call = make_decode_call(CFG, 5, 8, state_dtype=state_dtype, device=device, seed=rng.randrange(99))
+        target = call[where]
+        if where == "initial_state":  # a slot the call uses
+            target = target[int(call["ssm_state_indices"][rng.randrange(5)])]
+        flat = target.view(-1)
+        flat[rng.randrange(flat.numel())] = bad
+        with kc.mode("strict"), pytest.raises(kc.ValueRangeError) as err:
+            kc.packed_decode(**call, backend="torch")
+        assert f"{where}: " in str(err.value) or f"{where} " in str(err.value), str(err.value)
+    call = make_decode_call(CFG, 5, 8, state_dtype=state_dtype, device=device)
+    call["ssm_state_indices"][0] = -1
+    unused = next(s for s in range(8) if s not in call["ssm_state_indices"].tolist())
+    call["initial_state"][unused].fill_(bad)  # a slot the call does not use: not this call's business
+    with kc.mode("strict"):
+        kc.packed_decode(**call, backend="torch")

@@ -59,36 +59,32 @@ def _index_checks(idx: list[int], n: int) -> list[Violation]:
     return out
 
 
-_SUMMABLE = (torch.float32, torch.bfloat16, torch.float16)
-
-
 def _probe(t: Tensor) -> Tensor:
-    """A 0-dim float64 on ``t``'s device, finite exactly when every value of ``t`` is: a float64
-    sum, one reduction over the distinct values (:func:`~kda_contracts.memory.distinct_elements`),
-    no mask allocated (a NaN or an infinity propagates; values below 2^128 in magnitude cannot
-    overflow a float64 sum). Other dtypes: their finiteness, as 0 or NaN."""
+    """A 0-dim tensor on ``t``'s device, finite exactly when every value of ``t`` is: the largest
+    magnitude (``vector_norm(ord=inf)``: one reduction over the distinct values, see
+    :func:`~kda_contracts.memory.distinct_elements`; a NaN propagates, an infinity is its own
+    maximum, nothing can overflow, no copy or mask is made). 0 for integer and empty tensors."""
     v = distinct_elements(t)
-    if v.dtype in _SUMMABLE:
-        return v.sum(dtype=torch.float64)
-    if v.dtype.is_floating_point or v.dtype.is_complex:
-        return torch.where(torch.isfinite(v).all(), 0.0, math.nan).to(torch.float64)
-    return torch.zeros((), dtype=torch.float64, device=v.device)
+    if not (v.dtype.is_floating_point or v.dtype.is_complex) or v.numel() == 0:
+        return torch.zeros((), dtype=torch.float32, device=v.device)
+    return torch.linalg.vector_norm(v, ord=math.inf)
 
 
 def _row_probes(x: Tensor) -> Tensor:
-    """``[rows]`` float64: per row of ``x`` (dim 0), finite exactly when the row is (as :func:`_probe`)."""
-    if x.dtype in _SUMMABLE:
-        return x.flatten(1).sum(1, dtype=torch.float64)
-    return torch.where(torch.isfinite(x).flatten(1).all(1), 0.0, math.nan).to(torch.float64)
+    """``[rows]``: per row of ``x`` (dim 0), its largest magnitude (finite exactly when the row is;
+    0 exactly when the row is all zeros)."""
+    if x.dim() < 2 or x.numel() == 0 or not (x.dtype.is_floating_point or x.dtype.is_complex):
+        return torch.zeros(x.shape[0], dtype=torch.float32, device=x.device)
+    return torch.linalg.vector_norm(x.flatten(1), ord=math.inf, dim=1)
 
 
 def slot_probes(state: Tensor, idx: Tensor, n: int) -> Tensor:
-    """Per-slot finiteness probes (float64, no sync) for the slots a call names: ``[B]``, row ``i``
+    """Per-slot finiteness probes (no sync) for the slots a call names: ``[B]``, row ``i``
     for slot ``clamp(idx[i], 0, N-1)`` when B < N (gathered a bounded number of slots at a time), or
     ``[N]``, one per slot of the pool (read slice by slice, no gather) when B >= N. Read them with
     :func:`used_slots_finite` on the host copy of the indices."""
     if n == 0 or idx.numel() == 0:
-        return torch.zeros(0, dtype=torch.float64, device=state.device)
+        return torch.zeros(0, dtype=torch.float32, device=state.device)
     step = max(1, FINITE_CHUNK // max(1, state[0].numel()))
     if idx.numel() >= n:
         parts = [_row_probes(state[i:i + step]) for i in range(0, n, step)]
@@ -134,7 +130,7 @@ def value_checks(ctx: CallContext) -> list[Violation]:
         return []
     # (aliasing: the op's own check, from what it writes — see decode.written_by_call)
     probes = slot_probes(state, idx, n)
-    inputs = torch.stack([_probe(vals[name]).to(probes.device) for name in _INPUTS])
+    inputs = torch.stack([_probe(vals[name]).to(probes.device) for name in _INPUTS])  # dtypes promote
     host = torch.cat([inputs, probes, idx.to(probes.device, torch.float64)]).tolist()
     k, m = len(_INPUTS), probes.numel()
     indices = [int(i) for i in host[k + m:]]
@@ -156,8 +152,8 @@ def value_checks(ctx: CallContext) -> list[Violation]:
 def output_violations(backend: str, out: Tensor, state: Tensor, idx: Tensor,
                       host_indices: list[int] | None = None) -> list[Violation]:
     """Strict mode, after the kernel: the outputs still meet the contract's promises — finite
-    output and updated slots, all-zero rows for padding — with one host sync: a float64 L1 norm
-    per output row and a probe per used slot, read at once (``host_indices``: the host copy of
+    output and updated slots, all-zero rows for padding — with one host sync: the largest
+    magnitude of each output row and a probe per used slot, read at once (``host_indices``: the host copy of
     ``idx`` the value checks read, else it comes back in the same read). Skipped during CUDA-graph
     capture."""
     if out.is_cuda and torch.cuda.is_current_stream_capturing():
@@ -167,8 +163,7 @@ def output_violations(backend: str, out: Tensor, state: Tensor, idx: Tensor,
         skip_value_checks(f"packed_decode (after backend {backend!r})", blind)
         return []
     n = state.shape[0]
-    flat = out.flatten(1) if out.dim() > 1 else out.unsqueeze(1)
-    rows = torch.linalg.vector_norm(flat, ord=1, dim=1, dtype=torch.float64)  # one reduction: NaN/Inf propagate
+    rows = _row_probes(out if out.dim() > 1 else out.unsqueeze(1))  # one reduction: finite, and 0 for a zero row
     probes = slot_probes(state, idx, n).to(rows.device)
     parts = [rows, probes] if host_indices is not None else [rows, probes, idx.to(rows.device, torch.float64)]
     host = torch.cat(parts).tolist()
