@@ -293,3 +293,61 @@ def test_strict_mode_finds_one_bad_value_anywhere(device: str, state_dtype: torc
     call["initial_state"][unused].fill_(bad)  # a slot the call does not use: not this call's business
     with kc.mode("strict"):
         kc.packed_decode(**call, backend="torch")
+
+
+def test_a_large_batch_is_checked_on_host_tensors_with_the_same_verdicts(monkeypatch: pytest.MonkeyPatch) -> None:
+    from kda_contracts.ops.packed_decode import checks
+
+    monkeypatch.setattr(checks, "_HOST_LIST_MAX", 8)  # every read of this test comes back as tensors
+    for small in (False, True):
+        if small:
+            monkeypatch.setattr(checks, "_HOST_LIST_MAX", 1 << 16)
+        call = decode_call("kda", 6, 8)
+        with kc.mode("strict"):
+            kc.packed_decode(**call, backend="torch")  # valid: padding row 1
+        call["ssm_state_indices"] = torch.tensor([3, 9, 3, -1, 5, 7], dtype=torch.int32)
+        with kc.mode("strict"), pytest.raises(kc.ValueRangeError, match=r"1 index\(es\) >= 8 \(max 9\)(.|\n)*"
+                                                                          r"1 duplicate slot\(s\)"):
+            kc.packed_decode(**call, backend="torch")
+        call["ssm_state_indices"] = torch.tensor([3, -1, 2, 0, 5, 7], dtype=torch.int32)
+        call["initial_state"][5, 0, 0, 0] = float("nan")
+        with kc.mode("strict"), pytest.raises(kc.ValueRangeError, match="NaN or Inf in a used slot"):
+            kc.packed_decode(**call, backend="torch")
+        call["initial_state"][5, 0, 0, 0] = 0.0
+        with kc.mode("strict"):
+            kc.packed_decode(**call, backend="torch")
+        assert call["out"][1].eq(0).all()
+
+
+@pytest.mark.parametrize("host_list_max", [8, 1 << 16])  # host tensors, host lists
+@pytest.mark.parametrize("damage", ["padding", "nan_out", "inf_slot"])
+def test_the_checks_after_the_kernel_see_each_broken_promise(monkeypatch: pytest.MonkeyPatch, host_list_max: int,
+                                                             damage: str) -> None:
+    from kda_contracts.ops.packed_decode import checks
+
+    monkeypatch.setattr(checks, "_HOST_LIST_MAX", host_list_max)
+
+    def kernel(mixed_qkv, a, b, A_log, dt_bias, scale, initial_state, out, ssm_state_indices,  # type: ignore[no-untyped-def]
+               use_qk_l2norm_in_kernel=False, lower_bound=None, *, config=None, state_layout=None):
+        out.zero_()
+        if damage == "padding":
+            out[1, 0, 0, 0] = 1e-30  # the padding row, barely non-zero
+        elif damage == "nan_out":
+            out[4, 0, 3, 2] = float("nan")
+        else:
+            initial_state[int(ssm_state_indices[2])][1, 2, 3] = float("inf")
+
+    kc.packed_decode.register_backend(kc.Backend(name="broken", kernel=kernel, devices=("cpu",), priority=-1))
+    try:
+        call = decode_call("kda", 6, 8)
+        call["out"] = call["out"].float()
+        call["mixed_qkv"], call["a"], call["b"] = (call[k].float() for k in ("mixed_qkv", "a", "b"))
+        before = {k: v.clone() for k, v in call.items() if isinstance(v, torch.Tensor)}
+        want = {"padding": "zero rows for padding", "nan_out": "finite values after the kernel",
+                "inf_slot": "finite updated slots"}[damage]
+        with kc.mode("strict"), pytest.raises(kc.ValueRangeError, match=want):
+            kc.packed_decode(**call, backend="broken")
+        for k, v in before.items():
+            assert torch.equal(call[k], v) or (k == "out" and torch.equal(call[k].nan_to_num(), v)), k
+    finally:
+        kc.packed_decode.unregister_backend("broken")

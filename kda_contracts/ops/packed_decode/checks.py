@@ -37,26 +37,60 @@ __all__ = ["check_outputs", "output_violations", "slot_probes", "slots_finite", 
 _TENSOR_ARGS = ("mixed_qkv", "a", "b", "A_log", "dt_bias", "initial_state", "out", "ssm_state_indices")
 
 
-def _index_checks(idx: list[int], n: int) -> list[Violation]:
+Host = list | Tensor  # a host copy: a list for small reads, a CPU tensor for large ones (see _read_back)
+_HOST_LIST_MAX = 1 << 16  # values a read returns as Python lists; beyond, CPU tensors (bounded memory)
+
+
+def _read_back(parts: list[Tensor]) -> list[Host]:
+    """The strict checks' one device-to-host read: ``parts`` concatenated (integer parts as
+    float64, exact below 2^53; float parts promote, never narrow) and read at once, then split
+    again, as lists or, past ``_HOST_LIST_MAX`` values, as CPU tensors."""
+    packed = torch.cat([p if p.is_floating_point() else p.to(torch.float64) for p in parts])
+    sizes = [p.numel() for p in parts]
+    if packed.numel() <= _HOST_LIST_MAX:
+        flat, out, i = packed.tolist(), list[Host](), 0
+        for size in sizes:
+            out.append(flat[i:i + size])
+            i += size
+        return out
+    return list(packed.cpu().split(sizes))
+
+
+def _ints(host: Host) -> Host:
+    return [int(i) for i in host] if isinstance(host, list) else host.long()
+
+
+def _index_checks(idx: Host, n: int) -> list[Violation]:
     """The range and duplicate checks, on the host copy of the indices."""
     out: list[Violation] = []
-    if not idx:
+    if not len(idx):
         return out
-    hi = max(idx)
-    if hi >= n:
+    if isinstance(idx, Tensor):
+        hi, bad = int(idx.max()), int((idx >= n).sum())
+        live = idx[idx >= 0]
+        dup = live.numel() - torch.unique(live).numel()
+    else:
+        hi = max(idx)
         bad = sum(1 for i in idx if i >= n)
+        live_list = [i for i in idx if i >= 0]
+        dup = len(live_list) - len(set(live_list))
+    if hi >= n:
         out.append(Violation(ValueRangeError, "ssm_state_indices", f"< N={n} (or < 0 for padding)",
                              f"{bad} index(es) >= {n} (max {hi})",
                              hint="an index past the pool would read and write another request's memory; "
                                   "check the slot allocator and the pool this layer uses"))
-    live = [i for i in idx if i >= 0]
-    dup = len(live) - len(set(live))
     if dup:
         out.append(Violation(ValueRangeError, "ssm_state_indices", "distinct non-negative slots",
                              f"{dup} duplicate slot(s)",
                              hint="two requests on one slot race on its state (a lost update); give each "
                                   "request its own slot, mark padding with -1"))
     return out
+
+
+def _all_finite(values: Host) -> bool:
+    if isinstance(values, Tensor):
+        return bool(torch.isfinite(values).all())
+    return all(math.isfinite(v) for v in values)
 
 
 def _probe(t: Tensor) -> Tensor:
@@ -94,18 +128,22 @@ def slot_probes(state: Tensor, idx: Tensor, n: int) -> Tensor:
     return parts[0] if len(parts) == 1 else torch.cat(parts)
 
 
-def used_slots_finite(probes: list[float], indices: list[int], n: int) -> bool:
-    """Whether every slot a valid index (``0 <= i < n``) names read finite in :func:`slot_probes`."""
-    if len(probes) == len(indices) and len(indices) < n:  # one probe per row
+def used_slots_finite(probes: Host, indices: Host, n: int) -> bool:
+    """Whether every slot a valid index (``0 <= i < n``) names read finite in :func:`slot_probes`
+    (host copies of both, as :func:`_read_back` returns them)."""
+    per_row = len(probes) == len(indices) and len(indices) < n  # one probe per row, else one per slot
+    if isinstance(indices, Tensor):
+        valid = (indices >= 0) & (indices < n)
+        return _all_finite(probes[valid] if per_row else probes[indices[valid]])
+    if per_row:
         return all(math.isfinite(p) for p, i in zip(probes, indices, strict=True) if 0 <= i < n)
     return all(math.isfinite(probes[i]) for i in {i for i in indices if 0 <= i < n})
 
 
 def slots_finite(state: Tensor, idx: Tensor, n: int) -> bool:
     """Whether the slots the valid indices of ``idx`` name hold finite values (one sync)."""
-    probes = slot_probes(state, idx, n)
-    host = torch.cat([probes, idx.to(probes.device, torch.float64)]).tolist()
-    return used_slots_finite(host[:probes.numel()], [int(i) for i in host[probes.numel():]], n)
+    probes, host_idx = _read_back([slot_probes(state, idx, n), idx])
+    return used_slots_finite(probes, _ints(host_idx), n)
 
 
 _INPUTS = ("mixed_qkv", "a", "b", "A_log", "dt_bias")
@@ -129,19 +167,17 @@ def value_checks(ctx: CallContext) -> list[Violation]:
         torch._assert_async((idx < n).all(), "ssm_state_indices has an index >= N (the pool size)")
         return []
     # (aliasing: the op's own check, from what it writes — see decode.written_by_call)
-    probes = slot_probes(state, idx, n)
-    inputs = torch.stack([_probe(vals[name]).to(probes.device) for name in _INPUTS])  # dtypes promote
-    host = torch.cat([inputs, probes, idx.to(probes.device, torch.float64)]).tolist()
-    k, m = len(_INPUTS), probes.numel()
-    indices = [int(i) for i in host[k + m:]]
-    ctx.memo["indices"] = indices
+    inputs = torch.stack([_probe(vals[name]).to(state.device) for name in _INPUTS])  # dtypes promote
+    probes, host_idx = slot_probes(state, idx, n), idx.to(state.device)
+    head, host_probes, host_idx = _read_back([inputs, probes, host_idx])
+    indices = ctx.memo["indices"] = _ints(host_idx)
     out = _index_checks(indices, n)
-    if not out and not used_slots_finite(host[k:k + m], indices, n):  # finite state before the kernel
+    if not out and not used_slots_finite(host_probes, indices, n):  # finite state before the kernel
         out.append(Violation(ValueRangeError, "initial_state", "finite values in the slots this call uses",
                              "NaN or Inf in a used slot",
                              hint="the state of that request is already corrupt (an earlier step overflowed, "
                                   "or the slot was never initialised); reset the slot before decoding"))
-    for name, probe in zip(_INPUTS, host[:k], strict=True):
+    for name, probe in zip(_INPUTS, head if isinstance(head, list) else head.tolist(), strict=True):
         if not math.isfinite(probe):
             out.append(Violation(ValueRangeError, name, "finite values", "NaN or Inf present",
                                  hint="find the op that produced it (torch.autograd.detect_anomaly, or "
@@ -150,12 +186,12 @@ def value_checks(ctx: CallContext) -> list[Violation]:
 
 
 def output_violations(backend: str, out: Tensor, state: Tensor, idx: Tensor,
-                      host_indices: list[int] | None = None) -> list[Violation]:
+                      host_indices: Host | None = None) -> list[Violation]:
     """Strict mode, after the kernel: the outputs still meet the contract's promises — finite
     output and updated slots, all-zero rows for padding — with one host sync: the largest
-    magnitude of each output row and a probe per used slot, read at once (``host_indices``: the host copy of
-    ``idx`` the value checks read, else it comes back in the same read). Skipped during CUDA-graph
-    capture."""
+    magnitude of each output row and a probe per used slot, read at once (``host_indices``: the
+    host copy of ``idx`` the value checks read, else it comes back in the same read). Skipped
+    during CUDA-graph capture."""
     if out.is_cuda and torch.cuda.is_current_stream_capturing():
         return []
     blind = without_data({"out": out, "initial_state": state, "ssm_state_indices": idx})
@@ -165,18 +201,24 @@ def output_violations(backend: str, out: Tensor, state: Tensor, idx: Tensor,
     n = state.shape[0]
     rows = _row_probes(out if out.dim() > 1 else out.unsqueeze(1))  # one reduction: finite, and 0 for a zero row
     probes = slot_probes(state, idx, n).to(rows.device)
-    parts = [rows, probes] if host_indices is not None else [rows, probes, idx.to(rows.device, torch.float64)]
-    host = torch.cat(parts).tolist()
-    b, m = rows.numel(), probes.numel()
-    indices = host_indices if host_indices is not None else [int(i) for i in host[b + m:]]
+    parts = [rows, probes] if host_indices is not None else [rows, probes, idx.to(rows.device)]
+    host = _read_back(parts)
+    host_rows, host_probes = host[0], host[1]
+    indices = host_indices if host_indices is not None else _ints(host[2])
     violations = []
-    if not all(math.isfinite(r) for r in host[:b]):
+    if not _all_finite(host_rows):
         violations.append(Violation(ValueRangeError, "out", "finite values after the kernel", "NaN or Inf",
                                     hint=f"the inputs were finite: report this against backend {backend!r}"))
-    if any(r != 0 for r, i in zip(host[:b], indices, strict=True) if not 0 <= i < n):
+    if isinstance(indices, Tensor) or isinstance(host_rows, Tensor):
+        ix = indices if isinstance(indices, Tensor) else torch.tensor(indices, dtype=torch.long)
+        r = host_rows if isinstance(host_rows, Tensor) else torch.tensor(host_rows, dtype=torch.float64)
+        nonzero_padding = bool((r[~((ix >= 0) & (ix < n))] != 0).any())
+    else:
+        nonzero_padding = any(r != 0 for r, i in zip(host_rows, indices, strict=True) if not 0 <= i < n)
+    if nonzero_padding:
         violations.append(Violation(ValueRangeError, "out", "zero rows for padding and out-of-range indices",
                                     "non-zero rows", hint=f"backend {backend!r} broke the padding rule"))
-    if not used_slots_finite(host[b:b + m], indices, n):
+    if not used_slots_finite(host_probes, indices, n):
         violations.append(Violation(ValueRangeError, "initial_state", "finite updated slots", "NaN or Inf",
                                     hint="a decay or beta far out of range can overflow a low-precision state"))
     return violations

@@ -54,6 +54,8 @@ def written_by_call(ctx: CallContext) -> dict[str, Any]:
     idx = ctx.values["ssm_state_indices"]
     n = ctx.dims["N"]
     host = ctx.memo.get("indices")  # what the value checks read in their one sync
+    if isinstance(host, Tensor):
+        return {"out": None, "initial_state": host[(host >= 0) & (host < n)]}
     if host is not None:
         return {"out": None, "initial_state": torch.tensor([i for i in host if 0 <= i < n], dtype=torch.long)}
     if idx.is_cuda and torch.cuda.is_current_stream_capturing():
