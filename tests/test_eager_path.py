@@ -351,3 +351,21 @@ def test_the_checks_after_the_kernel_see_each_broken_promise(monkeypatch: pytest
             assert torch.equal(call[k], v) or (k == "out" and torch.equal(call[k].nan_to_num(), v)), k
     finally:
         kc.packed_decode.unregister_backend("broken")
+
+
+def test_gdn_strict_warnings_name_gdn() -> None:
+    import warnings
+
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from kda_contracts.memory import ValueChecksSkipped
+
+    call = decode_call("gdn", 3, 8)
+    with FakeTensorMode() as fake_mode:
+        fake = {k: (fake_mode.from_tensor(v) if isinstance(v, torch.Tensor) else v) for k, v in call.items()}
+        with kc.mode("strict"), warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            kc.gdn_packed_decode(**fake, backend="torch")
+    messages = [str(w.message) for w in seen if issubclass(w.category, ValueChecksSkipped)]
+    assert [m.split(": strict")[0] for m in messages] == [
+        "kda_contracts: gdn_packed_decode", "kda_contracts: gdn_packed_decode (after backend 'torch')"]

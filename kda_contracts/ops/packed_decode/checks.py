@@ -157,7 +157,7 @@ def value_checks(ctx: CallContext) -> list[Violation]:
     vals = ctx.values
     blind = without_data({name: vals[name] for name in _TENSOR_ARGS})
     if blind:  # shapes without data (meta tensors, FakeTensorMode)
-        skip_value_checks("packed_decode", blind)
+        skip_value_checks(ctx.spec.name, blind)  # packed_decode or gdn_packed_decode
         return []
     idx = vals["ssm_state_indices"]
     n = ctx.dims["N"]
@@ -186,17 +186,17 @@ def value_checks(ctx: CallContext) -> list[Violation]:
 
 
 def output_violations(backend: str, out: Tensor, state: Tensor, idx: Tensor,
-                      host_indices: Host | None = None) -> list[Violation]:
+                      host_indices: Host | None = None, *, op: str = "packed_decode") -> list[Violation]:
     """Strict mode, after the kernel: the outputs still meet the contract's promises — finite
     output and updated slots, all-zero rows for padding — with one host sync: the largest
     magnitude of each output row and a probe per used slot, read at once (``host_indices``: the
-    host copy of ``idx`` the value checks read, else it comes back in the same read). Skipped
-    during CUDA-graph capture."""
+    host copy of ``idx`` the value checks read, else it comes back in the same read; ``op`` names
+    the op in the warning for tensors without data). Skipped during CUDA-graph capture."""
     if out.is_cuda and torch.cuda.is_current_stream_capturing():
         return []
     blind = without_data({"out": out, "initial_state": state, "ssm_state_indices": idx})
     if blind:
-        skip_value_checks(f"packed_decode (after backend {backend!r})", blind)
+        skip_value_checks(f"{op} (after backend {backend!r})", blind)
         return []
     n = state.shape[0]
     rows = _row_probes(out if out.dim() > 1 else out.unsqueeze(1))  # one reduction: finite, and 0 for a zero row

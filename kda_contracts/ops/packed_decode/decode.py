@@ -45,7 +45,8 @@ def output_checks(ctx: CallContext, backend: str) -> list:
     """Strict mode, after the kernel: finite output and updated slots, all-zero output rows for
     padding and out-of-range indices (skipped during CUDA-graph capture)."""
     v = ctx.values
-    return output_violations(backend, v["out"], v["initial_state"], v["ssm_state_indices"], ctx.memo.get("indices"))
+    return output_violations(backend, v["out"], v["initial_state"], v["ssm_state_indices"], ctx.memo.get("indices"),
+                             op=ctx.spec.name)
 
 
 def written_by_call(ctx: CallContext) -> dict[str, Any]:
