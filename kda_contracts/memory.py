@@ -83,7 +83,8 @@ def has_addresses(t: Tensor) -> bool:
     """
     if t.is_meta or t.layout != torch.strided or t.is_nested:
         return False
-    if type(t) is not Tensor:  # a plain tensor is never fake; a subclass may be
+    if type(t) is not Tensor or torch._is_functional_tensor(t) or torch._C._functorch.is_functorch_wrapped_tensor(t):
+        # a plain tensor is never fake; a subclass or a functional/functorch wrapper (of a fake) may be
         from torch._subclasses.fake_tensor import is_fake
 
         if is_fake(t):
@@ -520,7 +521,7 @@ def _apart(tensors: Mapping[str, Tensor], wmap: Mapping[str, Tensor | None]) -> 
         if rows is None:
             span = spans[m]
         else:
-            if rows.device.type != "cpu" or rows.dtype.is_floating_point or t.dim() == 0:
+            if rows.device.type != "cpu" or rows.dtype.is_floating_point or rows.dtype.is_complex or t.dim() == 0:
                 return False
             live = rows[(rows >= 0) & (rows < t.shape[0])] if rows.numel() else rows
             span = _span(t, range(int(live.min()), int(live.max()) + 1)) if live.numel() else None

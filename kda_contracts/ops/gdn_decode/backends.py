@@ -26,6 +26,8 @@ import importlib
 import os
 from collections.abc import Callable
 
+from kda_kernels.interface import DecodeBackend
+
 import kda_contracts as kc
 
 from .decode import gdn_packed_decode
@@ -68,8 +70,8 @@ def _interface_kernel(module: str, function: str) -> Callable[..., None]:
                dims, variant):
         if not resolved:
             fn = getattr(importlib.import_module(module), function)
-            launch = getattr(fn, "launch", None)  # a kda_kernels DecodeBackend takes the bound dims as they are
-            resolved.append(launch if callable(launch) and dims._fields == _DIMS_ORDER else None)
+            # a kda_kernels DecodeBackend takes the bound dims as they are
+            resolved.append(fn.launch if isinstance(fn, DecodeBackend) and dims._fields == _DIMS_ORDER else None)
             resolved.append(fn)
         if resolved[0] is not None:
             resolved[0](dims, mixed_qkv, a, b, A_log, dt_bias, scale, initial_state, out, ssm_state_indices,

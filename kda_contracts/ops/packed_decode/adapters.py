@@ -97,8 +97,10 @@ class Adapter(Backend):
     def make_runner(self, kernel: Callable[..., Any], params: Sequence[inspect.Parameter],
                     dims_types: Mapping[str | None, type]) -> Callable[..., Any]:
         heads = {v: t._fields.index("H") for v, t in dims_types.items()}  # type: ignore[attr-defined]
-        launch = getattr(kernel, "launch", None)
-        if callable(launch) and all(t._fields == _DIMS_ORDER for t in dims_types.values()):  # type: ignore[attr-defined]
+        from kda_kernels.interface import DecodeBackend  # plain torch (no triton, helion or fla)
+
+        launch = kernel.launch if isinstance(kernel, DecodeBackend) else None
+        if launch is not None and all(t._fields == _DIMS_ORDER for t in dims_types.values()):  # type: ignore[attr-defined]
             # a kda_kernels DecodeBackend: hand it the dims the contract bound (not read again)
             def run_with_dims(d: tuple[int, ...], layout: str, mixed_qkv: Any, a: Any, b: Any, A_log: Any,
                               dt_bias: Any, scale: float, initial_state: Any, out: Any, ssm_state_indices: Any,

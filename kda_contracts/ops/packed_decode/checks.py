@@ -11,8 +11,10 @@ call writes ``out`` whole and the pool's *used* slots (``ssm_state_indices`` in 
 would change them); an input may lie in an unused slot (the kernel neither reads nor writes it)
 but not in a used one. During CUDA-graph capture the slots cannot be read: only ``out`` is checked.
 
-Value checks read each broadcast (stride-0) value once (:func:`kda_contracts.memory.all_finite`),
-so an ``.expand()``-ed activation of any logical size costs what it occupies.
+Value checks read each broadcast (stride-0) value once (:func:`kda_contracts.memory.distinct_elements`),
+so an ``.expand()``-ed activation of any logical size costs what it occupies. Each input, used slot
+and output row is reduced on the device to one probe (its largest magnitude: finite exactly when
+it is), and the probes come back with the indices in one read before the kernel and one after it.
 
 Example::
 
@@ -23,6 +25,7 @@ Example::
 from __future__ import annotations
 
 import math
+import struct
 
 import torch
 from torch import Tensor
@@ -41,23 +44,32 @@ Host = list | Tensor  # a host copy: a list for small reads, a CPU tensor for la
 _HOST_LIST_MAX = 1 << 16  # values a read returns as Python lists; beyond, CPU tensors (bounded memory)
 
 
-def _read_back(parts: list[Tensor]) -> list[Host]:
-    """The strict checks' one device-to-host read: ``parts`` concatenated (integer parts as
-    float64, exact below 2^53; float parts promote, never narrow) and read at once, then split
-    again, as lists or, past ``_HOST_LIST_MAX`` values, as CPU tensors."""
-    packed = torch.cat([p if p.is_floating_point() else p.to(torch.float64) for p in parts])
-    sizes = [p.numel() for p in parts]
-    if packed.numel() <= _HOST_LIST_MAX:
-        flat, out, i = packed.tolist(), list[Host](), 0
+def _read_back(floats: list[Tensor], indices: Tensor | None = None, *,
+               tensors: bool | None = None) -> tuple[list[Host], Host | None]:
+    """The strict checks' one device-to-host read: the float tensors ``floats`` (promoted, never
+    narrowed, then widened to float64) and ``indices`` (as int64, exact) packed into one int64
+    tensor and read at once. Returns the float parts and the indices, as lists or as CPU tensors:
+    tensors when ``tensors`` says so, else when the read holds more than ``_HOST_LIST_MAX`` values."""
+    fl = torch.cat([f.reshape(-1) for f in floats]).to(torch.float64)
+    parts = [fl.view(torch.int64)] + ([indices.to(torch.int64)] if indices is not None else [])
+    packed = torch.cat(parts) if len(parts) > 1 else parts[0]
+    n, sizes = fl.numel(), [f.numel() for f in floats]
+    if not (packed.numel() > _HOST_LIST_MAX if tensors is None else tensors):
+        ints = packed.tolist()
+        values = list(struct.unpack(f"={n}d", struct.pack(f"={n}q", *ints[:n])))  # the float64 bits back
+        out, i = list[Host](), 0
         for size in sizes:
-            out.append(flat[i:i + size])
+            out.append(values[i:i + size])
             i += size
-        return out
-    return list(packed.cpu().split(sizes))
+        return out, (ints[n:] if indices is not None else None)
+    host = packed.cpu()
+    return list(host[:n].view(torch.float64).split(sizes)), (host[n:] if indices is not None else None)
 
 
-def _ints(host: Host) -> Host:
-    return [int(i) for i in host] if isinstance(host, list) else host.long()
+def _as_tensors(probes: Host, indices: Host) -> tuple[Tensor, Tensor]:
+    p = probes if isinstance(probes, Tensor) else torch.tensor(probes, dtype=torch.float64)
+    i = indices if isinstance(indices, Tensor) else torch.tensor(indices, dtype=torch.int64)
+    return p, i
 
 
 def _index_checks(idx: Host, n: int) -> list[Violation]:
@@ -132,7 +144,8 @@ def used_slots_finite(probes: Host, indices: Host, n: int) -> bool:
     """Whether every slot a valid index (``0 <= i < n``) names read finite in :func:`slot_probes`
     (host copies of both, as :func:`_read_back` returns them)."""
     per_row = len(probes) == len(indices) and len(indices) < n  # one probe per row, else one per slot
-    if isinstance(indices, Tensor):
+    if isinstance(indices, Tensor) or isinstance(probes, Tensor):
+        probes, indices = _as_tensors(probes, indices)
         valid = (indices >= 0) & (indices < n)
         return _all_finite(probes[valid] if per_row else probes[indices[valid]])
     if per_row:
@@ -142,8 +155,9 @@ def used_slots_finite(probes: Host, indices: Host, n: int) -> bool:
 
 def slots_finite(state: Tensor, idx: Tensor, n: int) -> bool:
     """Whether the slots the valid indices of ``idx`` name hold finite values (one sync)."""
-    probes, host_idx = _read_back([slot_probes(state, idx, n), idx])
-    return used_slots_finite(probes, _ints(host_idx), n)
+    (probes,), host_idx = _read_back([slot_probes(state, idx, n)], idx)
+    assert host_idx is not None
+    return used_slots_finite(probes, host_idx, n)
 
 
 _INPUTS = ("mixed_qkv", "a", "b", "A_log", "dt_bias")
@@ -168,9 +182,9 @@ def value_checks(ctx: CallContext) -> list[Violation]:
         return []
     # (aliasing: the op's own check, from what it writes — see decode.written_by_call)
     inputs = torch.stack([_probe(vals[name]).to(state.device) for name in _INPUTS])  # dtypes promote
-    probes, host_idx = slot_probes(state, idx, n), idx.to(state.device)
-    head, host_probes, host_idx = _read_back([inputs, probes, host_idx])
-    indices = ctx.memo["indices"] = _ints(host_idx)
+    (head, host_probes), host_idx = _read_back([inputs, slot_probes(state, idx, n)], idx)
+    assert host_idx is not None
+    indices = ctx.memo["indices"] = host_idx
     out = _index_checks(indices, n)
     if not out and not used_slots_finite(host_probes, indices, n):  # finite state before the kernel
         out.append(Violation(ValueRangeError, "initial_state", "finite values in the slots this call uses",
@@ -201,17 +215,19 @@ def output_violations(backend: str, out: Tensor, state: Tensor, idx: Tensor,
     n = state.shape[0]
     rows = _row_probes(out if out.dim() > 1 else out.unsqueeze(1))  # one reduction: finite, and 0 for a zero row
     probes = slot_probes(state, idx, n).to(rows.device)
-    parts = [rows, probes] if host_indices is not None else [rows, probes, idx.to(rows.device)]
-    host = _read_back(parts)
-    host_rows, host_probes = host[0], host[1]
-    indices = host_indices if host_indices is not None else _ints(host[2])
+    if host_indices is not None:  # the same kind of host copy as the indices the value checks read
+        (host_rows, host_probes), _ = _read_back([rows, probes], tensors=isinstance(host_indices, Tensor))
+        indices: Host = host_indices
+    else:
+        (host_rows, host_probes), read = _read_back([rows, probes], idx)
+        assert read is not None
+        indices = read
     violations = []
     if not _all_finite(host_rows):
         violations.append(Violation(ValueRangeError, "out", "finite values after the kernel", "NaN or Inf",
                                     hint=f"the inputs were finite: report this against backend {backend!r}"))
     if isinstance(indices, Tensor) or isinstance(host_rows, Tensor):
-        ix = indices if isinstance(indices, Tensor) else torch.tensor(indices, dtype=torch.long)
-        r = host_rows if isinstance(host_rows, Tensor) else torch.tensor(host_rows, dtype=torch.float64)
+        r, ix = _as_tensors(host_rows, indices)
         nonzero_padding = bool((r[~((ix >= 0) & (ix < n))] != 0).any())
     else:
         nonzero_padding = any(r != 0 for r, i in zip(host_rows, indices, strict=True) if not 0 <= i < n)

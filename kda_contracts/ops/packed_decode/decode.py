@@ -31,10 +31,12 @@ __all__ = ["dims_on_trust", "explain_backends", "output_checks", "packed_decode"
 def dims_on_trust(layout: str, mixed_qkv: Tensor, a: Tensor, b: Tensor, A_log: Tensor, dt_bias: Tensor,
                     scale: float, initial_state: Tensor, *rest: Any) -> tuple[int, ...]:
     """The dims of a call taken on trust (mode ``off``), in the contract's symbol order
-    (B, H, HV, K, V, N)."""
+    (B, H, HV, K, V, N). B is the number of indices (``rest[1]``, as the kernel interface defines
+    it: a kernel handed these dims launches B requests), else the rows of ``mixed_qkv``."""
     N, HV, X, Y = initial_state.shape
     V, K = (X, Y) if layout == "VK" else (Y, X)
-    B, W = mixed_qkv.shape
+    W = mixed_qkv.shape[-1]
+    B = rest[1].shape[0] if len(rest) > 1 else mixed_qkv.shape[0]
     return B, (W - HV * V) // (2 * K), HV, K, V, N
 
 
