@@ -42,8 +42,6 @@ Example::
 
 # No `from __future__ import annotations`: the contract annotations are evaluated at definition.
 
-from collections.abc import Mapping
-from pathlib import Path
 from typing import Annotated, Any
 
 import torch
@@ -60,7 +58,7 @@ from .kimi_linear_weights import random_weights as random_weights
 from .kimi_linear_weights import shard_weights as shard_weights
 from .layer_contracts import HAS_SLOTS, HINTS, ConvStatePool, Hidden, SlotIndices, SSMStatePool, slot_value_checks
 from .layer_contracts import layer_dims as layer_dims
-from .linear_attention import LinearAttentionDecode, StepKernel, read_hf_config
+from .linear_attention import LinearAttentionDecode, StepKernel
 
 __all__ = ["WEIGHT_NAMES", "KimiDeltaAttention", "layer_dims", "random_weights", "shard_weights"]
 
@@ -85,6 +83,9 @@ class KimiDeltaAttention(LinearAttentionDecode):
         >>> layer.decode(torch.randn(2, 64), ssm, conv, torch.tensor([5, -1])).shape
         torch.Size([2, 64])
     """
+
+    config_class = KDAConfig  # from_hf_config reads a Kimi-Linear config.json into it
+    default_rms_norm_eps = 1e-5
 
     def __init__(
         self,
@@ -119,22 +120,6 @@ class KimiDeltaAttention(LinearAttentionDecode):
         self.o_norm = param(V)
         self.o_proj = linear(HV * V, D)
         self.requires_grad_(False)  # a decode layer: no autograd bookkeeping per step
-
-    @classmethod
-    def from_hf_config(
-        cls, path_or_dict: str | Path | Mapping[str, Any], *, tp_size: int = 1, tp_rank: int = 0,
-        config_overrides: Mapping[str, Any] | None = None, **kwargs: Any,
-    ) -> "KimiDeltaAttention":
-        """One rank's layer from a Kimi-Linear ``config.json`` (``rms_norm_eps`` read when present).
-
-        Example::
-
-            layer = KimiDeltaAttention.from_hf_config("config.json", tp_size=2, tp_rank=1)
-        """
-        raw = read_hf_config(path_or_dict)
-        config = KDAConfig.from_hf_config(raw, tp_size=tp_size, **dict(config_overrides or {}))
-        kwargs.setdefault("rms_norm_eps", float(raw.get("rms_norm_eps", 1e-5)))
-        return cls(config, tp_rank=tp_rank, **kwargs)
 
     # -- weights and pools -------------------------------------------------------------------------
     @contract(config_arg="self", hints=HINTS)

@@ -26,6 +26,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from kda_kernels.interface import row_slots, scatter_rows
 from torch import Tensor, nn
+from typing_extensions import Self
 
 from ..ops.packed_decode.config import KDAConfig, read_hf_json
 from .layer_contracts import layer_dims
@@ -98,6 +99,28 @@ class LinearAttentionDecode(nn.Module):
     """
 
     conv1d: nn.Parameter  # [C, W+1], set by the subclass
+    #: the model's config class and its RMSNorm epsilon when config.json gives none (each subclass's)
+    config_class: type[KDAConfig] = KDAConfig
+    default_rms_norm_eps: float = 1e-6
+
+    @classmethod
+    def from_hf_config(
+        cls, path_or_dict: str | Path | Mapping[str, Any], *, tp_size: int = 1, tp_rank: int = 0,
+        config_overrides: Mapping[str, Any] | None = None, **kwargs: Any,
+    ) -> Self:
+        """One rank's layer from the model's ``config.json`` (``rms_norm_eps`` read when present,
+        else :attr:`default_rms_norm_eps`); ``config_overrides`` go to the config class's
+        ``from_hf_config``, the other keywords to the layer.
+
+        Example::
+
+            layer = KimiDeltaAttention.from_hf_config("config.json", tp_size=2, tp_rank=1)
+            layer = Qwen3NextGatedDeltaNet.from_hf_config("config.json", tp_size=2, tp_rank=1)
+        """
+        raw = read_hf_config(path_or_dict)
+        config = cls.config_class.from_hf_config(raw, tp_size=tp_size, **dict(config_overrides or {}))
+        kwargs.setdefault("rms_norm_eps", float(raw.get("rms_norm_eps", cls.default_rms_norm_eps)))
+        return cls(config, tp_rank=tp_rank, **kwargs)
 
     def __init__(self, config: KDAConfig, *, rms_norm_eps: float, tp_rank: int, tp_group: Any, backend: str,
                  dtype: torch.dtype) -> None:

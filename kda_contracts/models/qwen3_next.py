@@ -36,8 +36,6 @@ Example::
 
 # No `from __future__ import annotations`: the contract annotations are evaluated at definition.
 
-from collections.abc import Mapping
-from pathlib import Path
 from typing import Annotated, Any
 
 import torch
@@ -51,7 +49,7 @@ from ..markers import Spec
 from ..ops.gdn_decode.config import GDNConfig
 from ..ops.gdn_decode.decode import gdn_packed_decode
 from .layer_contracts import HAS_SLOTS, ConvStatePool, Hidden, SlotIndices, SSMStatePool, slot_value_checks
-from .linear_attention import LinearAttentionDecode, StepKernel, read_hf_config
+from .linear_attention import LinearAttentionDecode, StepKernel
 from .qwen3_next_contracts import HINTS
 from .qwen3_next_weights import WEIGHT_NAMES as WEIGHT_NAMES
 from .qwen3_next_weights import random_weights as random_weights
@@ -80,6 +78,9 @@ class Qwen3NextGatedDeltaNet(LinearAttentionDecode):
         torch.Size([2, 32])
     """
 
+    config_class = GDNConfig  # from_hf_config reads a Qwen3-Next config.json into it
+    default_rms_norm_eps = 1e-6
+
     def __init__(
         self,
         config: GDNConfig,
@@ -105,22 +106,6 @@ class Qwen3NextGatedDeltaNet(LinearAttentionDecode):
         self.norm = self._param(V, device=device)
         self.out_proj = self._linear(HV * V, D, device)
         self.requires_grad_(False)  # a decode layer: no autograd bookkeeping per step
-
-    @classmethod
-    def from_hf_config(
-        cls, path_or_dict: str | Path | Mapping[str, Any], *, tp_size: int = 1, tp_rank: int = 0,
-        config_overrides: Mapping[str, Any] | None = None, **kwargs: Any,
-    ) -> "Qwen3NextGatedDeltaNet":
-        """One rank's layer from a Qwen3-Next ``config.json`` (``rms_norm_eps`` read when present).
-
-        Example::
-
-            layer = Qwen3NextGatedDeltaNet.from_hf_config("config.json", tp_size=2, tp_rank=1)
-        """
-        raw = read_hf_config(path_or_dict)
-        config = GDNConfig.from_hf_config(raw, tp_size=tp_size, **dict(config_overrides or {}))
-        kwargs.setdefault("rms_norm_eps", float(raw.get("rms_norm_eps", 1e-6)))
-        return cls(config, tp_rank=tp_rank, **kwargs)
 
     # -- weights and pools -------------------------------------------------------------------------
     @contract(config_arg="self", hints=HINTS)
