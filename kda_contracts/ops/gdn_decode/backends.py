@@ -30,6 +30,7 @@ from kda_kernels.interface import DecodeBackend
 
 import kda_contracts as kc
 
+from ..packed_decode.contract import SYMBOLS  # B, H, HV, K, V, N: kda_kernels' DecodeDims order
 from .decode import gdn_packed_decode
 
 __all__ = ["SHIPPED"]
@@ -57,9 +58,6 @@ def _availability(module: str, probe: str) -> Callable[[], tuple[bool, str]]:
     return available
 
 
-_DIMS_ORDER = ("B", "H", "HV", "K", "V", "N")  # the contract's symbols, in kda_kernels' DecodeDims order
-
-
 def _interface_kernel(module: str, function: str) -> Callable[..., None]:
     """A backend with the op's signature calling ``module.function`` in the kernel interface
     (resolved on the first call)."""
@@ -71,7 +69,7 @@ def _interface_kernel(module: str, function: str) -> Callable[..., None]:
         if not resolved:
             fn = getattr(importlib.import_module(module), function)
             # a kda_kernels DecodeBackend takes the bound dims as they are
-            resolved.append(fn.launch if isinstance(fn, DecodeBackend) and dims._fields == _DIMS_ORDER else None)
+            resolved.append(fn.launch if isinstance(fn, DecodeBackend) and dims._fields == SYMBOLS else None)
             resolved.append(fn)
         if resolved[0] is not None:
             resolved[0](dims, mixed_qkv, a, b, A_log, dt_bias, scale, initial_state, out, ssm_state_indices,

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from ...backends import Backend, BackendError, CallInfo
+from .contract import SYMBOLS  # B, H, HV, K, V, N: kda_kernels' DecodeDims order
 
 if TYPE_CHECKING:
     from ...opdef import Op
@@ -40,7 +41,6 @@ ENTRY_POINT_GROUP = "kda_contracts.adapters"  # the older group; ``kda_contracts
 _INTERFACE_ARGS = 9  # mixed_qkv ... indices, then the keywords below
 _INTERFACE_KEYWORDS = ("num_heads", "use_qk_l2norm", "lower_bound", "state_layout")
 _PLUGIN_ERRORS: dict[str, str] = {}
-_DIMS_ORDER = ("B", "H", "HV", "K", "V", "N")  # the contract's symbols, in kda_kernels' DecodeDims order
 
 
 @dataclass(frozen=True)
@@ -100,7 +100,7 @@ class Adapter(Backend):
         from kda_kernels.interface import DecodeBackend  # plain torch (no triton, helion or fla)
 
         launch = kernel.launch if isinstance(kernel, DecodeBackend) else None
-        if launch is not None and all(t._fields == _DIMS_ORDER for t in dims_types.values()):  # type: ignore[attr-defined]
+        if launch is not None and all(t._fields == SYMBOLS for t in dims_types.values()):  # type: ignore[attr-defined]
             # a kda_kernels DecodeBackend: hand it the dims the contract bound (not read again)
             def run_with_dims(d: tuple[int, ...], layout: str, mixed_qkv: Any, a: Any, b: Any, A_log: Any,
                               dt_bias: Any, scale: float, initial_state: Any, out: Any, ssm_state_indices: Any,
