@@ -303,12 +303,13 @@ class Op:
         ``kc.Spec(mutated=True)``) share no byte with another argument, judged by address across
         storages (:func:`kda_contracts.memory.alias_violations`). During CUDA-graph capture, rows
         cannot be read without a sync: only arguments written whole are checked. ``parts``: what
-        ``written=`` said of this call, if already asked."""
-        from .memory import alias_violations, without_data
+        ``written=`` said of this call, if the caller asked already (having found that its tensors
+        hold data)."""
+        from .memory import alias_violations
 
-        if without_data(ctx.values):  # meta or fake tensors: no addresses (the value checks said so)
-            return []
         if parts is None:
+            if without_data(ctx.values):  # meta or fake tensors: no addresses (the value checks said so)
+                return []
             parts = written_parts(self, ctx)
         if any(isinstance(v, torch.Tensor) and v.is_cuda for v in ctx.values.values()) and \
                 torch.cuda.is_current_stream_capturing():
@@ -383,7 +384,7 @@ class Op:
         ctx = CallContext(c.spec, values, config, env, c.provenance(config), memo=memo if memo is not None else {})
         # asked once (the aliasing check and the snapshot share it); not of tensors without data
         parts = None if without_data(values) else written_parts(self, ctx)
-        violations = self.alias_violations(ctx, parts)
+        violations = [] if parts is None else self.alias_violations(ctx, parts)
         if violations:
             c.rejections += 1
             raise_violations(self.name, violations, env, ctx.provenance)
