@@ -56,6 +56,9 @@ class DecodeConfig(NamedTuple):
     #: as V (whole cache lines) needs few registers. ``tiles`` and the load cache
     #: modifier do not apply.
     kv_chunk: int = 0
+    #: chunked KV tile only: eviction hint of the first pass's loads (the second pass reads each
+    #: chunk again, from L2 while it is still there)
+    kv_first_eviction: str = "evict_last"
 
 
 def pick_config(

@@ -115,6 +115,7 @@ if triton is not None:
         V_EVICTION: tl.constexpr,
         GATE_STRIDE: tl.constexpr,  # 1: KDA, a gate per key channel; 0: GDN, one per value head
         ROUND_BETA: tl.constexpr,  # round sigmoid(b) to b's dtype before use (GDN, as sglang does)
+        KV_FIRST_EVICTION: tl.constexpr,  # chunked KV tile: hint of the first pass's loads
     ):
         # GRID 0: 1-D, request-major, then value head, then group of V tiles (a request's programs
         # are adjacent, and the grid has no 65535 limit on B). 1: 3-D (V group, head, request).
@@ -179,6 +180,7 @@ if triton is not None:
                 K, V, BV, STATE_KV, USE_L2NORM, BOUNDED_GATE, TILES, STAGES, STATE_EVICTION,
                 LOAD_CACHE, STORE_CACHE, ACT_EVICTION, STORE_EVICTION, MASK_ROWS, MASK_K,
                 row + i_h * K, row + (H + i_h) * K, x_row, bias_row, KV_CHUNK, V_EVICTION, GATE_STRIDE,
+                KV_FIRST_EVICTION,
             )
         else:
             if valid:
@@ -189,6 +191,7 @@ if triton is not None:
                     K, V, BV, STATE_KV, USE_L2NORM, BOUNDED_GATE, TILES, STAGES, STATE_EVICTION,
                     LOAD_CACHE, STORE_CACHE, ACT_EVICTION, STORE_EVICTION, MASK_ROWS, MASK_K,
                     row + i_h * K, row + (H + i_h) * K, x_row, bias_row, KV_CHUNK, V_EVICTION, GATE_STRIDE,
+                    KV_FIRST_EVICTION,
                 )
             else:
                 # padding (< 0) or out of range (>= N): zero output, no pool access
@@ -241,6 +244,7 @@ if triton is not None:
         KV_CHUNK: tl.constexpr,
         V_EVICTION: tl.constexpr,  # hint of the v loads (each v element is read by one program)
         GATE_STRIDE: tl.constexpr,
+        KV_FIRST_EVICTION: tl.constexpr,  # hint of the chunked KV tile's first-pass loads
     ):
         if KV_CHUNK > 0:
             # KV in two passes over chunks of KV_CHUNK state rows (K): the full-width V tile gives
@@ -254,6 +258,7 @@ if triton is not None:
                 base, v_limit, q_row, k_row, x_row, bias_row, v_row, o_row, i_v0, r_q, r_k,
                 tl.sum(b_q * b_k) * (r_q * r_k), b_A, b_beta, lower_bound, K, V, BV, KV_CHUNK, BOUNDED_GATE,
                 STATE_EVICTION, STORE_EVICTION, ACT_EVICTION, V_EVICTION, MASK_ROWS, MASK_K, GATE_STRIDE,
+                KV_FIRST_EVICTION,
             )
             return
         if BOUNDED_GATE:
@@ -296,7 +301,7 @@ if triton is not None:
                    lower_bound, K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr, CK: tl.constexpr,
                    BOUNDED_GATE: tl.constexpr, STATE_EVICTION: tl.constexpr, STORE_EVICTION: tl.constexpr,
                    ACT_EVICTION: tl.constexpr, V_EVICTION: tl.constexpr, MASK_ROWS: tl.constexpr,
-                   MASK_K: tl.constexpr, GATE_STRIDE: tl.constexpr):
+                   MASK_K: tl.constexpr, GATE_STRIDE: tl.constexpr, FIRST_EVICTION: tl.constexpr):
         """One KV tile ``[K, BV]`` in chunks of CK rows. With the stored tile S and the decay d:
         S·(d*k) and S·(d*q) in a first pass, then u = beta (v - S·(d*k)) and o = S·(d*q) + u (k·q);
         a second pass reads each chunk again (from L2) and writes S*d + k u^T."""
@@ -309,9 +314,9 @@ if triton is not None:
             mask_c = o_c < K
             p_s = base + o_c[:, None] * V + o_v[None, :]
             if MASK_ROWS or MASK_K:
-                b_s = tl.load(p_s, mask=mask_c[:, None] & mask_v[None, :], other=0.0, eviction_policy="evict_last")
+                b_s = tl.load(p_s, mask=mask_c[:, None] & mask_v[None, :], other=0.0, eviction_policy=FIRST_EVICTION)
             else:
-                b_s = tl.load(p_s, eviction_policy="evict_last")
+                b_s = tl.load(p_s, eviction_policy=FIRST_EVICTION)
             b_s = b_s.to(tl.float32)
             b_d, b_k, b_q = _chunk_vectors(q_row, k_row, x_row, bias_row, o_c, mask_c, r_q, r_k, b_A, lower_bound,
                                            BOUNDED_GATE, ACT_EVICTION, GATE_STRIDE)
@@ -547,6 +552,7 @@ def _plan(pkey: tuple) -> tuple:
         cfg.act_eviction if cfg.v_eviction is None else cfg.v_eviction,  # V_EVICTION
         0 if gdn else 1,  # GATE_STRIDE
         gdn,  # ROUND_BETA
+        cfg.kv_first_eviction,  # KV_FIRST_EVICTION
     )
     options = {"num_warps": cfg.num_warps}
     if cfg.max_registers is not None:
@@ -577,7 +583,7 @@ _plan_ids: dict[tuple, int] = {}
 # first call, or set KDA_TRITON_FAST_LAUNCH=0 (read at import) to always launch with kernel[grid].
 
 _N_RUNTIME_ARGS = 12
-_N_CONSTEXPRS = 30
+_N_CONSTEXPRS = 31
 _fast_launch: dict = {
     "enabled": os.environ.get("KDA_TRITON_FAST_LAUNCH", "1") not in ("", "0") and triton is not None,
     "cache": {},  # key -> (compiled kernel, launcher, function handle, packed metadata)

@@ -131,8 +131,10 @@ def test_matches_reference_for_launch_configs(config: DecodeConfig) -> None:
         DecodeConfig(block_v=16, num_warps=1, kv_chunk=4),
         DecodeConfig(block_v=8, num_warps=1, kv_chunk=8, guard="mask", v_eviction="evict_first"),
         DecodeConfig(block_v=16, num_warps=1, kv_chunk=16, grid="v_fastest", state_eviction=""),
+        DecodeConfig(block_v=16, num_warps=1, kv_chunk=4, kv_first_eviction=""),
+        DecodeConfig(block_v=8, num_warps=1, kv_chunk=8, guard="mask", kv_first_eviction="evict_first"),
     ],
-    ids=["bv16-ck4", "bv8-ck8-mask", "bv16-ck16-vfastest"],
+    ids=["bv16-ck4", "bv8-ck8-mask", "bv16-ck16-vfastest", "bv16-ck4-first-unhinted", "bv8-ck8-mask-first-ev1"],
 )
 @pytest.mark.parametrize("head_k_dim", [16, 12], ids=["K16", "K12"])
 def test_chunked_kv_tiles_match_reference(config: DecodeConfig, head_k_dim: int) -> None:
