@@ -172,7 +172,12 @@ def candidate_configs(layout: str, sdt: torch.dtype, batch: int, num_v_heads: in
     L2, not v; ``ka``: all activations; ``noev`` / ``ev1``: no hint / evict_first on the state;
     ``cg``: the state read through L2 only; ``cs``: streaming stores; ``se1``: evict_first on the state
     store only) and for fp32 other tiles (``r4``, ``r8``, ``r16``, ``t2``: two pipelined 4-row tiles);
-    for KV other tiles and the two-pass chunked tile (``ck``)."""
+    for KV other tiles and the two-pass chunked tile (``ck``), the full-width one with no hint on its
+    first pass (``fe0``; ``fe1``: evict_first) and variations of it (``se0``: no hint on the second
+    pass, ``st0``: on its stores, ``ld0``: on its loads; ``ka``: q, k and the gate inputs kept in L2;
+    ``w2``: two warps; ``m``: masked guard; ``h``: half width; ``grp``: groups of 16 heads; ``rN``: at
+    most N registers; ``ck32-el``: evict_last on the first pass, the shape picked before from
+    B·HV = 8192), and 64 columns on two warps (``bv64-w2``, the one picked before at 1024-4096)."""
     from kda_kernels.triton_decode import DecodeConfig, pick_config
 
     gdn = {"gdn": True} if OP.name == "gdn" and "gdn" in inspect.signature(pick_config).parameters else {}
@@ -186,8 +191,19 @@ def candidate_configs(layout: str, sdt: torch.dtype, batch: int, num_v_heads: in
                "ck32": p._replace(block_v=64, num_warps=1, kv_chunk=32),
                "wide-ck16": p._replace(block_v=64 if wide else 128, num_warps=1, kv_chunk=16),
                "wide-ck32": p._replace(block_v=64 if wide else 128, num_warps=1, kv_chunk=32)}
+        # the full-width chunked tile with no hint on its first pass (fe0), and variations of it
+        fe0 = DecodeConfig(block_v=64 if wide else 128, num_warps=1, kv_chunk=32, kv_first_eviction="")
+        out.update({"fe0": fe0, "fe1": fe0._replace(kv_first_eviction="evict_first"),
+                    "fe0-se0": fe0._replace(state_eviction=""), "fe0-st0": fe0._replace(store_eviction=""),
+                    "fe0-ld0": fe0._replace(state_eviction="", store_eviction="evict_first"),
+                    "fe0-ka": fe0._replace(act_eviction="evict_last", v_eviction=""),
+                    "fe0-w2": fe0._replace(num_warps=2), "fe0-m": fe0._replace(guard="mask"),
+                    "fe0-h": fe0._replace(block_v=fe0.block_v // 2), "bv64-w2": DecodeConfig(64, 2),
+                    "ck32-el": fe0._replace(kv_first_eviction="evict_last"),
+                    "fe0-r168": fe0._replace(max_registers=168), "fe0-r128": fe0._replace(max_registers=128)})
         if grouped:
             out["grp"] = p._replace(grid="grouped")
+            out["fe0-grp"] = fe0._replace(grid="grouped")
         return out
     rows = p.block_v
     mask = dict(guard="mask")

@@ -79,8 +79,14 @@ def pick_config(
     (evict_last), or at B * HV < 1024 with HV < 16 the state is read through L2 only (.cg).
     Measured per regime against sglang's Helion kernel: see docs/kernels.md and docs/benchmarks.md.
     KV (contiguous along V): tiles of 16 to 64 V columns (whole lines per row), wider as the batch
-    grows; 16-bit state from B * HV = 8192 in two passes over 32-row chunks of a full-width
-    (V = 128: 256-byte) tile.
+    grows; 16-bit state from B * HV = 1024 in two passes over 32-row chunks of a full-width
+    (V = 128: 256-byte) tile with no hint on the first pass's loads. Side by side on the H200 (bf16,
+    three runs): from B * HV = 8192, 2-3.3% faster cold (0.7-2.7% hot) than the same tile with
+    evict_last on the first pass (H=32 B=1024: 652-656 -> 639-640 µs; H=16 B=1024: 331-332 -> 322 µs);
+    at 1024-4096, -0.4 to +5% cold (hot -3% to +28%) against 64 columns on two warps; at 512 level
+    to 3.5% slower, so 64 columns on two warps stay below 1024. GDN keeps the earlier KV shapes (the
+    chunked tile with evict_last from 8192): there, at B * HV = 4096, 64 columns on two warps
+    measured 5% faster than the chunked tile.
 
     GDN (``gdn=True``, one gate per value head) with 16-bit state in VK: the same tiles with the
     masked guard (the branch guard measured 15-20% slower there from B * HV = 2048; for KDA, in
@@ -112,7 +118,9 @@ def pick_config(
             cfg = DecodeConfig(block_v=32, num_warps=1)
         elif wide_state:  # from 4096 request-heads the state load without a hint was 1-3% faster
             cfg = DecodeConfig(block_v=64, num_warps=4, state_eviction="" if work >= 4096 else "evict_first")
-        elif work >= 8192:  # whole 256-byte rows in two passes of 32-row chunks: 5-10% faster
+        elif work >= 1024 and not gdn:  # whole 256-byte rows in two passes of 32-row chunks, the first unhinted
+            cfg = DecodeConfig(block_v=128, num_warps=1, kv_chunk=32, kv_first_eviction="")
+        elif work >= 8192:  # GDN: the same tile, the first pass kept in L2 (evict_last)
             cfg = DecodeConfig(block_v=128, num_warps=1, kv_chunk=32)
         else:
             cfg = DecodeConfig(block_v=64, num_warps=2)

@@ -144,6 +144,16 @@ def test_chunked_kv_tiles_match_reference(config: DecodeConfig, head_k_dim: int)
     _assert_matches_reference(case, config)
 
 
+def test_16bit_kv_state_takes_the_chunked_tile_with_an_unhinted_first_pass_from_1024_request_heads() -> None:
+    # measured on an H200 (pick_config's docstring); GDN keeps the earlier shapes (evict_last, from 8192)
+    for batch, hv in ((32, 32), (256, 4), (1024, 32)):
+        cfg = pick_config(batch, hv, 128, torch.bfloat16, "KV")
+        assert (cfg.block_v, cfg.num_warps, cfg.kv_chunk, cfg.kv_first_eviction) == (128, 1, 32, "")
+    assert pick_config(16, 32, 128, torch.bfloat16, "KV").kv_chunk == 0
+    assert pick_config(32, 32, 128, torch.bfloat16, "KV", gdn=True).kv_chunk == 0
+    assert pick_config(256, 32, 128, torch.bfloat16, "KV", gdn=True).kv_first_eviction == "evict_last"
+
+
 @pytest.mark.parametrize("lower_bound", [None, -5.0], ids=["softplus", "bounded"])
 @pytest.mark.parametrize("use_qk_l2norm", [True, False], ids=["l2norm", "raw"])
 def test_chunked_kv_tiles_match_reference_for_gates_and_norms(lower_bound: float | None, use_qk_l2norm: bool) -> None:
