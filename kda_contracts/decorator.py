@@ -30,6 +30,7 @@ from beartype.roar import BeartypeCallHintParamViolation
 
 from . import dumps, modes
 from .body import body_uses_checks, runner
+from .check_cache import cached_checker
 from .codegen import bool_for_float, checked_parameters, checker_names, generate_checker, generate_return_checker
 from .config_views import ConfigViews
 from .docstrings import add_class_note, add_contract_doc, wants_doc
@@ -100,7 +101,9 @@ class Contract:
         self.views = ConfigViews(spec)
         namespace: dict[str, Any] = {**consts, checker_names(spec)("views"): self.views}
         exec(compile(src, f"<kda_contracts checker for {spec.name}>", "exec"), namespace)  # our own source
-        self._check: Callable[..., tuple[int, ...] | None] = namespace["check"]
+        #: the generated checker itself; ``_check`` is it behind the eager cache of accepted metadata
+        self._check_uncached: Callable[..., tuple[int, ...] | None] = namespace["check"]
+        self._check: Callable[..., tuple[int, ...] | None] = cached_checker(spec, self._check_uncached, src)
         self.return_source: str | None = None
         self._check_return: Callable[[Any, tuple[int, ...]], bool] | None = None
         if spec.returns is not None:

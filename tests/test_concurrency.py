@@ -252,7 +252,9 @@ def test_a_recycled_id_never_serves_a_stale_view() -> None:
     call = make_decode_call(small, 2, 3)
     kc.validate_packed_decode(**call, config=small)
     views._views[id(small)] = views.make(big)  # forge: small's id, big's view
-    dims = kc.validate_packed_decode(**call, config=small)
+    dims = kc.validate_packed_decode(**call, config=small)  # a repeat: answered by the check cache
+    assert dims.K == small.head_k
+    dims = kc.validate_packed_decode(**make_decode_call(small, 3, 4), config=small)  # new shapes: the checker
     assert dims.K == small.head_k
     _assert_view_matches_its_config(id(small), views._views[id(small)], views)
 

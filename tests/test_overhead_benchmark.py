@@ -131,7 +131,7 @@ def _user(key):
 
 def test_float_dtypes_are_the_contracts():
     checked, _, _ = _user("lin2")
-    sets = [v for k, v in checked.__kda_contract__._check.__globals__.items()
+    sets = [v for k, v in checked.__kda_contract__._check_uncached.__globals__.items()
             if k.startswith("_kc_k") and isinstance(v, frozenset)]
     assert sets and all(s == ob.FLOAT_DTYPES for s in sets)
 

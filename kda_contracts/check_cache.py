@@ -1,0 +1,190 @@
+"""A cache in front of a contract's generated checker, for the eager path.
+
+The checker's verdict is a function of what it reads: each tensor's metadata (type, dtype, device,
+sizes, strides, requires_grad, inference-ness), the values of the scalar arguments, the config and
+whether inference mode is on. A call that repeats exactly the metadata of a call the checker
+accepted (a decode loop, step after step) gets that call's dims back without running the checker:
+its tensors are compared against the accepted call's in one C++ call (torch's ``TensorGuards``,
+which compares exact type, dispatch keys, dtype, device, sizes, strides and requires_grad; it
+holds no reference to a tensor), its scalar values by type and value, its config by identity (a
+frozen config only). Anything else goes through the checker, as without the cache:
+
+- a tensor subclass, a tensor inside a container, a scalar that is not a plain immutable value
+  (int, float, bool, str, None, complex, a dtype, an enum member), a mutable config, a call under
+  a functorch transform: the checker runs on every such call, and nothing is remembered;
+- only accepted calls are remembered, so a rejected call is always reported by the checker and its
+  slow path, never answered from the cache;
+- under torch.compile dynamo traces the checker itself (``_torchdynamo_inline``): the cache is an
+  eager-only shortcut and never part of a graph.
+
+``TensorGuards`` is torch's own (``torch._C._dynamo.guards``), not a public API: it is probed once
+(right answers on a dozen cases) and, if missing or wrong in the installed torch, the cache is off
+and every call runs the checker. ``KDA_CONTRACTS_CHECK_CACHE=0`` turns it off too.
+
+Example::
+
+    check = cached_checker(spec, raw_check, source)   # same signature and answers as raw_check
+"""
+
+from __future__ import annotations
+
+import enum
+import functools
+import os
+import re
+import threading
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from .codegen import checked_parameters
+from .markers import config_is_frozen
+from .snippets import Names
+
+__all__ = ["cached_checker", "guards_available"]
+
+#: entries kept per contract (one per distinct call metadata: B changes under continuous batching)
+MAX_ENTRIES = 64
+
+_LOCK = threading.Lock()  # entries are added (and the oldest dropped) by one thread at a time
+
+# Scalar values a remembered call may hold: immutable, compared by type and value.
+_PLAIN = (int, float, bool, str, bytes, complex, type(None), torch.dtype, enum.Enum)
+
+
+def _probe() -> Any:
+    """torch's TensorGuards class when it answers a dozen metadata comparisons right, else None."""
+    if os.environ.get("KDA_CONTRACTS_CHECK_CACHE", "1").strip().lower() in ("0", "false", "no", "off"):
+        return None
+    try:
+        from torch._C._dynamo import guards
+
+        TensorGuards: Any = guards.TensorGuards  # (its type stub does not list the tensors it takes)
+        a = torch.zeros(2, 3)
+        g = TensorGuards(a, dynamic_dims_sizes=None, dynamic_dims_strides=None)
+
+        class _Sub(torch.Tensor):
+            pass
+
+        with torch.inference_mode():
+            inference = torch.zeros(2, 3)
+        same = [torch.ones(2, 3), torch.empty(2, 3)]
+        different = [torch.zeros(3, 2), torch.zeros(2, 4), torch.zeros(3, 2).t(),
+                     torch.zeros(2, 3, dtype=torch.float64), torch.zeros(2, 3, requires_grad=True),
+                     torch.zeros(2, 3).as_subclass(_Sub), torch.zeros(1, 3).expand(2, 3),
+                     torch.zeros(2, 3, device="meta"), inference, 3.0, None]
+        if all(g.check(t) for t in same) and not any(g.check(t) for t in different):
+            return TensorGuards
+    except Exception:  # another torch: no cache, the checker runs on every call
+        pass
+    return None
+
+
+@functools.cache
+def guards_available() -> bool:
+    """Whether the cache can be used with the installed torch (probed once)."""
+    return _guards() is not None
+
+
+@functools.cache
+def _guards() -> Any:
+    return _probe()
+
+
+def _no_config() -> None:
+    return None
+
+
+def _remember(entries: dict[Any, tuple[Any, ...]], key: Any, dims: tuple[int, ...], tensors: tuple[Any, ...],
+              optional: tuple[bool, ...], values: tuple[Any, ...], cfg: Any) -> None:
+    """Keep an accepted call's answer under ``key`` when every part of it can be compared later."""
+    make = _guards()
+    if make is None or torch.compiler.is_compiling() or torch._C._are_functorch_transforms_active():
+        return
+    for t, opt in zip(tensors, optional, strict=True):
+        if type(t) is not torch.Tensor and not (opt and t is None):
+            return
+    for v in values:
+        if not isinstance(v, _PLAIN):
+            return
+    if cfg is None:
+        ref: Callable[[], Any] = _no_config
+    elif not config_is_frozen(cfg):
+        return  # a mutable config is read afresh by the checker on every call
+    else:
+        try:
+            ref = weakref.ref(cfg)
+        except TypeError:  # no __weakref__ slot: a strong reference (the entries are bounded)
+            ref = functools.partial(_same, cfg)
+    try:
+        guard = make(*(_NONE if t is None else t for t in tensors), dynamic_dims_sizes=None,
+                     dynamic_dims_strides=None)
+    except Exception:
+        return
+    with _LOCK:  # the lookups need none: a dict read is atomic
+        while len(entries) >= MAX_ENTRIES:
+            del entries[next(iter(entries))]
+        entries[key] = (guard, ref, dims)
+
+
+def _same(obj: Any) -> Any:
+    return obj
+
+
+# stands in for an optional tensor passed as None (the key tells None from a tensor)
+_NONE = torch.empty(0)
+
+
+def cached_checker(spec: Any, check: Callable[..., Any], source: str) -> Callable[..., Any]:
+    """``check`` (the generated checker, whose source is ``source``) behind the cache, or ``check``
+    itself when the contract has arguments the cache cannot compare (tensors inside containers)."""
+    params = checked_parameters(spec)
+    n = Names(params)
+    body = source.split("\n", 1)[1]  # after the def line, which names every parameter
+    used = {int(m) for m in re.findall(rf"\b{re.escape(n('a'))}(\d+)\b", body)}
+    if spec.nested and any(params.index(p) in used for p in spec.nested if p in params):
+        return check
+    tensors = [i for i in sorted(used) if params[i] in spec.tensors]
+    required = [i for i in tensors if not spec.tensors[params[i]].optional]
+    values = [i for i in sorted(used) if params[i] not in spec.tensors]
+    if not required or not guards_available():
+        return check
+    a = [n("a", i) for i in range(len(params))]
+    cfg, e, key, r = n("cfg"), n("e"), n("key"), n("r")
+    optional = [i for i in tensors if spec.tensors[params[i]].optional]
+    key_parts = [f"{a[required[0]]}.shape"]
+    key_parts += [f"{a[i]}.__class__, {a[i]}" for i in values]
+    key_parts += [f"{a[i]} is None" for i in optional]
+    key_parts.append(f"{n('inference')}()")
+    guard_args = [a[i] if i not in optional else f"({a[i]} if {a[i]} is not None else {n('none')})" for i in tensors]
+    signature = ", ".join([*a, f"{cfg}=None"])
+    src = "\n".join([
+        f"def check({signature}):",
+        "    try:",
+        f"        {key} = ({', '.join(key_parts)},)",
+        f"        {e} = {n('entries')}.get({key})",
+        f"        if {e} is not None and {e}[1]() is {cfg} and {e}[0].check({', '.join(guard_args)}):",
+        f"            return {e}[2]",
+        "    except Exception:  # unhashable or odd arguments: the checker decides",
+        f"        {key} = None",
+        f"    {r} = {n('check')}({', '.join([*a, cfg])})",
+        f"    if {r} is not None and {key} is not None:",
+        f"        {n('remember')}({n('entries')}, {key}, {r}, ({''.join(x + ', ' for x in (a[i] for i in tensors))}), "
+        f"{n('optional')}, ({''.join(x + ', ' for x in (a[i] for i in values))}), {cfg})",
+        f"    return {r}",
+        "",
+    ])
+    entries: dict[Any, tuple[Any, ...]] = {}
+    ns: dict[str, Any] = {
+        n("entries"): entries, n("check"): check, n("remember"): _remember, n("none"): _NONE,
+        n("inference"): torch.is_inference_mode_enabled,
+        n("optional"): tuple(i in optional for i in tensors),
+    }
+    exec(compile(src, f"<kda_contracts cached checker for {spec.name}>", "exec"), ns)  # our own source
+    fn = ns["check"]
+    fn._torchdynamo_inline = check  # torch.compile traces the checker itself, never the cache
+    fn.__kda_source__ = src
+    fn.__kda_entries__ = entries
+    return fn  # type: ignore[no-any-return]

@@ -1,0 +1,288 @@
+"""The eager cache in front of the generated checker (kda_contracts/check_cache.py): a repeat call
+skips the checker, and the cache never answers differently from the checker.
+
+- differential: on hundreds of calls, valid ones of several shapes and every kind of mutation
+  (dtype, shape, strides, device, requires_grad, inference tensors, subclasses, scalar types and
+  values, configs), each asked twice so that the second may come from the cache, the cached
+  checker's answer is the checker's;
+- a repeat call runs the checker once, not per call; the entries are bounded and hold no tensor;
+- what it must not remember (mutable configs, non-plain scalars, subclasses) is checked every call;
+- torch.compile traces the checker, not the cache: one graph over dozens of calls;
+- ``KDA_CONTRACTS_CHECK_CACHE=0`` or a contract over containers: the plain checker.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gc
+import math
+import os
+import subprocess
+import sys
+import weakref
+from collections import Counter
+
+import pytest
+import torch
+from torch._dynamo.utils import counters
+
+import kda_contracts as kc
+from kda_contracts import Float, Int, Tensor
+from kda_contracts.check_cache import MAX_ENTRIES, cached_checker, guards_available
+from kda_contracts.testing import make_decode_call
+
+pytestmark = pytest.mark.skipif(not guards_available(), reason="torch's TensorGuards is not usable here")
+
+STATS: Counter[str] = Counter()
+
+
+class Sub(torch.Tensor):
+    pass
+
+
+def decode_args(B, cfg, *, seed=0):
+    call = make_decode_call(cfg, B, max(2 * B, 4), seed=seed)
+    c = kc.packed_decode_contract(cfg.state_layout)
+    return c, [call.get(p) for p in c._param_names]
+
+
+def _swap(args, i, v):
+    return [*args[:i], v, *args[i + 1:]]
+
+
+def mutations(args):
+    """(name, args) for every kind of change to a valid packed-decode call (positions as in the
+    contract's signature: 0 mixed_qkv … 8 indices, 5 scale, 9 l2norm flag, 10 lower_bound)."""
+    tensors = [0, 1, 2, 3, 4, 6, 7, 8]
+    for i in tensors:
+        t = args[i]
+        for dt in (torch.float64, torch.bfloat16, torch.float16, torch.float32, torch.int64, torch.int32):
+            if dt != t.dtype:
+                yield f"a{i} {dt}", _swap(args, i, t.to(dt))
+        yield f"a{i} extra dim", _swap(args, i, t[None])
+        yield f"a{i} one more", _swap(args, i, torch.cat([t, t[:1]]) if t.shape[0] else t)
+        if t.dim() >= 1 and t.shape[-1] > 1:
+            yield f"a{i} last axis strided", _swap(args, i, torch.cat([t, t], -1)[..., ::2])
+        if t.dim() >= 2:
+            yield f"a{i} transposed copy", _swap(args, i, t.transpose(-1, -2).contiguous().transpose(-1, -2))
+            yield f"a{i} rows padded", _swap(args, i, torch.cat([t, t], 0)[::2])
+        yield f"a{i} expanded", _swap(args, i, t[:1].expand(t.shape) if t.shape[0] else t)
+        yield f"a{i} meta", _swap(args, i, torch.empty_like(t, device="meta"))
+        yield f"a{i} same metadata", _swap(args, i, t.clone())
+        yield f"a{i} subclass", _swap(args, i, t.as_subclass(Sub))
+        yield f"a{i} list", _swap(args, i, t.tolist())
+        yield f"a{i} None", _swap(args, i, None)
+        if t.is_floating_point():
+            yield f"a{i} requires_grad", _swap(args, i, t.clone().requires_grad_())
+        with torch.inference_mode():
+            inf = t.clone()
+        yield f"a{i} inference tensor", _swap(args, i, inf)
+    for v in (True, 1, 0.5, 2, -1.0, 0.0, -0.0, math.nan, math.inf, "0.1", None, torch.tensor(0.1)):
+        yield f"scale {v!r}", _swap(args, 5, v)
+    for v in (True, False, 1, 0, "yes", None, 1.0):
+        yield f"l2norm {v!r}", _swap(args, 9, v)
+    for v in (None, -1.0, -5, 0.0, 1.0, True, math.nan, -math.inf, "x"):
+        yield f"lower_bound {v!r}", _swap(args, 10, v)
+    for v in ("VK", "KV", None, "vk", 3):
+        yield f"state_layout {v!r}", _swap(args, 12, v)
+
+
+def _same_answer(c, args, cfg, name):
+    want = c._check_uncached(*args, cfg)
+    for _ in range(2):  # the second call may be answered by the cache
+        got = c._check(*args, cfg)
+        assert got == want, f"{name}: cache {got} != checker {want}"
+    STATS["accepted" if want is not None else "rejected"] += 1
+    return want
+
+
+@pytest.mark.parametrize("layout", ["VK", "KV"])
+def test_the_cached_checker_answers_as_the_checker_on_every_mutation(layout):
+    small = kc.KDAConfig(num_heads=2, num_v_heads=2, head_k_dim=8, head_v_dim=8, state_layout=layout)
+    other = kc.KDAConfig(num_heads=1, num_v_heads=1, head_k_dim=8, head_v_dim=8, state_layout=layout)
+    n = 0
+    for B in (1, 3):
+        c, args = decode_args(B, small, seed=B)
+        for cfg in (None, small, other):
+            assert (_same_answer(c, args, cfg, "valid") is None) == (cfg is other)
+            for name, mutated in mutations(args):
+                _same_answer(c, mutated, cfg, name)
+                n += 1
+                # the valid call again, now that the cache may hold the mutated one
+                _same_answer(c, args, cfg, "valid again")
+    assert n > 1000
+    assert STATS["accepted"] > 100 and STATS["rejected"] > 300
+
+
+def test_inference_tensors_are_judged_by_the_mode_they_are_passed_in():
+    cfg = kc.KDAConfig(num_heads=2, num_v_heads=2, head_k_dim=8, head_v_dim=8)
+    c, args = decode_args(2, cfg)
+    with torch.inference_mode():
+        out = args[7].clone()
+        args = _swap(args, 7, out)
+        assert c._check(*args, None) is not None
+        assert c._check(*args, None) is not None  # remembered inside inference mode
+    assert c._check_uncached(*args, None) is None  # written in place outside inference mode: refused
+    assert c._check(*args, None) is None
+    with pytest.raises(kc.ContractError, match="inference"):
+        kc.validate_packed_decode(*args[:11])
+
+
+def _counting(c):
+    calls = Counter()
+
+    def check(*a):
+        calls["checker"] += 1
+        return c._check_uncached(*a)
+
+    return cached_checker(c.spec, check, c.checker_source), calls
+
+
+def test_a_repeat_call_runs_the_checker_once():
+    cfg = kc.KDAConfig(num_heads=2, num_v_heads=2, head_k_dim=8, head_v_dim=8)
+    c, _ = decode_args(1, cfg)
+    check, calls = _counting(c)
+    for step in range(50):  # fresh tensors every step, as in a decode loop, at three batch sizes
+        _, args = decode_args(1 + step % 3, cfg, seed=step)
+        assert check(*args, cfg) == c._check_uncached(*args, cfg)
+    assert calls["checker"] == 3
+    assert len(check.__kda_entries__) == 3
+
+
+def test_the_entries_are_bounded_and_hold_no_tensor():
+    cfg = kc.KDAConfig(num_heads=2, num_v_heads=2, head_k_dim=8, head_v_dim=8)
+    c, _ = decode_args(1, cfg)
+    check, calls = _counting(c)
+    refs = []
+    for B in range(1, MAX_ENTRIES + 40):
+        _, args = decode_args(B, cfg, seed=B)
+        assert check(*args, cfg) is not None
+        refs += [weakref.ref(t) for t in args if isinstance(t, torch.Tensor)]
+    assert len(check.__kda_entries__) == MAX_ENTRIES
+    del args
+    gc.collect()
+    assert all(r() is None for r in refs)
+    _, args = decode_args(MAX_ENTRIES + 39, cfg, seed=1)  # the newest entry is still there
+    before = calls["checker"]
+    check(*args, cfg)
+    assert calls["checker"] == before
+
+
+@dataclasses.dataclass
+class MutableDims:
+    B: int
+
+
+@dataclasses.dataclass(frozen=True)
+class FrozenDims:
+    B: int
+
+
+def _scaled(x: Float[Tensor, "B D"], y: Float[Tensor, "B D"], alpha: float, config: object = None) -> None:
+    pass
+
+
+def test_a_mutable_config_is_read_afresh_and_a_frozen_one_remembered():
+    fn = kc.contract(mode="check", register=False, config_arg="config")(_scaled)
+    c = fn.__kda_contract__
+    x = torch.randn(4, 3)
+    m = MutableDims(B=4)
+    assert c._check(x, x, 1.0, m, m) is not None
+    assert c._check(x, x, 1.0, m, m) is not None
+    assert not c._check.__kda_entries__  # never remembered
+    m.B = 5
+    assert c._check(x, x, 1.0, m, m) is None  # the change is seen
+    f = FrozenDims(B=4)
+    assert c._check(x, x, 1.0, f, f) is not None
+    assert len(c._check.__kda_entries__) == 1
+    assert c._check(x, x, 1.0, FrozenDims(B=5), FrozenDims(B=5)) is None  # another object: the checker
+    with pytest.raises(kc.ContractError):
+        fn(x, x, 1.0, FrozenDims(B=5))
+
+
+def test_non_plain_scalars_and_subclasses_are_checked_on_every_call():
+    fn = kc.contract(mode="check", register=False)(_scaled)
+    c = fn.__kda_contract__
+    x = torch.randn(4, 3)
+    alpha = torch.tensor(1.0)
+    for _ in range(3):
+        c._check(x, x, alpha, None, None)
+        c._check(x.as_subclass(Sub), x, 1.0, None, None)
+    assert not c._check.__kda_entries__
+    c._check(x, x, 1.0, None, None)
+    assert len(c._check.__kda_entries__) == 1
+
+
+def _nested(xs: list[Float[Tensor, "B D"]], w: Float[Tensor, "D E"]) -> None:
+    pass
+
+
+def _optional(x: Float[Tensor, "B D"], bias: Float[Tensor, "D"] | None = None) -> None:
+    pass
+
+
+def test_tensors_inside_containers_always_go_through_the_checker():
+    c = kc.contract(mode="check", register=False)(_nested).__kda_contract__
+    assert c._check is c._check_uncached
+
+
+def test_an_optional_tensor_passed_as_none_or_not_is_told_apart():
+    fn = kc.contract(mode="check", register=False)(_optional)
+    c = fn.__kda_contract__
+    x = torch.randn(4, 3)
+    for _ in range(3):
+        assert c._check(x, None, None) == c._check_uncached(x, None, None) is not None
+        assert c._check(x, torch.randn(3), None) is not None
+        assert c._check(x, torch.randn(4), None) is None
+        assert c._check(x, torch.empty(0), None) is None  # the stand-in for None is never taken for it
+    with pytest.raises(kc.ContractError):
+        fn(x, torch.randn(4))
+
+
+def _indexed(x: Float[Tensor, "B D"], idx: Int[Tensor, "B"]) -> None:
+    pass
+
+
+def test_a_compiled_function_traces_the_checker_not_the_cache():
+    torch._dynamo.reset()
+    counters.clear()
+    fn = kc.contract(mode="check", register=False)(_indexed)
+
+    def step(x, idx):
+        fn(x, idx)
+        return x * 2
+
+    cf = torch.compile(step, fullgraph=True, backend="eager", dynamic=True)
+    for i in range(30):
+        B = 2 + i % 5
+        x, idx = torch.randn(B, 3), torch.arange(B)
+        fn(x, idx)  # eager calls fill the cache meanwhile
+        assert torch.equal(cf(x, idx), x * 2)
+    assert counters["stats"]["unique_graphs"] == 1
+    assert not counters["graph_break"]
+    with pytest.raises(kc.ContractError):
+        cf(torch.randn(3, 3), torch.arange(4))
+    torch._dynamo.reset()
+
+
+def test_the_op_rejects_after_warm_up_with_the_same_words():
+    cfg = kc.KDAConfig(num_heads=2, num_v_heads=2, head_k_dim=8, head_v_dim=8)
+    call = make_decode_call(cfg, 2, 4)
+    bad = dict(call, ssm_state_indices=call["ssm_state_indices"].to(torch.float32))
+    with kc.mode("check"):
+        with pytest.raises(kc.ContractError) as cold:
+            kc.packed_decode(**bad, backend="torch")
+        for _ in range(20):
+            kc.packed_decode(**call, backend="torch")
+        with pytest.raises(kc.ContractError) as warm:
+            kc.packed_decode(**bad, backend="torch")
+    assert str(warm.value) == str(cold.value)
+
+
+def test_the_cache_can_be_turned_off():
+    code = ("import kda_contracts as kc; c = kc.packed_decode_contract('VK'); "
+            "print(c._check is c._check_uncached)")
+    env = dict(os.environ, KDA_CONTRACTS_CHECK_CACHE="0")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "True"
+    assert kc.packed_decode_contract("VK")._check is not kc.packed_decode_contract("VK")._check_uncached
