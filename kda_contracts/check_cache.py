@@ -13,7 +13,10 @@ frozen config only). Anything else goes through the checker, as without the cach
   (int, float, bool, str, None, complex, a dtype, an enum member), a mutable config, a call under
   a functorch transform: the checker runs on every such call, and nothing is remembered;
 - only accepted calls are remembered, so a rejected call is always reported by the checker and its
-  slow path, never answered from the cache;
+  slow path, never answered from the cache; and only from the second time the same key (the
+  first tensor's shape, the scalar values, the config) is accepted, so a run of calls that never
+  repeat costs a count each, not a guard built for nothing (nor, for a key whose other tensors
+  keep changing, a guard rebuilt on every call: after 8 builds its entry stays);
 - under torch.compile dynamo traces the checker itself (``_torchdynamo_inline``): the cache is an
   eager-only shortcut and never part of a graph.
 
@@ -46,7 +49,12 @@ from .snippets import Names
 __all__ = ["cached_checker", "guards_available"]
 
 #: entries kept per contract (one per distinct call metadata: B changes under continuous batching)
-MAX_ENTRIES = 64
+MAX_ENTRIES = 256
+#: keys counted (a key is remembered from its second accepted call), per contract
+MAX_SEEN = 4096
+#: times a key's entry is built (the key repeats with other tensors' metadata changing) before it is
+#: left as it is: those calls then run the checker without building a guard each time
+MAX_REBUILDS = 8
 
 _LOCK = threading.Lock()  # entries are added (and the oldest dropped) by one thread at a time
 
@@ -97,12 +105,20 @@ def _no_config() -> None:
     return None
 
 
-def _remember(entries: dict[Any, tuple[Any, ...]], key: Any, dims: tuple[int, ...], tensors: tuple[Any, ...],
-              optional: tuple[bool, ...], values: tuple[Any, ...], cfg: Any) -> None:
-    """Keep an accepted call's answer under ``key`` when every part of it can be compared later."""
+def _remember(entries: dict[Any, tuple[Any, ...]], seen: dict[Any, int], key: Any, dims: tuple[int, ...],
+              tensors: tuple[Any, ...], optional: tuple[bool, ...], values: tuple[Any, ...], cfg: Any) -> None:
+    """Keep an accepted call's answer under ``key`` when every part of it can be compared later,
+    the key was accepted before, and its entry has not been replaced too often (``seen``: how many
+    accepted calls of each key the cache did not answer)."""
     make = _guards()
     if make is None or torch.compiler.is_compiling() or torch._C._are_functorch_transforms_active():
         return
+    with _LOCK:
+        if len(seen) >= MAX_SEEN:
+            seen.clear()
+        misses = seen[key] = seen.get(key, 0) + 1
+    if misses < 2 or (misses > MAX_REBUILDS + 1 and key in entries):
+        return  # seen once; or a key whose other tensors keep changing: its entry stays as it is
     for t, opt in zip(tensors, optional, strict=True):
         if type(t) is not torch.Tensor and not (opt and t is None):
             return
@@ -157,9 +173,11 @@ def cached_checker(spec: Any, check: Callable[..., Any], source: str) -> Callabl
     key_parts = [f"{a[required[0]]}.shape"]
     key_parts += [f"{a[i]}.__class__, {a[i]}" for i in values]
     key_parts += [f"{a[i]} is None" for i in optional]
-    key_parts.append(f"{n('inference')}()")
+    key_parts += [f"{n('id')}({cfg})", f"{n('inference')}()"]  # (the entry's reference tells a recycled id)
     guard_args = [a[i] if i not in optional else f"({a[i]} if {a[i]} is not None else {n('none')})" for i in tensors]
     signature = ", ".join([*a, f"{cfg}=None"])
+    tensor_tuple = "".join(f"{a[i]}, " for i in tensors)
+    value_tuple = "".join(f"{a[i]}, " for i in values)
     src = "\n".join([
         f"def check({signature}):",
         "    try:",
@@ -171,15 +189,15 @@ def cached_checker(spec: Any, check: Callable[..., Any], source: str) -> Callabl
         f"        {key} = None",
         f"    {r} = {n('check')}({', '.join([*a, cfg])})",
         f"    if {r} is not None and {key} is not None:",
-        f"        {n('remember')}({n('entries')}, {key}, {r}, ({''.join(x + ', ' for x in (a[i] for i in tensors))}), "
-        f"{n('optional')}, ({''.join(x + ', ' for x in (a[i] for i in values))}), {cfg})",
+        f"        {n('remember')}({n('entries')}, {n('seen')}, {key}, {r}, ({tensor_tuple}), {n('optional')}, "
+        f"({value_tuple}), {cfg})",
         f"    return {r}",
         "",
     ])
-    entries: dict[Any, tuple[Any, ...]] = {}
+    entries: dict[Any, tuple[Any, ...]] = {}  # key -> (guard, config reference, dims)
     ns: dict[str, Any] = {
-        n("entries"): entries, n("check"): check, n("remember"): _remember, n("none"): _NONE,
-        n("inference"): torch.is_inference_mode_enabled,
+        n("entries"): entries, n("seen"): {}, n("check"): check, n("remember"): _remember, n("none"): _NONE,
+        n("inference"): torch.is_inference_mode_enabled, n("id"): id,
         n("optional"): tuple(i in optional for i in tensors),
     }
     exec(compile(src, f"<kda_contracts cached checker for {spec.name}>", "exec"), ns)  # our own source

@@ -3,9 +3,10 @@ skips the checker, and the cache never answers differently from the checker.
 
 - differential: on hundreds of calls, valid ones of several shapes and every kind of mutation
   (dtype, shape, strides, device, requires_grad, inference tensors, subclasses, scalar types and
-  values, configs), each asked twice so that the second may come from the cache, the cached
-  checker's answer is the checker's;
-- a repeat call runs the checker once, not per call; the entries are bounded and hold no tensor;
+  values, configs), each asked three times so that the last may come from the cache (a key is
+  remembered from its second accepted call), the cached checker's answer is the checker's;
+- a repeat call runs the checker twice, not per call; calls that never repeat remember nothing;
+  the entries are bounded and hold no tensor;
 - what it must not remember (mutable configs, non-plain scalars, subclasses) is checked every call;
 - torch.compile traces the checker, not the cache: one graph over dozens of calls;
 - ``KDA_CONTRACTS_CHECK_CACHE=0`` or a contract over containers: the plain checker.
@@ -89,7 +90,7 @@ def mutations(args):
 
 def _same_answer(c, args, cfg, name):
     want = c._check_uncached(*args, cfg)
-    for _ in range(2):  # the second call may be answered by the cache
+    for _ in range(3):  # the third call may be answered by the cache
         got = c._check(*args, cfg)
         assert got == want, f"{name}: cache {got} != checker {want}"
     STATS["accepted" if want is not None else "rejected"] += 1
@@ -120,8 +121,9 @@ def test_inference_tensors_are_judged_by_the_mode_they_are_passed_in():
     with torch.inference_mode():
         out = args[7].clone()
         args = _swap(args, 7, out)
-        assert c._check(*args, None) is not None
-        assert c._check(*args, None) is not None  # remembered inside inference mode
+        for _ in range(3):  # remembered inside inference mode
+            assert c._check(*args, None) is not None
+        assert len(c._check.__kda_entries__) >= 1
     assert c._check_uncached(*args, None) is None  # written in place outside inference mode: refused
     assert c._check(*args, None) is None
     with pytest.raises(kc.ContractError, match="inference"):
@@ -138,14 +140,18 @@ def _counting(c):
     return cached_checker(c.spec, check, c.checker_source), calls
 
 
-def test_a_repeat_call_runs_the_checker_once():
+def test_a_repeat_call_runs_the_checker_twice_and_a_new_one_builds_nothing():
     cfg = kc.KDAConfig(num_heads=2, num_v_heads=2, head_k_dim=8, head_v_dim=8)
     c, _ = decode_args(1, cfg)
     check, calls = _counting(c)
     for step in range(50):  # fresh tensors every step, as in a decode loop, at three batch sizes
         _, args = decode_args(1 + step % 3, cfg, seed=step)
         assert check(*args, cfg) == c._check_uncached(*args, cfg)
-    assert calls["checker"] == 3
+    assert calls["checker"] == 6  # each size: the first call (seen), the second (remembered)
+    assert len(check.__kda_entries__) == 3
+    for B in range(4, 40):  # calls that never repeat: no guard is built for them
+        _, args = decode_args(B, cfg, seed=B)
+        assert check(*args, cfg) is not None
     assert len(check.__kda_entries__) == 3
 
 
@@ -156,6 +162,7 @@ def test_the_entries_are_bounded_and_hold_no_tensor():
     refs = []
     for B in range(1, MAX_ENTRIES + 40):
         _, args = decode_args(B, cfg, seed=B)
+        assert check(*args, cfg) is not None
         assert check(*args, cfg) is not None
         refs += [weakref.ref(t) for t in args if isinstance(t, torch.Tensor)]
     assert len(check.__kda_entries__) == MAX_ENTRIES
@@ -194,6 +201,7 @@ def test_a_mutable_config_is_read_afresh_and_a_frozen_one_remembered():
     assert c._check(x, x, 1.0, m, m) is None  # the change is seen
     f = FrozenDims(B=4)
     assert c._check(x, x, 1.0, f, f) is not None
+    assert c._check(x, x, 1.0, f, f) is not None
     assert len(c._check.__kda_entries__) == 1
     assert c._check(x, x, 1.0, FrozenDims(B=5), FrozenDims(B=5)) is None  # another object: the checker
     with pytest.raises(kc.ContractError):
@@ -209,6 +217,7 @@ def test_non_plain_scalars_and_subclasses_are_checked_on_every_call():
         c._check(x, x, alpha, None, None)
         c._check(x.as_subclass(Sub), x, 1.0, None, None)
     assert not c._check.__kda_entries__
+    c._check(x, x, 1.0, None, None)
     c._check(x, x, 1.0, None, None)
     assert len(c._check.__kda_entries__) == 1
 
@@ -286,3 +295,35 @@ def test_the_cache_can_be_turned_off():
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "True"
     assert kc.packed_decode_contract("VK")._check is not kc.packed_decode_contract("VK")._check_uncached
+
+
+def test_a_key_whose_other_tensors_keep_changing_stops_building_guards(monkeypatch):
+    from kda_contracts import check_cache
+
+    real = check_cache._guards()
+    built = Counter()
+
+    def counting(*tensors, **kw):
+        built["guards"] += 1
+        return real(*tensors, **kw)
+
+    monkeypatch.setattr(check_cache, "_guards", lambda: counting)
+    cfg = kc.KDAConfig(num_heads=2, num_v_heads=2, head_k_dim=8, head_v_dim=8)
+    c, _ = decode_args(1, cfg)
+    check, calls = _counting(c)
+    for pool in range(4, 64):  # the same B (the key), a new pool size every call
+        call = make_decode_call(cfg, 2, pool, seed=pool)
+        args = [call.get(p) for p in c._param_names]
+        assert check(*args, cfg) == c._check_uncached(*args, cfg) is not None
+    assert calls["checker"] == 60  # every call is new: the checker answers each
+    assert built["guards"] == check_cache.MAX_REBUILDS  # then the key's entry is left as it is
+
+
+def test_calls_alternating_between_configs_are_each_answered_by_the_cache():
+    cfg = kc.KDAConfig(num_heads=2, num_v_heads=2, head_k_dim=8, head_v_dim=8)
+    c, args = decode_args(2, cfg)
+    check, calls = _counting(c)
+    for _ in range(40):
+        for config in (None, cfg):
+            assert check(*args, config) == c._check_uncached(*args, config) is not None
+    assert calls["checker"] == 4  # two per config, then the cache
