@@ -100,7 +100,8 @@ def render(data: list[dict[str, Any]], copy_tbps: float, eager: list[tuple[str, 
             f"{d['note']} |")
     if eager:
         lines += ["", f"Eager path at B = 1, {eager_shape}, fp32 state (µs per call, wall clock, median of 3 "
-                  "interleaved rounds of 7×300 calls):", "", "| path | µs/call |", "|---|---|"]
+                  "interleaved rounds of 7×300 calls; the mode set around each timed loop, not per call):", "",
+                  "| path | µs/call |", "|---|---|"]
         lines += [f"| {label} | {us:.1f} |" for label, us in eager]
     return "\n".join(lines) + "\n"
 
