@@ -7,16 +7,23 @@ accepted (a decode loop, step after step) gets that call's dims back without run
 its tensors are compared against the accepted call's in one C++ call (torch's ``TensorGuards``,
 which compares exact type, dispatch keys, dtype, device, sizes, strides and requires_grad; it
 holds no reference to a tensor), its scalar values by type and value, its config by identity (a
-frozen config only). Anything else goes through the checker, as without the cache:
+frozen config only), and whether each tensor the checker asks about is an inference tensor is
+part of the key (the dispatch keys cannot tell inside a custom op's kernel, where the autograd
+keys are excluded). A contract whose checker runs user code (an ``annotated_types.Predicate``,
+which may read anything) is never cached. Anything else goes through the checker, as without the
+cache:
 
-- a tensor subclass, a tensor inside a container, a scalar that is not a plain immutable value
-  (int, float, bool, str, None, complex, a dtype, an enum member), a mutable config, a call under
-  a functorch transform: the checker runs on every such call, and nothing is remembered;
+- a tensor subclass, a tensor inside a container, a scalar that is not of a plain immutable type
+  (exactly int, float, bool, str, bytes, complex, None or a dtype), a mutable config, a call under
+  a functorch transform: the checker runs on every such call, and nothing is remembered (not even
+  counted);
 - only accepted calls are remembered, so a rejected call is always reported by the checker and its
   slow path, never answered from the cache; and only from the second time the same key (the
   first tensor's shape, the scalar values, the config) is accepted, so a run of calls that never
   repeat costs a count each, not a guard built for nothing (nor, for a key whose other tensors
-  keep changing, a guard rebuilt on every call: after 8 builds its entry stays);
+  keep changing, a guard rebuilt on every call: after 2 builds its entry stays); and after 64
+  accepted calls in a row that it did not answer, the cache stands aside for 1024 calls (the
+  checker alone) before it tries again;
 - under torch.compile dynamo traces the checker itself (``_torchdynamo_inline``): the cache is an
   eager-only shortcut and never part of a graph.
 
@@ -26,24 +33,25 @@ and every call runs the checker. ``KDA_CONTRACTS_CHECK_CACHE=0`` turns it off to
 
 Example::
 
-    check = cached_checker(spec, raw_check, source)   # same signature and answers as raw_check
+    check = cached_checker(spec, raw_check, source, consts)   # same signature and answers as raw_check
 """
 
 from __future__ import annotations
 
-import enum
 import functools
 import os
 import re
 import threading
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
 
 from .codegen import checked_parameters
 from .markers import config_is_frozen
+from .rules import _inference_outside_mode
+from .scalar_rules import Satisfies
 from .snippets import Names
 
 __all__ = ["cached_checker", "guards_available"]
@@ -54,12 +62,18 @@ MAX_ENTRIES = 256
 MAX_SEEN = 4096
 #: times a key's entry is built (the key repeats with other tensors' metadata changing) before it is
 #: left as it is: those calls then run the checker without building a guard each time
-MAX_REBUILDS = 8
+MAX_REBUILDS = 2
+#: accepted calls in a row the cache did not answer after which it stands aside (the checker alone,
+#: no key built, nothing remembered) for BYPASS_FOR calls, then tries again: calls whose metadata
+#: never repeats then cost the checker and a counter, not the cache's bookkeeping on top
+BYPASS_AFTER = 64
+BYPASS_FOR = 1024
 
 _LOCK = threading.Lock()  # entries are added (and the oldest dropped) by one thread at a time
 
-# Scalar values a remembered call may hold: immutable, compared by type and value.
-_PLAIN = (int, float, bool, str, bytes, complex, type(None), torch.dtype, enum.Enum)
+# The exact types of the scalar values a remembered call may hold: immutable, compared by type and
+# value (the checker's own rules cannot tell -0.0 from 0.0 or one NaN object from another NaN).
+_PLAIN = frozenset({int, float, bool, str, bytes, complex, type(None), torch.dtype})
 
 
 def _probe() -> Any:
@@ -67,26 +81,32 @@ def _probe() -> Any:
     if os.environ.get("KDA_CONTRACTS_CHECK_CACHE", "1").strip().lower() in ("0", "false", "no", "off"):
         return None
     try:
-        from torch._C._dynamo import guards
-
-        TensorGuards: Any = guards.TensorGuards  # (its type stub does not list the tensors it takes)
-        a = torch.zeros(2, 3)
-        g = TensorGuards(a, dynamic_dims_sizes=None, dynamic_dims_strides=None)
-
-        class _Sub(torch.Tensor):
-            pass
-
-        with torch.inference_mode():
-            inference = torch.zeros(2, 3)
-        same = [torch.ones(2, 3), torch.empty(2, 3)]
-        different = [torch.zeros(3, 2), torch.zeros(2, 4), torch.zeros(3, 2).t(),
-                     torch.zeros(2, 3, dtype=torch.float64), torch.zeros(2, 3, requires_grad=True),
-                     torch.zeros(2, 3).as_subclass(_Sub), torch.zeros(1, 3).expand(2, 3),
-                     torch.zeros(2, 3, device="meta"), inference, 3.0, None]
-        if all(g.check(t) for t in same) and not any(g.check(t) for t in different):
-            return TensorGuards
+        # on the CPU and outside inference mode whatever the caller's defaults (same answers)
+        with torch.inference_mode(False), torch.device("cpu"):
+            return _probe_cpu()
     except Exception:  # another torch: no cache, the checker runs on every call
+        return None
+
+
+def _probe_cpu() -> Any:
+    from torch._C._dynamo import guards
+
+    TensorGuards: Any = guards.TensorGuards  # (its type stub does not list the tensors it takes)
+    a = torch.zeros(2, 3)
+    g = TensorGuards(a, dynamic_dims_sizes=None, dynamic_dims_strides=None)
+
+    class _Sub(torch.Tensor):
         pass
+
+    with torch.inference_mode():
+        inference = torch.zeros(2, 3)
+    same = [torch.ones(2, 3), torch.empty(2, 3)]
+    different = [torch.zeros(3, 2), torch.zeros(2, 4), torch.zeros(3, 2).t(),
+                 torch.zeros(2, 3, dtype=torch.float64), torch.zeros(2, 3, requires_grad=True),
+                 torch.zeros(2, 3).as_subclass(_Sub), torch.zeros(1, 3).expand(2, 3),
+                 torch.zeros(2, 3, device="meta"), inference, 3.0, None]
+    if all(g.check(t) for t in same) and not any(g.check(t) for t in different):
+        return TensorGuards
     return None
 
 
@@ -109,21 +129,24 @@ def _remember(entries: dict[Any, tuple[Any, ...]], seen: dict[Any, int], key: An
               tensors: tuple[Any, ...], optional: tuple[bool, ...], values: tuple[Any, ...], cfg: Any) -> None:
     """Keep an accepted call's answer under ``key`` when every part of it can be compared later,
     the key was accepted before, and its entry has not been replaced too often (``seen``: how many
-    accepted calls of each key the cache did not answer)."""
+    accepted calls of each key the cache did not answer). Never raises: the call was accepted."""
+    try:
+        _remember_or_raise(entries, seen, key, dims, tensors, optional, values, cfg)
+    except Exception:  # whatever an odd argument does, the checker's answer stands
+        pass
+
+
+def _remember_or_raise(entries: dict[Any, tuple[Any, ...]], seen: dict[Any, int], key: Any, dims: tuple[int, ...],
+                       tensors: tuple[Any, ...], optional: tuple[bool, ...], values: tuple[Any, ...],
+                       cfg: Any) -> None:
     make = _guards()
     if make is None or torch.compiler.is_compiling() or torch._C._are_functorch_transforms_active():
         return
-    with _LOCK:
-        if len(seen) >= MAX_SEEN:
-            seen.clear()
-        misses = seen[key] = seen.get(key, 0) + 1
-    if misses < 2 or (misses > MAX_REBUILDS + 1 and key in entries):
-        return  # seen once; or a key whose other tensors keep changing: its entry stays as it is
+    for v in values:  # first, so that no other value is hashed, compared or kept in ``seen``
+        if type(v) not in _PLAIN:
+            return
     for t, opt in zip(tensors, optional, strict=True):
         if type(t) is not torch.Tensor and not (opt and t is None):
-            return
-    for v in values:
-        if not isinstance(v, _PLAIN):
             return
     if cfg is None:
         ref: Callable[[], Any] = _no_config
@@ -134,11 +157,13 @@ def _remember(entries: dict[Any, tuple[Any, ...]], seen: dict[Any, int], key: An
             ref = weakref.ref(cfg)
         except TypeError:  # no __weakref__ slot: a strong reference (the entries are bounded)
             ref = functools.partial(_same, cfg)
-    try:
-        guard = make(*(_NONE if t is None else t for t in tensors), dynamic_dims_sizes=None,
-                     dynamic_dims_strides=None)
-    except Exception:
-        return
+    with _LOCK:
+        if len(seen) >= MAX_SEEN:
+            seen.clear()
+        misses = seen[key] = seen.get(key, 0) + 1
+    if misses < 2 or (misses > MAX_REBUILDS + 1 and key in entries):
+        return  # seen once; or a key whose other tensors keep changing: its entry stays as it is
+    guard = make(*(_NONE if t is None else t for t in tensors), dynamic_dims_sizes=None, dynamic_dims_strides=None)
     with _LOCK:  # the lookups need none: a dict read is atomic
         while len(entries) >= MAX_ENTRIES:
             del entries[next(iter(entries))]
@@ -153,15 +178,22 @@ def _same(obj: Any) -> Any:
 _NONE = torch.empty(0)
 
 
-def cached_checker(spec: Any, check: Callable[..., Any], source: str) -> Callable[..., Any]:
-    """``check`` (the generated checker, whose source is ``source``) behind the cache, or ``check``
-    itself when the contract has arguments the cache cannot compare (tensors inside containers)."""
+def cached_checker(spec: Any, check: Callable[..., Any], source: str, consts: Mapping[str, Any]) -> Callable[..., Any]:
+    """``check`` (the generated checker, whose source is ``source`` and whose constants are
+    ``consts``) behind the cache, or ``check`` itself when the contract has arguments the cache
+    cannot compare (tensors inside containers) or runs user predicates (they may read anything)."""
     params = checked_parameters(spec)
     n = Names(params)
     body = source.split("\n", 1)[1]  # after the def line, which names every parameter
     used = {int(m) for m in re.findall(rf"\b{re.escape(n('a'))}(\d+)\b", body)}
     if spec.nested and any(params.index(p) in used for p in spec.nested if p in params):
         return check
+    if any(isinstance(rule, Satisfies) for sp in spec.scalars.values() for rule in sp.rules):
+        return check
+    # the tensors the checker asks whether they are inference tensors (a write into one is refused)
+    asks = [name for name, obj in consts.items() if obj is _inference_outside_mode]
+    inference_args = sorted({int(m) for name in asks
+                             for m in re.findall(rf"\b{re.escape(name)}\({re.escape(n('a'))}(\d+)\)", body)})
     tensors = [i for i in sorted(used) if params[i] in spec.tensors]
     required = [i for i in tensors if not spec.tensors[params[i]].optional]
     values = [i for i in sorted(used) if params[i] not in spec.tensors]
@@ -173,22 +205,31 @@ def cached_checker(spec: Any, check: Callable[..., Any], source: str) -> Callabl
     key_parts = [f"{a[required[0]]}.shape"]
     key_parts += [f"{a[i]}.__class__, {a[i]}" for i in values]
     key_parts += [f"{a[i]} is None" for i in optional]
+    key_parts += [f"({a[i]} is not None and {a[i]}.is_inference())" if i in optional else f"{a[i]}.is_inference()"
+                  for i in inference_args]
     key_parts += [f"{n('id')}({cfg})", f"{n('inference')}()"]  # (the entry's reference tells a recycled id)
     guard_args = [a[i] if i not in optional else f"({a[i]} if {a[i]} is not None else {n('none')})" for i in tensors]
     signature = ", ".join([*a, f"{cfg}=None"])
     tensor_tuple = "".join(f"{a[i]}, " for i in tensors)
     value_tuple = "".join(f"{a[i]}, " for i in values)
+    st = n("state")  # [accepted calls in a row the cache did not answer, or the bypass countdown]
     src = "\n".join([
         f"def check({signature}):",
+        f"    if {st}[0] >= {BYPASS_AFTER}:  # standing aside for a while",
+        f"        {st}[0] = 0 if {st}[0] >= {BYPASS_AFTER + BYPASS_FOR} else {st}[0] + 1",
+        f"        return {n('check')}({', '.join([*a, cfg])})",
         "    try:",
         f"        {key} = ({', '.join(key_parts)},)",
         f"        {e} = {n('entries')}.get({key})",
         f"        if {e} is not None and {e}[1]() is {cfg} and {e}[0].check({', '.join(guard_args)}):",
+        f"            if {st}[0]:",
+        f"                {st}[0] = 0",
         f"            return {e}[2]",
         "    except Exception:  # unhashable or odd arguments: the checker decides",
         f"        {key} = None",
         f"    {r} = {n('check')}({', '.join([*a, cfg])})",
         f"    if {r} is not None and {key} is not None:",
+        f"        {st}[0] += 1",
         f"        {n('remember')}({n('entries')}, {n('seen')}, {key}, {r}, ({tensor_tuple}), {n('optional')}, "
         f"({value_tuple}), {cfg})",
         f"    return {r}",
@@ -196,7 +237,8 @@ def cached_checker(spec: Any, check: Callable[..., Any], source: str) -> Callabl
     ])
     entries: dict[Any, tuple[Any, ...]] = {}  # key -> (guard, config reference, dims)
     ns: dict[str, Any] = {
-        n("entries"): entries, n("seen"): {}, n("check"): check, n("remember"): _remember, n("none"): _NONE,
+        n("entries"): entries, n("seen"): {}, n("check"): check, n("state"): [0], n("remember"): _remember,
+        n("none"): _NONE,
         n("inference"): torch.is_inference_mode_enabled, n("id"): id,
         n("optional"): tuple(i in optional for i in tensors),
     }
@@ -205,4 +247,5 @@ def cached_checker(spec: Any, check: Callable[..., Any], source: str) -> Callabl
     fn._torchdynamo_inline = check  # torch.compile traces the checker itself, never the cache
     fn.__kda_source__ = src
     fn.__kda_entries__ = entries
+    fn.__kda_state__ = ns[n("state")]
     return fn  # type: ignore[no-any-return]

@@ -103,7 +103,7 @@ class Contract:
         exec(compile(src, f"<kda_contracts checker for {spec.name}>", "exec"), namespace)  # our own source
         #: the generated checker itself; ``_check`` is it behind the eager cache of accepted metadata
         self._check_uncached: Callable[..., tuple[int, ...] | None] = namespace["check"]
-        self._check: Callable[..., tuple[int, ...] | None] = cached_checker(spec, self._check_uncached, src)
+        self._check: Callable[..., tuple[int, ...] | None] = cached_checker(spec, self._check_uncached, src, consts)
         self.return_source: str | None = None
         self._check_return: Callable[[Any, tuple[int, ...]], bool] | None = None
         if spec.returns is not None:

@@ -22,7 +22,9 @@ import subprocess
 import sys
 import weakref
 from collections import Counter
+from typing import Annotated
 
+import annotated_types as at
 import pytest
 import torch
 from torch._dynamo.utils import counters
@@ -137,7 +139,7 @@ def _counting(c):
         calls["checker"] += 1
         return c._check_uncached(*a)
 
-    return cached_checker(c.spec, check, c.checker_source), calls
+    return cached_checker(c.spec, check, c.checker_source, c._check_uncached.__globals__), calls
 
 
 def test_a_repeat_call_runs_the_checker_twice_and_a_new_one_builds_nothing():
@@ -162,8 +164,8 @@ def test_the_entries_are_bounded_and_hold_no_tensor():
     refs = []
     for B in range(1, MAX_ENTRIES + 40):
         _, args = decode_args(B, cfg, seed=B)
-        assert check(*args, cfg) is not None
-        assert check(*args, cfg) is not None
+        for _ in range(3):  # seen, remembered, answered
+            assert check(*args, cfg) is not None
         refs += [weakref.ref(t) for t in args if isinstance(t, torch.Tensor)]
     assert len(check.__kda_entries__) == MAX_ENTRIES
     del args
@@ -327,3 +329,107 @@ def test_calls_alternating_between_configs_are_each_answered_by_the_cache():
         for config in (None, cfg):
             assert check(*args, config) == c._check_uncached(*args, config) is not None
     assert calls["checker"] == 4  # two per config, then the cache
+
+
+# -- found in review: inside a custom op's kernel, odd values, user predicates, the probe -------------
+
+
+def _writes(x: Float[Tensor, "B D"], out: Annotated[Float[Tensor, "B D"], kc.Spec(mutated=True)]) -> None:
+    pass
+
+
+def test_inside_a_custom_ops_kernel_an_inference_tensor_to_write_is_still_refused():
+    # Custom-op kernels run with the autograd keys excluded: the dispatch keys of an inference
+    # tensor and of a normal one then look alike, so the key asks is_inference() itself.
+    fn = kc.contract(mode="check", register=False)(_writes)
+    c = fn.__kda_contract__
+    x = torch.randn(2, 3)
+    with torch.inference_mode():
+        inference_out = torch.empty(2, 3)
+    with torch._C._AutoDispatchBelowADInplaceOrView():
+        for _ in range(3):
+            assert c._check(x, torch.empty(2, 3), None) is not None
+        assert c._check_uncached(x, inference_out, None) is None
+        assert c._check(x, inference_out, None) is None
+
+
+def test_the_packed_decode_custom_op_refuses_an_inference_state_after_warm_up():
+    cfg = kc.KDAConfig(num_heads=2, num_v_heads=2, head_k_dim=8, head_v_dim=8)
+    call = make_decode_call(cfg, 2, 4)
+    with kc.mode("check"):
+        for _ in range(3):
+            kc.packed_decode.torch_op(**dict(call, initial_state=call["initial_state"].clone()))
+        with torch.inference_mode():
+            state = call["initial_state"].clone()
+        with pytest.raises(kc.ContractError, match="inference"):
+            kc.packed_decode.torch_op(**dict(call, initial_state=state))
+
+
+class _RaisingEq:
+    def __hash__(self):
+        return 1
+
+    def __eq__(self, other):
+        raise RuntimeError("no ==")
+
+
+def _with_predicate(x: Float[Tensor, "B D"], s: Annotated[float, at.Predicate(lambda v: math.copysign(1.0, v) > 0)]
+                    ) -> None:
+    pass
+
+
+def test_a_contract_with_a_user_predicate_is_never_cached():
+    fn = kc.contract(mode="check", register=False)(_with_predicate)
+    c = fn.__kda_contract__
+    assert c._check is c._check_uncached
+    x = torch.zeros(2, 3)
+    fn(x, 0.0)
+    fn(x, 0.0)
+    with pytest.raises(kc.ContractError):
+        fn(x, -0.0)
+
+
+def _scaled_any(x: Float[Tensor, "B D"], y: Float[Tensor, "B D"], alpha: float) -> None:
+    pass
+
+
+def test_odd_scalar_values_neither_escape_nor_are_kept_alive():
+    c = kc.contract(mode="check", register=False)(_scaled_any).__kda_contract__
+    x = torch.zeros(2, 3)
+    big = torch.zeros(10**6)
+    ref = weakref.ref(big)
+    for v in (_RaisingEq(), _RaisingEq(), big, big):  # values the checker does not refuse here
+        assert c._check(x, x, v, None) == c._check_uncached(x, x, v, None)
+    del big, v
+    gc.collect()
+    assert ref() is None
+    assert not c._check.__kda_entries__
+
+
+def test_the_probe_answers_whatever_the_callers_defaults():
+    code = ("import torch; torch.set_default_device('meta')\n"
+            "with torch.inference_mode():\n"
+            "    import kda_contracts as kc\n"
+            "    from kda_contracts.check_cache import guards_available\n"
+            "    print(guards_available())")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "True"
+
+
+def test_after_a_run_of_calls_it_never_answers_the_cache_stands_aside_then_comes_back():
+    from kda_contracts.check_cache import BYPASS_AFTER, BYPASS_FOR
+
+    cfg = kc.KDAConfig(num_heads=2, num_v_heads=2, head_k_dim=8, head_v_dim=8)
+    c, _ = decode_args(1, cfg)
+    check, calls = _counting(c)
+    for B in range(1, BYPASS_AFTER + 11):  # every call new: no key is ever answered
+        _, args = decode_args(B, cfg, seed=B)
+        assert check(*args, cfg) is not None
+    assert check.__kda_state__[0] >= BYPASS_AFTER  # standing aside
+    _, args = decode_args(2, cfg)
+    for _ in range(BYPASS_FOR + 10):  # the checker alone, then the cache again
+        assert check(*args, cfg) == c._check_uncached(*args, cfg)
+    before = calls["checker"]
+    for _ in range(20):
+        assert check(*args, cfg) is not None
+    assert calls["checker"] == before and check.__kda_state__[0] == 0
