@@ -140,3 +140,10 @@ def test_plot_draws_a_gdn_json(tmp_path):
     src.write_text(json.dumps(dict(op="gdn", device="H200", copy_tbps=4.2, rows=rows)))
     report.plot(src, tmp_path / "gdn.png")
     assert (tmp_path / "gdn.png").read_bytes()[:4] == b"\x89PNG"
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only refusal")
+def test_the_eager_path_benchmark_says_it_needs_cuda(capsys):
+    eager_path = _load("eager_path")
+    assert eager_path.main(["--rounds", "1"]) == 2
+    assert "needs a CUDA device" in capsys.readouterr().err
