@@ -42,13 +42,13 @@ import functools
 import os
 import re
 import threading
-import weakref
 from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
 
 from .codegen import checked_parameters
+from .config_views import config_ref
 from .markers import config_is_frozen
 from .rules import _inference_outside_mode
 from .scalar_rules import Satisfies
@@ -153,10 +153,7 @@ def _remember_or_raise(entries: dict[Any, tuple[Any, ...]], seen: dict[Any, int]
     elif not config_is_frozen(cfg):
         return  # a mutable config is read afresh by the checker on every call
     else:
-        try:
-            ref = weakref.ref(cfg)
-        except TypeError:  # no __weakref__ slot: a strong reference (the entries are bounded)
-            ref = functools.partial(_same, cfg)
+        ref = config_ref(cfg)  # strong for objects without __weakref__ (the entries are bounded)
     with _LOCK:
         if len(seen) >= MAX_SEEN:
             seen.clear()
@@ -168,10 +165,6 @@ def _remember_or_raise(entries: dict[Any, tuple[Any, ...]], seen: dict[Any, int]
         while len(entries) >= MAX_ENTRIES:
             del entries[next(iter(entries))]
         entries[key] = (guard, ref, dims)
-
-
-def _same(obj: Any) -> Any:
-    return obj
 
 
 # stands in for an optional tensor passed as None (the key tells None from a tensor)

@@ -19,7 +19,7 @@ from .markers import CONFIG_LACKS, config_dims, config_is_frozen
 from .modes import mark_constant_result
 from .spec import ContractSpec
 
-__all__ = ["ConfigViews", "config_view_layout"]
+__all__ = ["ConfigViews", "config_ref", "config_view_layout"]
 
 
 def config_view_layout(spec: ContractSpec) -> tuple[list[str], list[str]]:
@@ -31,6 +31,15 @@ def config_view_layout(spec: ContractSpec) -> tuple[list[str], list[str]]:
 
 def _same(obj: Any) -> Any:
     return obj
+
+
+def config_ref(cfg: Any) -> Callable[[], Any]:
+    """A weak reference to ``cfg`` (a strong one, called the same way, for objects that refuse
+    weak references): ``ref() is cfg`` tells a recycled id from the object that was cached."""
+    try:
+        return weakref.ref(cfg)
+    except TypeError:  # no __weakref__ slot
+        return functools.partial(_same, cfg)
 
 
 class ConfigViews:
@@ -65,12 +74,8 @@ class ConfigViews:
     def make(self, cfg: Any) -> tuple[Any, ...]:
         dims = config_dims(cfg)
         dts = _config_dtypes(cfg) or {}
-        try:
-            ref: Callable[[], Any] = weakref.ref(cfg)
-        except TypeError:  # no __weakref__ slot
-            ref = functools.partial(_same, cfg)
         view = (
-            ref,
+            config_ref(cfg),
             tuple(dims.get(s) for s in self.spec.symbols),
             tuple(dts.get(r) for r in self.roles),
             tuple(getattr(cfg, self.spec.scalars[n].match.attr, CONFIG_LACKS)  # type: ignore[union-attr]
