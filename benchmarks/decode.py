@@ -530,29 +530,45 @@ def wall_us_per_call(fn: Callable[[], None], calls: int = 300) -> float:
     return statistics.median(samples)
 
 
-def eager_overhead(device: torch.device) -> list[tuple[str, float]]:
-    """µs per eager call at B=1 (``OP.eager_shape``, fp32 state), interleaved three times: the
-    contract's modes against our kernel launched directly. The mode is set around each timed loop
-    (as ``KDA_CONTRACTS_MODE`` or a ``kc.mode`` block around a serving loop sets it), not per call."""
+def eager_paths(device: torch.device) -> tuple[str, dict[str, tuple[Callable[[], None], str | None]]]:
+    """The op's name and the B=1 eager paths (``OP.eager_shape``, fp32 state): ``"direct"`` (our
+    kernel launched directly) and ``"off"``, ``"check"``, ``"strict"`` (the op, to be run with that
+    mode set around the timed loop), each as ``(call, mode)``."""
     call, kernel, op = OP.eager(device, OURS)
     state, mq = call["initial_state"], call["mixed_qkv"]
     HV, Vs, Ks = state.shape[1:]
     x = dict(call, state=state, H=(mq.shape[1] - HV * Vs) // (2 * Ks), layout="VK")
     direct = our_binder(kernel)(x)
     idx = call["ssm_state_indices"]
-    paths: dict[str, tuple[Callable[[], None], str | None]] = {
-        f"{OURS} kernel called directly (launch only)": (lambda: direct(idx), None)}
-    for mode in ("off", "check", "strict"):
-        paths[f"kc.{op.__name__}(backend='{OURS}'), {mode} mode"] = (lambda: op(**call, backend=OURS), mode)
+
+    def via_op() -> None:
+        op(**call, backend=OURS)
+
+    paths: dict[str, tuple[Callable[[], None], str | None]] = {"direct": (lambda: direct(idx), None)}
+    paths.update({mode: (via_op, mode) for mode in ("off", "check", "strict")})
+    return op.__name__, paths
+
+
+def timed_in_mode(fn: Callable[[], None], mode: str | None, calls: int = 300) -> float:
+    """:func:`wall_us_per_call` with ``mode`` (if any) set around the timed loop, not per call."""
+    if mode is None:
+        return wall_us_per_call(fn, calls)
+    with kc.mode(mode):  # type: ignore[arg-type]
+        return wall_us_per_call(fn, calls)
+
+
+def eager_overhead(device: torch.device) -> list[tuple[str, float]]:
+    """µs per eager call at B=1 (``OP.eager_shape``, fp32 state), interleaved three times: the
+    contract's modes against our kernel launched directly. The mode is set around each timed loop
+    (as ``KDA_CONTRACTS_MODE`` or a ``kc.mode`` block around a serving loop sets it), not per call."""
+    name, paths = eager_paths(device)
+    labels = {"direct": f"{OURS} kernel called directly (launch only)",
+              **{m: f"kc.{name}(backend='{OURS}'), {m} mode" for m in ("off", "check", "strict")}}
     got: dict[str, list[float]] = {p: [] for p in paths}
     for _ in range(3):
-        for label, (fn, mode) in paths.items():
-            if mode is None:
-                got[label].append(wall_us_per_call(fn))
-                continue
-            with kc.mode(mode):  # type: ignore[arg-type]
-                got[label].append(wall_us_per_call(fn))
-    return [(label, statistics.median(v)) for label, v in got.items()]
+        for p, (fn, mode) in paths.items():
+            got[p].append(timed_in_mode(fn, mode))
+    return [(labels[p], statistics.median(v)) for p, v in got.items()]
 
 
 def eager_or_none(device: torch.device) -> list[tuple[str, float]]:

@@ -26,39 +26,22 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import decode
-from decode import OURS, our_binder, wall_us_per_call
 from decode_ops import OPS
-
-import kda_contracts as kc
 
 
 def rounds_of(op_name: str, rounds: int, seed: int = 0) -> dict[str, list[float]]:
     """µs per call of each path ("direct", "off", "check", "strict") in every round."""
     decode.OP = OPS[op_name]()
-    call, kernel, op = decode.OP.eager(torch.device("cuda"), OURS)
-    state, mq = call["initial_state"], call["mixed_qkv"]
-    HV, Vs, Ks = state.shape[1:]
-    x = dict(call, state=state, H=(mq.shape[1] - HV * Vs) // (2 * Ks), layout="VK")
-    direct = our_binder(kernel)(x)
-    idx = call["ssm_state_indices"]
-
-    def via_op() -> None:
-        op(**call, backend=OURS)
-
-    paths = {"direct": (lambda: direct(idx), None, 300), "off": (via_op, "off", 300),
-             "check": (via_op, "check", 300), "strict": (via_op, "strict", 20)}
+    _, paths = decode.eager_paths(torch.device("cuda"))
+    calls = {"direct": 300, "off": 300, "check": 300, "strict": 20}
     got: dict[str, list[float]] = {p: [] for p in paths}
     rng = random.Random(seed)
     for _ in range(rounds):
         order = list(paths)
         rng.shuffle(order)
         for p in order:
-            fn, mode, n = paths[p]
-            if mode is None:
-                got[p].append(wall_us_per_call(fn, n))
-                continue
-            with kc.mode(mode):  # type: ignore[arg-type]
-                got[p].append(wall_us_per_call(fn, n))
+            fn, mode = paths[p]
+            got[p].append(decode.timed_in_mode(fn, mode, calls[p]))
     return got
 
 
