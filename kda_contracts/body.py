@@ -36,6 +36,7 @@ from .errors import (
     Violation,
     passthrough_for_compile,
     raise_violations,
+    tracing,
 )
 from .modes import mark_constant_result
 from .nested import is_array_type, match_dims
@@ -181,7 +182,7 @@ def _reject_impl(t: Any, dim_str: str, dtypes: Any, name: str, where: str, env: 
             problem = Violation(ShapeError, name, f"[{dim_str}]", fmt_ints(t.shape), (why or "",))
         raise_violations(where, [problem], {k: v for k, v in env.items() if isinstance(v, int)}, {})
     except ContractError as err:
-        if torch.compiler.is_compiling():
+        if tracing():
             raise passthrough_for_compile(err) from None
         raise
 

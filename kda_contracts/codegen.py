@@ -114,8 +114,8 @@ class _Checker:
         self.has_cfg = spec.config is not None or spec.config_arg is not None
         self.solved_axes = {(s.param, s.axis) for s in spec.solvers}
         self.dtypes_read: set[int] = set()  # arguments whose dtype is in a local already
-        # Fast forms (same verdict; a wrong rank makes them raise, and the slow path words it):
-        # a tensor whose axes are all first binders of distinct dims is unpacked in one statement;
+        # Fast forms (same verdict; the slow path words a rejection): a tensor whose axes are all
+        # first binders of distinct dims is unpacked in one statement (after its rank test);
         # one whose dims are all expressions is compared as one tuple once every dim is bound.
         self.weak = weak_symbols(spec)
         self.unpacked = {tp.name for tp in spec.tensors.values() if self._unpackable(tp)}
@@ -140,8 +140,8 @@ class _Checker:
         required = [tp for tp in spec.tensors.values() if not tp.optional]
         for tp in required:
             g.emit(READ_SHAPE, shape=self.shape[tp.name], arg=self.arg[tp.name])
-        g.reject_if([rank_test(tp, self.shape[tp.name]) for tp in required
-                     if tp.name not in self.unpacked and tp.name not in self.whole])
+        # (the unpacked ones too: torch 2.11's dynamo turns a failed unpack into a graph break, not a ValueError)
+        g.reject_if([rank_test(tp, self.shape[tp.name]) for tp in required if tp.name not in self.whole])
         if self.has_cfg:
             self.read_config()
         self.bind()

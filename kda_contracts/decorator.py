@@ -41,6 +41,7 @@ from .errors import (
     Violation,
     passthrough_for_compile,
     raise_violations,
+    tracing,
     uninspectable,
 )
 from .explain import explain_return
@@ -314,7 +315,7 @@ def _outside_compile(fn: Callable[..., Any]) -> Callable[..., Any]:
         try:
             return fn(*args, **kwargs)
         except ContractError as err:
-            if torch.compiler.is_compiling():
+            if tracing():
                 raise passthrough_for_compile(err) from None
             raise
 

@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from . import modes
-from .errors import ContractError
+from .errors import ContractError, tracing
 from .markers import config_dim_source, config_dims, config_dtypes
 
 if TYPE_CHECKING:
@@ -304,7 +304,7 @@ def _env_int(name: str, default: int) -> int:
 
 
 def _capturing() -> bool:
-    if torch.compiler.is_compiling():
+    if tracing():  # also at trace time, in the plain Python dynamo runs then
         return True
     return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
 

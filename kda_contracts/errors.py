@@ -9,6 +9,7 @@ error listing all of them; its class derives from every subclass involved, so
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import ClassVar, TypeVar
@@ -180,6 +181,28 @@ def _rebuild_error(kinds, message, function, violations, dims, provenance):
 
 
 _PASSTHROUGH: dict[type[ContractError], type[ContractError]] = {}
+
+
+def tracing() -> bool:
+    """Whether torch.compile (or torch.export) is tracing: in traced code, where dynamo reads
+    ``torch.compiler.is_compiling()`` as True, and in the plain Python it runs at trace time (a
+    constant-result function, a fake kernel). torch 2.13 sets ``is_compiling``'s flag around
+    constant-result functions; torch 2.11 does not, and there the active tracing context tells.
+    Cheap enough for error paths, not meant for an eager hot path (a context lookup).
+
+    Example::
+
+        except ContractError as err:
+            if tracing():
+                raise passthrough_for_compile(err) from None
+    """
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return False
+    if torch.compiler.is_compiling():
+        return True
+    guards = sys.modules.get("torch._guards")
+    return guards is not None and guards.TracingContext.try_get() is not None
 
 
 def passthrough_for_compile(err: ContractError) -> ContractError:

@@ -20,12 +20,16 @@ a ValueError naming the variable and the allowed values, until :func:`set_defaul
 
 from __future__ import annotations
 
+import ctypes
+import enum
 import functools
 import inspect
 import os
 from collections.abc import Callable, Generator
 from contextvars import ContextVar, Token
 from typing import Any, Literal, TypeVar
+
+import torch
 
 __all__ = ["CHECK", "ENV_VAR", "OFF", "STRICT", "ModeName", "current_mode", "get_mode", "mode", "set_default_mode"]
 
@@ -36,6 +40,9 @@ _BY_NAME: dict[str, int] = {"off": OFF, "check": CHECK, "strict": STRICT}
 _NAMES = {v: k for k, v in _BY_NAME.items()}
 
 F = TypeVar("F", bound=Callable[..., object])
+# what a constant-result function gets as itself under torch.compile (see mark_constant_result)
+_AS_ITSELF = (torch.Tensor, int, float, complex, str, bytes, type(None), torch.dtype, torch.device, torch.Size,
+              tuple, list, dict, set, frozenset, type, enum.Enum, range, slice, type(len), type(lambda: None))
 
 
 def parse_mode(name: str, origin: str = "mode") -> int:
@@ -103,17 +110,49 @@ if _default_problem:
     current_mode = _current_mode_or_explain
 
 
+def _by_reference(value: Any) -> bool:
+    """Whether dynamo hands ``value`` to a constant-result function by ``id`` (an object of a
+    user class, an nn.Module, a config) rather than as itself (tensors, plain constants)."""
+    return not isinstance(value, _AS_ITSELF)
+
+
 def mark_constant_result(fn: F) -> F:
     """What ``torch.compiler.assume_constant_result`` does, without importing ``torch._dynamo``:
     that import loads triton, and importing kda_contracts must not (the pytest plugin imports it
     before a conftest can select the Triton interpreter, which must precede triton's import).
 
+    Dynamo traces a small stand-in (``_torchdynamo_inline``) that calls the real ``fn`` as a
+    constant-result function at trace time. Tensors and plain constants go to it as they are;
+    any other object (a config, a model layer) goes by ``id``, which dynamo guards on (the
+    object's identity, ID_MATCH), and is looked up again before ``fn`` runs: torch 2.13 hands
+    such objects over itself, torch 2.11 refuses them ("... is not a constant"). The object is
+    alive while it is looked up (the frame being traced holds it). Eager calls run ``fn``
+    unchanged: the stand-in is only an attribute of it.
+
     Example::
 
         current_mode = mark_constant_result(current_mode)   # dynamo reads the mode at trace time
     """
-    fn._dynamo_marked_constant = True  # type: ignore[attr-defined]  # the flag dynamo reads
+    def at_trace_time(refs: tuple[bool, ...], names: tuple[str, ...], *args: Any) -> Any:
+        real = [ctypes.cast(a, ctypes.py_object).value if r else a for r, a in zip(refs, args, strict=True)]
+        cut = len(real) - len(names)
+        return fn(*real[:cut], **dict(zip(names, real[cut:], strict=True)))
+
+    at_trace_time._dynamo_marked_constant = True  # type: ignore[attr-defined]  # the flag dynamo reads
+
+    # closure-free (dynamo guards a stand-in's closure through the source of ``fn``, which has none)
+    ns = {"_kc_at_trace_time": at_trace_time, "_kc_by_reference": _by_reference}
+    exec(_TRACED_SOURCE, ns)  # our own source
+    fn._torchdynamo_inline = ns["traced"]  # type: ignore[attr-defined]  # what dynamo traces instead of fn
     return fn
+
+
+_TRACED_SOURCE = """
+def traced(*args, **kwargs):
+    values = (*args, *kwargs.values())
+    refs = tuple(_kc_by_reference(v) for v in values)
+    return _kc_at_trace_time(refs, tuple(kwargs), *(id(v) if r else v for v, r in zip(values, refs)))
+"""
 
 
 # let dynamo evaluate the mode at trace time instead of tracing ContextVar.get

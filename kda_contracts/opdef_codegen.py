@@ -144,9 +144,9 @@ def _check_lines(o: Op, n: Names, ns: dict[str, Any], fixed: int | None, plain: 
             n("TypeViolation"): BeartypeCallHintParamViolation,
         })
         ns[n("badv")] = _outside_compile(o._bad_variant)
-        ns[n("enter_of")] = ns[n("enters")].get
         lines += [f"    {v} = {n('variant')}({', '.join(o._variant_params)})",
-                  f"    {mode} = ({n('enter_of')}({v}) or {n('badv')}({v}))()", f"    if {mode}:"]
+                  f"    {n('enter')} = {n('enters')}.get({v})", f"    if {n('enter')} is None:",
+                  f"        {n('badv')}({v})", f"    {mode} = {n('enter')}()", f"    if {mode}:"]
         if not all(vc.types_in_checker for vc in cs.values()):  # hints the checker cannot decide
             lines += ["        try:", f"            {n('types')}[{v}]({plain})",
                       f"        except {n('TypeViolation')}:", f"            {n('rejects')}[{v}]({plain}{sep}{cfg})"]

@@ -14,7 +14,11 @@ devices the contract accepts.
   dtype of ``kc.Spec(same_dtype_as=...)``, else the one dtype allowed, else that of the first
   tensor argument whose dtype is allowed, on the device of the first tensor argument.
 - A call that breaks the contract raises its ContractError from the fake implementation, also
-  under torch.compile (as a subclass torch lets through: ``except kc.ShapeError`` works).
+  under torch.compile (as a subclass torch lets through: ``except kc.ShapeError`` works). On
+  torch < 2.13 dynamo wraps whatever a fake implementation raises in a TorchRuntimeError (the
+  report is in its message); there an op without outputs (one that writes its arguments) lets
+  the trace go on and its call in the compiled code raises the ContractError, before any
+  kernel runs.
 
 Example::
 
@@ -32,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from .dims import ANY, Broadcast, Expr, Variadic
-from .errors import AnnotationError, ContractError, passthrough_for_compile
+from .errors import AnnotationError, ContractError, passthrough_for_compile, tracing
 from .spec import TensorParam, split_optional
 
 if TYPE_CHECKING:
@@ -41,6 +45,9 @@ if TYPE_CHECKING:
 __all__ = ["make_torch_op"]
 
 _SCALARS = (float, int, bool, str)
+# torch 2.13's dynamo lets an IndexError out of a fake kernel as itself (errors.passthrough_for_compile);
+# torch 2.11's wraps every exception in a TorchRuntimeError (2.12 not checked: treated as 2.11)
+_FAKE_ERRORS_PASS = tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2]) >= (2, 13)
 
 
 def _schema_params(o: Op) -> tuple[list[inspect.Parameter], list[str]]:
@@ -167,6 +174,11 @@ def make_torch_op(o: Op) -> Any:
                 return None
             env, _, _ = c.spec.explain(values, config)
         except ContractError as err:  # torch would wrap it in a TorchRuntimeError: let it through as itself
+            if not outs and not _FAKE_ERRORS_PASS and tracing():
+                # torch < 2.13's dynamo wraps anything a fake kernel raises. An op that only writes
+                # its arguments needs no shapes from the contract: its call in the compiled code
+                # checks the real arguments and raises this error, before any kernel writes.
+                return None
             raise passthrough_for_compile(err) from None
         device = next((v.device for v in values.values() if isinstance(v, torch.Tensor)), torch.device("cpu"))
         made = [torch.empty(_shape(tp, env), dtype=rule(values), device=device) for tp, rule in zip(outs, rules,
