@@ -24,6 +24,7 @@ import ctypes
 import enum
 import functools
 import inspect
+import operator
 import os
 from collections.abc import Callable, Generator
 from contextvars import ContextVar, Token
@@ -41,7 +42,8 @@ _NAMES = {v: k for k, v in _BY_NAME.items()}
 
 F = TypeVar("F", bound=Callable[..., object])
 # what a constant-result function gets as itself under torch.compile (see mark_constant_result)
-_AS_ITSELF = (torch.Tensor, int, float, complex, str, bytes, type(None), torch.dtype, torch.device, torch.Size,
+_AS_ITSELF = (torch.Tensor, int, float, complex, str, bytes, type(None),
+              torch.dtype, torch.device, torch.Size,
               tuple, list, dict, set, frozenset, type, enum.Enum, range, slice, type(len), type(lambda: None))
 
 
@@ -116,6 +118,17 @@ def _by_reference(value: Any) -> bool:
     return not isinstance(value, _AS_ITSELF)
 
 
+def _concrete(value: Any) -> Any:
+    """A symbolic int or float (a dynamic scalar argument under torch.compile) as its value in the
+    traced call: read under dynamo, this specialises the trace on it (a guard), since a
+    constant-result function takes only constants. Plain values come back as they are."""
+    if isinstance(value, (int, torch.SymInt)) and not isinstance(value, bool):  # (dynamo: a SymInt is an int)
+        return operator.index(value)  # (dynamo keeps int(value) symbolic)
+    if isinstance(value, (float, torch.SymFloat)):
+        return value.__float__()  # (the same for a float; dynamo keeps float(value) symbolic)
+    return value
+
+
 def mark_constant_result(fn: F) -> F:
     """What ``torch.compiler.assume_constant_result`` does, without importing ``torch._dynamo``:
     that import loads triton, and importing kda_contracts must not (the pytest plugin imports it
@@ -141,18 +154,19 @@ def mark_constant_result(fn: F) -> F:
     at_trace_time._dynamo_marked_constant = True  # type: ignore[attr-defined]  # the flag dynamo reads
 
     # closure-free (dynamo guards a stand-in's closure through the source of ``fn``, which has none)
-    ns = {"_kc_at_trace_time": at_trace_time, "_kc_by_reference": _by_reference}
-    exec(_TRACED_SOURCE, ns)  # our own source
+    ns = {"_kc_at_trace_time": at_trace_time, "_kc_by_reference": _by_reference, "_kc_concrete": _concrete}
+    exec(_TRACED_CODE, ns)  # our own source, compiled once
     fn._torchdynamo_inline = ns["traced"]  # type: ignore[attr-defined]  # what dynamo traces instead of fn
     return fn
 
 
 _TRACED_SOURCE = """
 def traced(*args, **kwargs):
-    values = (*args, *kwargs.values())
+    values = tuple(_kc_concrete(v) for v in (*args, *kwargs.values()))
     refs = tuple(_kc_by_reference(v) for v in values)
     return _kc_at_trace_time(refs, tuple(kwargs), *(id(v) if r else v for v, r in zip(values, refs)))
 """
+_TRACED_CODE = compile(_TRACED_SOURCE, "<kda_contracts constant-result stand-in>", "exec")
 
 
 # let dynamo evaluate the mode at trace time instead of tracing ContextVar.get

@@ -275,6 +275,23 @@ def test_a_bad_call_to_a_compiled_module_after_warm_up_raises_shape_error():
         cm(torch.randn(3, 4, 1))
 
 
+def test_a_dynamic_scalar_argument_compiles_once_and_a_bad_call_still_raises_the_contract_error():
+    @kc.contract(mode="check", register=False)
+    def scaled(x: Float[Tensor, "B D"], n: int) -> Float[Tensor, "B D"]:
+        return x * n
+
+    cf = compile_as(scaled, "dynamic=True")
+    for i in range(CALLS):  # dynamo makes the int (and the batch) symbolic: one graph for every value
+        b = SIZES[i % len(SIZES)]
+        torch.testing.assert_close(cf(torch.ones(b, 3), i), torch.full((b, 3), float(i)))
+    assert counters["stats"]["unique_graphs"] == 1
+    # the rejected traces hand the report builder the symbolic n as its value (specialised)
+    with pytest.raises(kc.ShapeError, match=r"x: ShapeError"):
+        cf(torch.ones(2, 3, 1), 3)
+    with pytest.raises(kc.ArgumentTypeError, match=r"n: ArgumentTypeError"):
+        cf(torch.ones(2, 3), 3.5)
+
+
 # -- what "calls" counts under compile -----------------------------------------------------------
 def test_under_compile_calls_counts_the_traces_one_per_graph():
     f = fresh()
