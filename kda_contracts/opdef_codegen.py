@@ -244,9 +244,13 @@ def bootstrap(o: Op) -> Callable[..., Any]:
     selection key must hold), generate the real dispatcher, and call it. Under torch.compile the
     preparation runs at trace time, untraced."""
 
-    def prepare() -> None:
-        o.table.load_plugins()
-        o._dispatch = build_dispatcher(o)
+    built: list[bool] = []
+
+    def prepare() -> None:  # once per bootstrap: a rebuilt dispatcher would fail compiled code's guards
+        if not built:
+            o.table.load_plugins()
+            o._dispatch = build_dispatcher(o)
+            built.append(True)
 
     prepared = modes.mark_constant_result(prepare)
 

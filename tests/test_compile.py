@@ -8,8 +8,11 @@ statically and, on the second, one graph with a dynamic batch (2 graphs); with
 ``dynamic=True`` or ``torch._dynamo.mark_dynamic`` it builds one.
 """
 
+import os
+
 import pytest
 import torch
+from kda_oracle import assert_close_to_oracle
 from pydantic import BaseModel, ConfigDict
 from torch._dynamo.utils import counters
 
@@ -438,6 +441,42 @@ def test_packed_decode_under_compile_counts_one_call_per_trace():
     before = c.calls
     graphs = graphs_over_sizes(compile_as(decode_step, "automatic"), lambda b: (calls[b], SMALL))
     assert c.calls - before == graphs == 2
+
+
+_CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+@pytest.mark.parametrize(("device", "kernel", "mode"), [
+    ("cpu", "torch", None),
+    pytest.param("cpu", "triton", None, marks=pytest.mark.skipif(  # (the Triton interpreter, tiny heads)
+        os.environ.get("TRITON_INTERPRET") != "1", reason="needs the Triton interpreter")),
+    pytest.param("cuda", "triton", None, marks=_CUDA), pytest.param("cuda", "triton", "reduce-overhead", marks=_CUDA),
+    pytest.param("cuda", "helion", None, marks=_CUDA), pytest.param("cuda", "auto", "reduce-overhead", marks=_CUDA),
+])
+def test_packed_decode_runs_our_kernel_in_compiled_code_once_per_shape_class(device, kernel, mode):
+    """As a serving engine runs it: a decode step compiled with inductor (and CUDA graphs) with our
+    kernel inside, dozens of calls over 11 batch sizes and random slots of one pool, each matching the
+    eager torch reference. In compiled code a kernel runs through the ``kda_kernels::packed_decode``
+    custom op (dynamo cannot trace a launch)."""
+    cfg = kc.KDAConfig(num_heads=2, num_v_heads=4, head_k_dim=128 if device == "cuda" else 8,
+                       head_v_dim=128 if device == "cuda" else 16)
+    pool = make_decode_call(cfg, 1, 48, activation_dtype=torch.float32, device=device)["initial_state"]
+
+    def step(call):
+        kc.packed_decode(**call, config=cfg, backend=kernel)
+        return call["out"] * 2
+
+    cs = torch.compile(step, fullgraph=True, mode=mode)
+    for i in range(len(SIZES) if (device, kernel) == ("cpu", "triton") else CALLS):  # (the interpreter is slow)
+        b = SIZES[i % len(SIZES)]
+        call = make_decode_call(cfg, b, 48, activation_dtype=torch.float32, device=device, seed=i)
+        call["initial_state"] = pool
+        call["ssm_state_indices"] = torch.randperm(48, device=device)[:b].to(torch.int32)
+        ref = dict(call, initial_state=pool.clone(), out=call["out"].clone())
+        kc.packed_decode(**ref, config=cfg, backend="torch")
+        assert_close_to_oracle(cs(call), ref["out"] * 2)
+        assert_close_to_oracle(pool, ref["initial_state"])
+    assert counters["stats"]["unique_graphs"] == GRAPHS["automatic"]
 
 
 @pytest.mark.kda_contracts("strict")
