@@ -15,11 +15,12 @@ from typing import Any
 
 import torch
 
+from .errors import ArgumentTypeError, ContractError, Violation, passthrough_for_compile, raise_violations
 from .markers import CONFIG_LACKS, config_dims, config_is_frozen
-from .modes import mark_constant_result
+from .modes import made_in_trace, mark_constant_result
 from .spec import ContractSpec
 
-__all__ = ["ConfigViews", "config_ref", "config_view_layout"]
+__all__ = ["ConfigViews", "config_ref", "config_view_layout", "refuse_built_in_trace"]
 
 
 def config_view_layout(spec: ContractSpec) -> tuple[list[str], list[str]]:
@@ -72,6 +73,8 @@ class ConfigViews:
 
     @mark_constant_result
     def make(self, cfg: Any) -> tuple[Any, ...]:
+        if made_in_trace(cfg):
+            refuse_built_in_trace(self.spec, cfg)
         dims = config_dims(cfg)
         dts = _config_dtypes(cfg) or {}
         view = (
@@ -87,6 +90,20 @@ class ConfigViews:
             self._views.clear()
         self._views[id(cfg)] = view
         return view
+
+
+def refuse_built_in_trace(spec: ContractSpec, cfg: Any) -> None:
+    """Refuse a config built inside the region torch.compile traces: dynamo has not run its
+    ``__init__`` when the contract reads it at trace time (read as it stands, a dataclass would show
+    its class defaults), so the call is never judged on what the config is not."""
+    name = spec.config_arg or "config"
+    try:
+        raise_violations(spec.name, [Violation(
+            ArgumentTypeError, name, "a config built outside the region torch.compile traces",
+            f"a {type(cfg).__name__} built inside it (dynamo has not initialised it when the contract reads it)",
+            hint=f"build the {type(cfg).__name__} before the compiled function and pass it in")], {}, {})
+    except ContractError as err:
+        raise passthrough_for_compile(err) from None
 
 
 def _config_dtypes(cfg: Any) -> Mapping[str, torch.dtype] | None:

@@ -32,7 +32,7 @@ from . import dumps, modes
 from .body import body_uses_checks, runner
 from .check_cache import cached_checker
 from .codegen import bool_for_float, checked_parameters, checker_names, generate_checker, generate_return_checker
-from .config_views import ConfigViews
+from .config_views import ConfigViews, refuse_built_in_trace
 from .docstrings import add_class_note, add_contract_doc, wants_doc
 from .errors import (
     AnnotationError,
@@ -47,6 +47,7 @@ from .errors import (
 from .explain import explain_return
 from .markers import Where
 from .members import accessors, contract_members, is_contracted
+from .modes import made_in_trace
 from .snippets import Names
 from .spec import CallContext, ContractOptions, ContractSpec, Dims, build_spec
 from .wrapper import wrapper_source
@@ -281,7 +282,10 @@ class Contract:
 
     def _config_for(self, values: Mapping[str, Any]) -> Any:
         if self.spec.config_arg is not None:
-            return values.get(self.spec.config_arg)
+            config = values.get(self.spec.config_arg)
+            if config is not None and made_in_trace(config):  # (only while dynamo traces)
+                refuse_built_in_trace(self.spec, config)
+            return config
         return self.spec.config
 
     def check(self, *vals: Any, _cfg: Any = None) -> tuple[int, ...] | None:

@@ -26,6 +26,7 @@ import functools
 import inspect
 import operator
 import os
+import sys
 from collections.abc import Callable, Generator
 from contextvars import ContextVar, Token
 from typing import Any, Literal, TypeVar
@@ -42,6 +43,9 @@ _NAMES = {v: k for k, v in _BY_NAME.items()}
 
 F = TypeVar("F", bound=Callable[..., object])
 # what a constant-result function gets as itself under torch.compile (see mark_constant_result)
+#: torch >= 2.13 (some of dynamo's behaviour the engine adapts to changed there; 2.12 is not checked)
+TORCH_2_13 = tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2]) >= (2, 13)
+_OBJECTS_PASS = TORCH_2_13
 _AS_ITSELF = (torch.Tensor, int, float, complex, str, bytes, type(None),
               torch.dtype, torch.device, torch.Size,
               tuple, list, dict, set, frozenset, type, enum.Enum, range, slice, type(len), type(lambda: None))
@@ -114,8 +118,31 @@ if _default_problem:
 
 def _by_reference(value: Any) -> bool:
     """Whether dynamo hands ``value`` to a constant-result function by ``id`` (an object of a
-    user class, an nn.Module, a config) rather than as itself (tensors, plain constants)."""
-    return not isinstance(value, _AS_ITSELF)
+    user class, an nn.Module, a config) rather than as itself (tensors, plain constants): only on
+    torch < 2.13, which refuses such objects ("... is not a constant"); torch 2.13 hands them over
+    (an object built inside the compiled region has no id of its own there)."""
+    return not _OBJECTS_PASS and not isinstance(value, _AS_ITSELF)
+
+
+def made_in_trace(obj: Any) -> bool:
+    """Whether ``obj`` was built inside the region dynamo is tracing now: dynamo has then created it
+    without running its ``__init__`` (its attributes are pending in the trace), so what it holds
+    cannot be read at trace time. False outside a trace, or where dynamo's bookkeeping differs."""
+    if not _tracing_context():
+        return False
+    try:
+        from torch._dynamo.symbolic_convert import InstructionTranslator
+        from torch._dynamo.variables.base import AttributeMutationNew
+
+        var = InstructionTranslator.current_tx().output.side_effects.id_to_variable.get(id(obj))
+        return var is not None and isinstance(var.mutation_type, AttributeMutationNew)
+    except Exception:  # dynamo internals moved: not known, so not refused
+        return False
+
+
+def _tracing_context() -> bool:
+    guards = sys.modules.get("torch._guards")
+    return guards is not None and guards.TracingContext.try_get() is not None
 
 
 def _concrete(value: Any) -> Any:
@@ -135,12 +162,13 @@ def mark_constant_result(fn: F) -> F:
     before a conftest can select the Triton interpreter, which must precede triton's import).
 
     Dynamo traces a small stand-in (``_torchdynamo_inline``) that calls the real ``fn`` as a
-    constant-result function at trace time. Tensors and plain constants go to it as they are;
-    any other object (a config, a model layer) goes by ``id``, which dynamo guards on (the
-    object's identity, ID_MATCH), and is looked up again before ``fn`` runs: torch 2.13 hands
-    such objects over itself, torch 2.11 refuses them ("... is not a constant"). The object is
-    alive while it is looked up (the frame being traced holds it). Eager calls run ``fn``
-    unchanged: the stand-in is only an attribute of it.
+    constant-result function at trace time, with symbolic ints and floats specialised (dynamo
+    hands such functions only constants). Tensors and plain constants go to it as they are. Any
+    other object (a config, a model layer) goes as itself on torch 2.13; torch 2.11 refuses it
+    ("... is not a constant"), so there it goes by ``id``, which dynamo guards on (the object's
+    identity, ID_MATCH), and is looked up again before ``fn`` runs (the object is alive: the
+    frame being traced holds it). Eager calls run ``fn`` unchanged: the stand-in is only an
+    attribute of it.
 
     Example::
 

@@ -37,6 +37,7 @@ import torch
 
 from .dims import ANY, Broadcast, Expr, Variadic
 from .errors import AnnotationError, ContractError, passthrough_for_compile, tracing
+from .modes import TORCH_2_13
 from .spec import TensorParam, split_optional
 
 if TYPE_CHECKING:
@@ -47,7 +48,7 @@ __all__ = ["make_torch_op"]
 _SCALARS = (float, int, bool, str)
 # torch 2.13's dynamo lets an IndexError out of a fake kernel as itself (errors.passthrough_for_compile);
 # torch 2.11's wraps every exception in a TorchRuntimeError (2.12 not checked: treated as 2.11)
-_FAKE_ERRORS_PASS = tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2]) >= (2, 13)
+_FAKE_ERRORS_PASS = TORCH_2_13
 
 
 def _schema_params(o: Op) -> tuple[list[inspect.Parameter], list[str]]:

@@ -248,9 +248,16 @@ class DecodeBackend:
         self.__name__ = self.__qualname__ = run.__name__
         self.__module__ = run.__module__
         self.__doc__ = run.__doc__
-        #: the name compiled code calls it by (through the ``kda_kernels::packed_decode`` custom op)
-        self.key = f"{run.__module__}.{run.__name__}"
-        _BACKENDS[self.key] = self
+        #: the name compiled code calls it by (through the ``kda_kernels::packed_decode`` custom op):
+        #: ``module.qualname``, numbered when another backend's ``run`` has that name already
+        #: (backends made by a factory)
+        base = key = f"{run.__module__}.{run.__qualname__}"
+        n = 1
+        while key in _BACKENDS and _BACKENDS[key].run is not run:
+            n += 1
+            key = f"{base}#{n}"
+        self.key = key
+        _BACKENDS[key] = self
 
     def __repr__(self) -> str:
         return f"<packed-decode backend {self.__module__}.{self.__name__}>"
@@ -331,6 +338,9 @@ def _decode_op_fake(backend: str, mixed_qkv: Tensor, a: Tensor, b: Tensor, A_log
 # version-counter wrappers cost 17-40 µs per call on the host against ~5 µs (measured on the CPU,
 # torch 2.11 and 2.13); decode runs without autograd.
 _LIB = torch.library.Library("kda_kernels", "FRAGMENT")
+if hasattr(torch.ops.kda_kernels, "packed_decode"):  # this file imported a second time, under another name
+    raise ImportError("kda_kernels.interface is already imported (its custom op kda_kernels::packed_decode is "
+                      "registered): import it once, as kda_kernels")
 _LIB.define("packed_decode(str backend, Tensor mixed_qkv, Tensor a, Tensor b, Tensor A_log, Tensor dt_bias, "
             "float scale, Tensor(a!) state, Tensor(b!) out, Tensor indices, SymInt num_heads, bool use_qk_l2norm, "
             "float? lower_bound, str state_layout, Tensor(c!)? oob_counter) -> ()")

@@ -8,6 +8,7 @@ statically and, on the second, one graph with a dynamic batch (2 graphs); with
 ``dynamic=True`` or ``torch._dynamo.mark_dynamic`` it builds one.
 """
 
+import dataclasses
 import os
 
 import pytest
@@ -179,6 +180,52 @@ def test_a_per_call_config_compiles_once_per_shape_class(how):
     cfg = Dims(D=4, E=5)
     cf = compile_as(f, how)
     assert graphs_over_sizes(cf, lambda b: (batch(b, how, 4), W, cfg)) == GRAPHS[how]
+
+
+@dataclasses.dataclass
+class DataDims:  # a plain dataclass with defaults: what a half-built one would show
+    D: int = 4
+    E: int = 5
+
+
+@dataclasses.dataclass(frozen=True)
+class FrozenDataDims:
+    D: int = 4
+    E: int = 5
+
+
+# (dynamo cannot build a pydantic model inside the region at all: it cannot trace its validator)
+@pytest.mark.parametrize("model", [DataDims, FrozenDataDims])
+def test_a_config_built_inside_the_compiled_region_is_refused_never_judged_on_its_defaults(model):
+    @kc.contract(config_arg="cfg", register=False)
+    def f(x: Float[Tensor, "B D"], w: Float[Tensor, "D E"], cfg: model) -> Float[Tensor, "B E"]:
+        return x @ w
+
+    def g(x, w):  # dynamo builds the config without running __init__ when it traces
+        return f(x, w, model(D=8, E=5))
+
+    cg = torch.compile(g, fullgraph=True, backend="eager")
+    for d in (8, 4):  # D=8 is valid, D=4 is what a dataclass's defaults would wrongly accept
+        with pytest.raises(kc.ArgumentTypeError, match=r"(?s)cfg: ArgumentTypeError.*built outside the region "
+                                                       r"torch.compile traces.*fix: build the"):
+            cg(torch.ones(2, d), torch.ones(d, 5))
+    assert g(torch.ones(2, 8), torch.ones(8, 5)).shape == (2, 5)  # eager: fine
+
+
+def test_an_object_built_inside_the_compiled_region_passes_a_type_check():
+    class Tag:
+        def __init__(self, k):
+            self.k = k
+
+    @kc.contract(mode="check", register=False)
+    def f(x: Float[Tensor, "B D"], tag: Tag) -> Float[Tensor, "B D"]:
+        return x * tag.k
+
+    cg = torch.compile(lambda x: f(x, Tag(3)), fullgraph=True, backend="eager")
+    for b in SIZES:
+        torch.testing.assert_close(cg(torch.ones(b, 3)), torch.full((b, 3), 3.0))
+    with pytest.raises(kc.ShapeError, match=r"x: ShapeError"):
+        cg(torch.ones(2, 3, 1))
 
 
 def test_the_kimi_linear_layer_decode_compiles_once_per_shape_class():

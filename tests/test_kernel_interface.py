@@ -274,3 +274,27 @@ def test_under_compile_a_tuning_option_other_than_the_oob_counter_is_refused() -
     refused = (TypeError, torch._dynamo.exc.Unsupported)
     with pytest.raises(refused, match=r"takes no option but oob_counter= \(got config\)"):
         torch.compile(step, fullgraph=True, backend="eager")(call)
+
+
+def test_backends_made_by_one_factory_get_distinct_keys_and_compiled_code_runs_each() -> None:
+    import kda_contracts as kc
+    from kda_contracts.testing import make_decode_call
+
+    ran: list[int] = []
+
+    def make(tag: int) -> DecodeBackend:
+        def run(call) -> None:
+            ran.append(tag)
+        return DecodeBackend(run)
+
+    first, second = make(1), make(2)
+    assert first.key != second.key and second.key == first.key + "#2"
+    cfg = kc.KDAConfig(num_heads=2, num_v_heads=4, head_k_dim=8, head_v_dim=16)
+    call = make_decode_call(cfg, 3, 6, activation_dtype=torch.float32)
+    args = [call[k] for k in ("mixed_qkv", "a", "b", "A_log", "dt_bias", "scale", "initial_state", "out",
+                              "ssm_state_indices")]
+    for backend, tag in ((first, 1), (second, 2)):
+        torch._dynamo.reset()
+        torch.compile(lambda *a, be=backend: be(*a, num_heads=2, use_qk_l2norm=True, lower_bound=None),
+                      fullgraph=True, backend="eager")(*args)
+        assert ran[-1] == tag
