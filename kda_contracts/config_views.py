@@ -73,7 +73,7 @@ class ConfigViews:
 
     @mark_constant_result
     def make(self, cfg: Any) -> tuple[Any, ...]:
-        if made_in_trace(cfg):
+        if made_in_trace(cfg):  # (the fast checker then falls to the slow path, which refuses the call)
             refuse_built_in_trace(self.spec, cfg)
         dims = config_dims(cfg)
         dts = _config_dtypes(cfg) or {}

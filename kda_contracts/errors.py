@@ -199,10 +199,9 @@ def tracing() -> bool:
     torch = sys.modules.get("torch")
     if torch is None:
         return False
-    if torch.compiler.is_compiling():
-        return True
-    guards = sys.modules.get("torch._guards")
-    return guards is not None and guards.TracingContext.try_get() is not None
+    from .modes import tracing_context  # (modes imports torch; errors does not)
+
+    return torch.compiler.is_compiling() or tracing_context()
 
 
 def passthrough_for_compile(err: ContractError) -> ContractError:

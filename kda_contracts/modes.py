@@ -128,7 +128,7 @@ def made_in_trace(obj: Any) -> bool:
     """Whether ``obj`` was built inside the region dynamo is tracing now: dynamo has then created it
     without running its ``__init__`` (its attributes are pending in the trace), so what it holds
     cannot be read at trace time. False outside a trace, or where dynamo's bookkeeping differs."""
-    if not _tracing_context():
+    if not tracing_context():
         return False
     try:
         from torch._dynamo.symbolic_convert import InstructionTranslator
@@ -140,7 +140,9 @@ def made_in_trace(obj: Any) -> bool:
         return False
 
 
-def _tracing_context() -> bool:
+def tracing_context() -> bool:
+    """Whether a torch.compile/torch.export tracing context is active (also in the plain Python
+    dynamo runs at trace time, where torch 2.11's ``is_compiling()`` is False)."""
     guards = sys.modules.get("torch._guards")
     return guards is not None and guards.TracingContext.try_get() is not None
 

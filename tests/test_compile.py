@@ -514,8 +514,9 @@ def test_packed_decode_runs_our_kernel_in_compiled_code_once_per_shape_class(dev
         return call["out"] * 2
 
     cs = torch.compile(step, fullgraph=True, mode=mode)
-    for i in range(len(SIZES) if (device, kernel) == ("cpu", "triton") else CALLS):  # (the interpreter is slow)
-        b = SIZES[i % len(SIZES)]
+    sizes = SIZES[::4] if (device, kernel) == ("cpu", "triton") else SIZES  # (the interpreter is slow)
+    for i in range(len(sizes) if (device, kernel) == ("cpu", "triton") else CALLS):
+        b = sizes[i % len(sizes)]
         call = make_decode_call(cfg, b, 48, activation_dtype=torch.float32, device=device, seed=i)
         call["initial_state"] = pool
         call["ssm_state_indices"] = torch.randperm(48, device=device)[:b].to(torch.int32)
