@@ -132,7 +132,9 @@ class Contract:
         # the mode in force, counting a call unless it is off (for entry points like packed_decode)
         self.enter: Callable[[], int] = modes.counting_mode(self)
         self._count = modes.counting_mode(self, modes.CHECK)
-        modes.mark_constant_result(self.check_types)
+        # under torch.compile a type violation is reported at trace time as the contract's own error
+        # (dynamo would wrap beartype's exception, raised by a constant-result function)
+        modes.mark_constant_result(self.check_types, at_trace=_outside_compile(self._types_or_reject))
         self._reject = _outside_compile(self._reject_positional)
         self._strict_checks = eager_value_checks(self._strict_positional, self.name)
 
@@ -141,6 +143,14 @@ class Contract:
         ba = self.spec.signature.bind(*args, **kwargs)
         ba.apply_defaults()
         return dict(ba.arguments)
+
+    def _types_or_reject(self, *vals: Any) -> None:
+        """The type check at trace time: a violation raises the contract's report, counted."""
+        try:
+            self.check_types(*vals)
+        except BeartypeCallHintParamViolation:
+            self.rejections += 1
+            raise_violations(self.name, self.type_violations(dict(zip(self._param_names, vals, strict=True))), {}, {})
 
     def type_violations(self, values: Mapping[str, Any]) -> list[Violation]:
         out = []
@@ -391,7 +401,7 @@ def _build_wrapper(c: Contract, fixed_mode: int | None) -> Callable[..., Any]:
     n = Names([*(p for p in spec.signature.parameters), fn_name])
     ns: dict[str, Any] = {
         n("enter"): modes.counting_mode(c, fixed_mode),
-        n("types"): modes.mark_constant_result(c.check_types),
+        n("types"): c.check_types,  # (marked in Contract.__init__)
         n("TypeViolation"): BeartypeCallHintParamViolation,
         n("fail_types"): _outside_compile(fail_types),
         n("check"): c._check,

@@ -158,7 +158,7 @@ def _concrete(value: Any) -> Any:
     return value
 
 
-def mark_constant_result(fn: F) -> F:
+def mark_constant_result(fn: F, *, at_trace: Callable[..., Any] | None = None) -> F:
     """What ``torch.compiler.assume_constant_result`` does, without importing ``torch._dynamo``:
     that import loads triton, and importing kda_contracts must not (the pytest plugin imports it
     before a conftest can select the Triton interpreter, which must precede triton's import).
@@ -170,16 +170,20 @@ def mark_constant_result(fn: F) -> F:
     ("... is not a constant"), so there it goes by ``id``, which dynamo guards on (the object's
     identity, ID_MATCH), and is looked up again before ``fn`` runs (the object is alive: the
     frame being traced holds it). Eager calls run ``fn`` unchanged: the stand-in is only an
-    attribute of it.
+    attribute of it. ``at_trace``, when given, runs at trace time instead of ``fn`` (for a
+    function whose exception must become the contract's own error there: dynamo wraps any other
+    exception a constant-result function raises).
 
     Example::
 
         current_mode = mark_constant_result(current_mode)   # dynamo reads the mode at trace time
     """
+    run = fn if at_trace is None else at_trace
+
     def at_trace_time(refs: tuple[bool, ...], names: tuple[str, ...], *args: Any) -> Any:
         real = [ctypes.cast(a, ctypes.py_object).value if r else a for r, a in zip(refs, args, strict=True)]
         cut = len(real) - len(names)
-        return fn(*real[:cut], **dict(zip(names, real[cut:], strict=True)))
+        return run(*real[:cut], **dict(zip(names, real[cut:], strict=True)))
 
     at_trace_time._dynamo_marked_constant = True  # type: ignore[attr-defined]  # the flag dynamo reads
 

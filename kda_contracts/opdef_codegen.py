@@ -140,7 +140,7 @@ def _check_lines(o: Op, n: Names, ns: dict[str, Any], fixed: int | None, plain: 
             n("checks"): {k: vc._check for k, vc in cs.items()},
             n("rejects"): {k: vc._reject for k, vc in cs.items()},
             n("stricts"): {k: vc._strict_checks for k, vc in cs.items()},
-            n("types"): {k: modes.mark_constant_result(vc.check_types) for k, vc in cs.items()},
+            n("types"): {k: vc.check_types for k, vc in cs.items()},  # (marked in Contract.__init__)
             n("TypeViolation"): BeartypeCallHintParamViolation,
         })
         ns[n("badv")] = _outside_compile(o._bad_variant)
@@ -159,7 +159,7 @@ def _check_lines(o: Op, n: Names, ns: dict[str, Any], fixed: int | None, plain: 
     else:
         ns.update({
             n("enter"): modes.counting_mode(c, fixed),
-            n("types"): modes.mark_constant_result(c.check_types),
+            n("types"): c.check_types,  # (marked in Contract.__init__)
             n("TypeViolation"): BeartypeCallHintParamViolation,
             n("check"): c._check,
             n("reject"): c._reject,

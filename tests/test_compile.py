@@ -228,6 +228,24 @@ def test_an_object_built_inside_the_compiled_region_passes_a_type_check():
         cg(torch.ones(2, 3, 1))
 
 
+def test_a_wrong_type_for_a_parameter_beartype_checks_raises_the_contract_error_in_compiled_code():
+    class Tag:
+        k = 2
+
+    @kc.contract(mode="check", register=False)
+    def f(x: Float[Tensor, "B D"], tag: Tag) -> Float[Tensor, "B D"]:
+        return x * tag.k
+
+    tag = Tag()
+    assert not f.__kda_contract__.types_in_checker  # beartype decides this hint, before the shape checker
+    cf = compile_as(f, "automatic")
+    assert graphs_over_sizes(cf, lambda b: (torch.ones(b, 3), tag)) == GRAPHS["automatic"]
+    rejections = f.__kda_contract__.rejections
+    with pytest.raises(kc.ArgumentTypeError, match=r"(?s)tag: ArgumentTypeError.*got +int"):
+        cf(torch.ones(2, 3), 5)
+    assert f.__kda_contract__.rejections == rejections + 1
+
+
 def test_the_kimi_linear_layer_decode_compiles_once_per_shape_class():
     from pathlib import Path
 
