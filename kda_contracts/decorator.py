@@ -149,8 +149,14 @@ class Contract:
         try:
             self.check_types(*vals)
         except BeartypeCallHintParamViolation:
-            self.rejections += 1
-            raise_violations(self.name, self.type_violations(dict(zip(self._param_names, vals, strict=True))), {}, {})
+            self.fail_types(dict(zip(self._param_names, vals, strict=True)))
+
+    def fail_types(self, values: Mapping[str, Any]) -> None:
+        """Count and raise the report of a call whose argument types beartype rejected (saving
+        the call when ``KDA_CONTRACTS_DUMP_DIR`` asks for it)."""
+        self.rejections += 1
+        with dumps.saving_rejection(self, values, self._config_for(values)):
+            raise_violations(self.name, self.type_violations(values), {}, {})
 
     def type_violations(self, values: Mapping[str, Any]) -> list[Violation]:
         out = []
@@ -379,10 +385,7 @@ def _build_wrapper(c: Contract, fixed_mode: int | None) -> Callable[..., Any]:
         c.fail(values, c._config_for(values))
 
     def fail_types(*vals: Any) -> None:
-        values = as_values(*vals)
-        c.rejections += 1
-        with dumps.saving_rejection(c, values, c._config_for(values)):
-            raise_violations(c.name, c.type_violations(values), {}, {})
+        c.fail_types(as_values(*vals))
 
     def fail_return(res: Any, *vals: Any) -> None:
         # the dims again, from the arguments: under torch.compile the traced ones may be symbolic
