@@ -548,7 +548,8 @@ def _plan(pkey: tuple) -> tuple:
         cfg.state_eviction if cfg.store_eviction is None else cfg.store_eviction,  # STORE_EVICTION
         cfg.guard == "mask" or head_v_dim % span != 0,  # MASK_ROWS
         head_k_dim != bk,  # MASK_K
-        cfg.kv_chunk if state_layout == "KV" else 0,  # KV_CHUNK
+        # KV_CHUNK: at most BK rows (a chunk past a power-of-two K would run unmasked into the next head)
+        min(cfg.kv_chunk, bk) if state_layout == "KV" else 0,
         cfg.act_eviction if cfg.v_eviction is None else cfg.v_eviction,  # V_EVICTION
         0 if gdn else 1,  # GATE_STRIDE
         gdn,  # ROUND_BETA

@@ -144,6 +144,15 @@ def test_chunked_kv_tiles_match_reference(config: DecodeConfig, head_k_dim: int)
     _assert_matches_reference(case, config)
 
 
+@pytest.mark.parametrize("head_k_dim", [4, 16], ids=["K4", "K16"])
+def test_a_chunk_taller_than_a_power_of_two_k_stays_inside_its_head(head_k_dim: int) -> None:
+    # the picked chunk is 32 rows: with K = 4 or 16 it used to read and write past the head's tile
+    # (K a power of two leaves the K mask off), into the next head and slot
+    case = _case(head_k_dim=head_k_dim, head_v_dim=8, state_layout="KV", indices=[6, -1, 2, 9],
+                 state_dtype=torch.bfloat16)
+    _assert_matches_reference(case, DecodeConfig(block_v=8, num_warps=1, kv_chunk=32, kv_first_eviction=""))
+
+
 def test_16bit_kv_state_takes_the_chunked_tile_with_an_unhinted_first_pass_from_1024_request_heads() -> None:
     # measured on an H200 (pick_config's docstring); GDN keeps the earlier shapes (evict_last, from 8192)
     for batch, hv in ((32, 32), (256, 4), (1024, 32)):
