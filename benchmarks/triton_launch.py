@@ -277,7 +277,7 @@ def _time_one(state_dtype: torch.dtype) -> None:
     if plan is None:
         print(f"           (no plan for {pkey})")
         return
-    grid, consts, _, plan_id = plan
+    grid, consts, _, plan_id, _ = plan
     args = (case.mixed_qkv, case.a, case.b, case.A_log, case.dt_bias, state, out, case.indices, case.indices,
             float(case.scale), 0.0, state.shape[0])
     key = td._launch_key(args, plan_id)

@@ -59,11 +59,18 @@ class DecodeConfig(NamedTuple):
     #: chunked KV tile only: eviction hint of the first pass's loads (the second pass reads each
     #: chunk again, from L2 while it is still there)
     kv_first_eviction: str = "evict_last"
+    #: KV layout only: the whole ``[K, block_v]`` tile is copied to shared memory (``cp.async``) and
+    #: read from there twice, sums then update, in chunks of ``kv_chunk`` rows (a Gluon kernel,
+    #: ``triton_kv_shared.py``; CUDA sm_80+, not under the Triton interpreter). Several warps sit
+    #: side by side along V. The state hints are ``state_eviction`` (the copy) and ``store_eviction``,
+    #: the activations' ``act_eviction``; ``tiles``, ``num_stages``, ``guard``, ``grid``, the cache
+    #: modifiers, ``v_eviction``, ``kv_first_eviction`` and ``max_registers`` do not apply.
+    kv_shared: bool = False
 
 
 def pick_config(
     batch: int, num_v_heads: int, head_v_dim: int, state_dtype: torch.dtype, state_layout: str = "VK",
-    *, gdn: bool = False,
+    *, gdn: bool = False, kv_shared: bool = True,
 ) -> DecodeConfig:
     """The launch shape for a call (measured on an H200 with K = V = 128; no runtime autotuning).
 
@@ -87,6 +94,14 @@ def pick_config(
     to 3.5% slower, so 64 columns on two warps stay below 1024. GDN keeps the earlier KV shapes (the
     chunked tile with evict_last from 8192): there, at B * HV = 4096, 64 columns on two warps
     measured 5% faster than the chunked tile.
+
+    KV, KDA, where the shared-memory tile can run (``kv_shared``; the Triton backend falls back to
+    ``kv_shared=False`` under the interpreter, before sm_80, with a Triton release other than the
+    one it was timed with, or for a shape it cannot take): 16-bit state from
+    B * HV = 2048, full-width (V = 128) tiles on two warps in 16-row chunks; fp32 state from 4096,
+    64 columns (256-byte rows) on one warp. Side by side on the H200 (cold, KV / VK): bf16 H=32
+    B=1024 0.867 -> 0.981, H=16 B=256 0.862 -> 0.944, H=32 B=64 0.850 -> 0.910; fp32 H=32 B=1024
+    0.984 -> 0.996, H=4 B=1024 0.971 -> 0.978. Below those sizes it lost (fewer, longer programs).
 
     GDN (``gdn=True``, one gate per value head) with 16-bit state in VK: the same tiles with the
     masked guard (the branch guard measured 15-20% slower there from B * HV = 2048; for KDA, in
@@ -112,7 +127,12 @@ def pick_config(
             cfg = DecodeConfig(block_v=rows, num_warps=1, guard="mask", grid="v_fastest")
         return cfg._replace(block_v=min(cfg.block_v, limit))
     if state_layout == "KV":
-        if work <= 32:
+        if kv_shared and not gdn and work >= (4096 if wide_state else 2048):
+            if wide_state:
+                cfg = DecodeConfig(block_v=64, num_warps=1, kv_chunk=16, kv_shared=True, state_eviction="")
+            else:
+                cfg = DecodeConfig(block_v=128, num_warps=2, kv_chunk=16, kv_shared=True, state_eviction="")
+        elif work <= 32:
             cfg = DecodeConfig(block_v=16, num_warps=1)
         elif work <= 256:
             cfg = DecodeConfig(block_v=32, num_warps=1)
@@ -158,11 +178,12 @@ def picked_configs(head_v_dim: int = 128) -> list[DecodeConfig]:
         DecodeConfig(block_v=4, num_warps=1) in picked_configs()   # True
     """
     found = {
-        pick_config(batch, hv, head_v_dim, dtype, layout, gdn=gdn)
+        pick_config(batch, hv, head_v_dim, dtype, layout, gdn=gdn, kv_shared=kv_shared)
         for batch in (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096)
         for hv in (1, 2, 4, 8, 12, 16, 32, 64, 96)
         for dtype in (torch.float32, torch.bfloat16, torch.float16)
         for layout in ("VK", "KV")
         for gdn in (False, True)
+        for kv_shared in (True, False)
     }
     return sorted(found, key=repr)

@@ -463,7 +463,7 @@ def _launch(call: DecodeArgs, *, gdn: bool, oob_counter: Tensor | None, config: 
     plan = _plans.get(pkey)
     if plan is None:
         plan = _plan(pkey)
-    grid, constexprs, options, plan_id = plan
+    grid, constexprs, options, plan_id, kernel = plan
     args = (
         mixed_qkv,
         a,
@@ -486,11 +486,11 @@ def _launch(call: DecodeArgs, *, gdn: bool, oob_counter: Tensor | None, config: 
             launched, error = _launch_compiled(entry, key[0], grid, args, constexprs)
             if launched:
                 return
-    compiled = _packed_decode_kernel[grid](*args, *constexprs, **options)
+    compiled = (kernel or _packed_decode_kernel)[grid](*args, *constexprs, **options)
     if error is not None:  # the normal launch worked where the compiled kernel's launcher failed
         _disable_fast_launch(f"the compiled kernel's launcher failed ({error!r})")
     elif key is not None:
-        _remember(key, compiled)
+        _remember(key, compiled, len(constexprs))
 
 
 def _pow2(n: int) -> int:
@@ -499,16 +499,29 @@ def _pow2(n: int) -> int:
     return 1 << max(n - 1, 0).bit_length()
 
 
-_plans: dict[tuple, tuple] = {}  # plan key -> (grid, constexprs, options, plan id)
+# plan key -> (grid, constexprs, options, plan id, kernel: None for _packed_decode_kernel)
+_plans: dict[tuple, tuple] = {}
 
 
 def _plan(pkey: tuple) -> tuple:
     """The launch of one call shape: grid, the kernel's constexprs in order, the compile options,
-    and a small id standing for all three in the fast launch's key."""
+    a small id standing for all three in the fast launch's key, and the kernel."""
     dims, s_qkv, s_a, s_b, s_state, state_dtype, state_layout, gdn, use_qk_l2norm, bounded, counted, config = pkey
     batch, num_heads, num_v_heads, head_k_dim, head_v_dim, _ = dims
     cfg = config if config is not None else pick_config(batch, num_v_heads, head_v_dim, state_dtype, state_layout,
                                                         gdn=gdn)
+    if cfg.kv_shared and state_layout == "KV":
+        from . import triton_kv_shared
+
+        device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else None
+        why = triton_kv_shared.unsupported(head_k_dim, head_v_dim, state_dtype, cfg.block_v, cfg.num_warps,
+                                           cfg.kv_chunk, device)
+        if config is not None and why is not None:
+            raise ValueError(f"{config} cannot run here: {why}")
+        if why is None and (config is not None or triton_kv_shared.auto_unmeasured() is None):
+            return _plan_kv_shared(pkey, cfg)
+        # auto: the shape picked where the shared-memory tile cannot run (or was not timed)
+        cfg = pick_config(batch, num_v_heads, head_v_dim, state_dtype, state_layout, gdn=gdn, kv_shared=False)
     span = cfg.block_v * cfg.tiles
     groups = -(-head_v_dim // span)
     grid_kind = {"flat": 0, "v_fastest": 1, "head_fastest": 2, "grouped": 3}[cfg.grid]
@@ -558,12 +571,36 @@ def _plan(pkey: tuple) -> tuple:
     options = {"num_warps": cfg.num_warps}
     if cfg.max_registers is not None:
         options["maxnreg"] = cfg.max_registers
-    # plans that compile alike share an id (the fast launch's key holds the id, not the tuples)
-    same = (constexprs, cfg.num_warps, cfg.max_registers)
+    return _keep(pkey, grid, constexprs, options, None)  # None: _packed_decode_kernel, read at launch
+
+
+def _plan_kv_shared(pkey: tuple, cfg: DecodeConfig) -> tuple:
+    """The launch of the shared-memory KV tile (``triton_kv_shared``): same runtime arguments."""
+    from . import triton_kv_shared
+
+    dims, s_qkv, s_a, s_b, s_state, state_dtype, _, gdn, use_qk_l2norm, bounded, counted, _ = pkey
+    batch, num_heads, num_v_heads, head_k_dim, head_v_dim, _ = dims
+    grid = (batch * num_v_heads * (head_v_dim // cfg.block_v), 1, 1)
+    wide = batch * max(s_qkv, s_a, s_b, num_v_heads * head_v_dim) >= 2**31 - 1
+    store_eviction = cfg.state_eviction if cfg.store_eviction is None else cfg.store_eviction
+    constexprs = (
+        num_heads, num_v_heads, s_qkv, s_a, s_b, s_state, head_k_dim, head_v_dim, cfg.block_v, cfg.kv_chunk,
+        use_qk_l2norm, bounded, counted, 0 if gdn else 1, gdn,  # ... GATE_STRIDE, ROUND_BETA
+        cfg.state_eviction, store_eviction, cfg.act_eviction, wide,
+        cfg.num_warps > 1,  # ACC2D: warps side by side along V sum per thread over the chunks
+        *triton_kv_shared.layouts(cfg.block_v, state_dtype.itemsize, cfg.num_warps),
+    )
+    return _keep(pkey, grid, constexprs, {"num_warps": cfg.num_warps}, triton_kv_shared.kernel())
+
+
+def _keep(pkey: tuple, grid: tuple, constexprs: tuple, options: dict, kernel: object) -> tuple:
+    """Store and return a plan; plans that compile alike share an id (the fast launch's key holds
+    the id, not the tuples)."""
+    same = (kernel, constexprs, options.get("num_warps"), options.get("maxnreg"))
     plan_id = _plan_ids.setdefault(same, len(_plan_ids))
     if len(_plans) >= _MAX_PLANS:  # a bounded cache: shapes churn (e.g. every batch size once)
         _plans.clear()
-    plan = _plans[pkey] = (grid, constexprs, options, plan_id)
+    plan = _plans[pkey] = (grid, constexprs, options, plan_id, kernel)
     return plan
 
 
@@ -584,7 +621,7 @@ _plan_ids: dict[tuple, int] = {}
 # first call, or set KDA_TRITON_FAST_LAUNCH=0 (read at import) to always launch with kernel[grid].
 
 _N_RUNTIME_ARGS = 12
-_N_CONSTEXPRS = 31
+_N_CONSTEXPRS = 31  # the Triton kernel's (the shared-memory KV kernel has its own count)
 _fast_launch: dict = {
     "enabled": os.environ.get("KDA_TRITON_FAST_LAUNCH", "1") not in ("", "0") and triton is not None,
     "cache": {},  # key -> (compiled kernel, launcher, function handle, packed metadata)
@@ -659,14 +696,14 @@ def _hook_set(hook: object) -> bool:
     return hook is not None and bool(getattr(hook, "calls", True))
 
 
-def _remember(key: tuple, compiled: object) -> None:
+def _remember(key: tuple, compiled: object, n_constexprs: int) -> None:
     """Keep the CompiledKernel a normal launch returned, if it looks like what the fast launch
     expects: a signature listing every parameter (constexprs included) and a launcher."""
     if compiled is None or hasattr(compiled, "result"):  # not launched (a compile hook), or a future
         return
     try:
         signature = list(compiled.src.signature.values())
-        ok = len(signature) == _N_RUNTIME_ARGS + _N_CONSTEXPRS and all(
+        ok = len(signature) == _N_RUNTIME_ARGS + n_constexprs and all(
             v == "constexpr" for v in signature[_N_RUNTIME_ARGS:]
         )
         entry = (compiled, compiled.run, compiled.function, compiled.packed_metadata)

@@ -8,11 +8,12 @@ with ``kda_oracle.TOLERANCES``. Shapes are tiny: the interpreter costs ~0.5 ms p
 from __future__ import annotations
 
 import dataclasses
+import re
 from types import SimpleNamespace
 
 import pytest
 import torch
-from kda_kernels import reference, triton_decode
+from kda_kernels import reference, triton_decode, triton_kv_shared
 from kda_kernels.triton_decode import DecodeConfig, is_available, packed_decode, pick_config, picked_configs
 from kda_oracle import (
     DecodeCase,
@@ -155,8 +156,9 @@ def test_a_chunk_taller_than_a_power_of_two_k_stays_inside_its_head(head_k_dim: 
 
 def test_16bit_kv_state_takes_the_chunked_tile_with_an_unhinted_first_pass_from_1024_request_heads() -> None:
     # measured on an H200 (pick_config's docstring); GDN keeps the earlier shapes (evict_last, from 8192)
+    # (from 2048 request-heads the shared-memory tile comes first where it can run: test_triton_kv_shared.py)
     for batch, hv in ((32, 32), (256, 4), (1024, 32)):
-        cfg = pick_config(batch, hv, 128, torch.bfloat16, "KV")
+        cfg = pick_config(batch, hv, 128, torch.bfloat16, "KV", kv_shared=batch * hv < 2048)
         assert (cfg.block_v, cfg.num_warps, cfg.kv_chunk, cfg.kv_first_eviction) == (128, 1, 32, "")
     assert pick_config(16, 32, 128, torch.bfloat16, "KV").kv_chunk == 0
     assert pick_config(32, 32, 128, torch.bfloat16, "KV", gdn=True).kv_chunk == 0
@@ -184,7 +186,14 @@ def test_matches_reference_at_production_head_dims_with_every_picked_config() ->
         case = make_decode_case(batch=1, num_heads=1, num_v_heads=1, head_k_dim=128, head_v_dim=128,
                                 state_layout=layout)
         for config in picked_configs():
-            _assert_matches_reference(case, config)
+            why = config.kv_shared and layout == "KV" and triton_kv_shared.unsupported(128, 128, torch.float32,
+                                                                                     config.block_v, config.num_warps,
+                                                                                     config.kv_chunk)
+            if why:  # the Gluon kernel (under the interpreter): refused, saying why (test_triton_kv_shared.py)
+                with pytest.raises(ValueError, match=re.escape("cannot run here: " + why)):
+                    _run_triton(case, config)
+            else:
+                _assert_matches_reference(case, config)
 
 
 # --- memory safety ------------------------------------------------------------------------------

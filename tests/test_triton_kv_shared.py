@@ -1,0 +1,221 @@
+"""The shared-memory KV tile (``kda_kernels.triton_kv_shared``, a Gluon kernel behind the Triton backend).
+
+Gluon kernels do not run under the Triton interpreter, so on the CPU these tests check what can be
+checked there: the kernel compiles for sm_90 (offline, with the ptxas Triton ships) without register
+spills and with the shared memory the plan expects, ``backend="auto"`` falls back to the chunked
+Triton tile where the Gluon kernel cannot run, and an explicit ``DecodeConfig(kv_shared=True)``
+says why it cannot. On a CUDA device the kernel runs against the reference (and in
+``test_triton_decode.py``'s every-picked-config test, and ``benchmarks/gpu_abuse.py``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from kda_kernels import reference, triton_decode, triton_kv_shared
+from kda_kernels.triton_decode import DecodeConfig, pick_config, picked_configs
+from kda_oracle import assert_close_to_oracle, assert_pool_untouched_except, make_decode_case, run_kernel, valid_slots
+
+triton = pytest.importorskip("triton")
+
+SHARED = [c for c in picked_configs() if c.kv_shared]
+CUDA = torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET", "0") in ("", "0")
+MEASURED = triton_kv_shared.auto_unmeasured() is None
+
+
+def test_auto_takes_the_shared_tile_for_kv_from_2048_request_heads_with_16_bit_state_and_4096_with_fp32() -> None:
+    bf16 = DecodeConfig(block_v=128, num_warps=2, kv_chunk=16, kv_shared=True, state_eviction="")
+    fp32 = DecodeConfig(block_v=64, num_warps=1, kv_chunk=16, kv_shared=True, state_eviction="")
+    assert pick_config(64, 32, 128, torch.bfloat16, "KV") == bf16
+    assert pick_config(512, 4, 128, torch.float16, "KV") == bf16
+    assert pick_config(256, 16, 128, torch.float32, "KV") == fp32
+    assert not pick_config(32, 32, 128, torch.bfloat16, "KV").kv_shared  # 1024: the chunked tile
+    assert not pick_config(64, 32, 128, torch.float32, "KV").kv_shared
+    assert not pick_config(1024, 32, 128, torch.bfloat16, "KV", gdn=True).kv_shared  # GDN: not measured
+    assert not pick_config(1024, 32, 128, torch.bfloat16, "VK").kv_shared
+    # where it cannot run, the shapes picked before it
+    assert pick_config(1024, 32, 128, torch.bfloat16, "KV", kv_shared=False).kv_chunk == 32
+    assert set(SHARED) == {bf16, fp32}
+
+
+def _plan(batch: int, hv: int, k: int, v: int, dtype: torch.dtype, config: DecodeConfig | None = None) -> tuple:
+    pkey = ((batch, hv, hv, k, v, 4 * batch), 2 * hv * k + hv * v, hv * k, hv, hv * k * v, dtype, "KV", False,
+            True, False, False, config)
+    return triton_decode._plan(pkey)
+
+
+@pytest.mark.skipif(CUDA, reason="checks the fallback where Gluon cannot run (the interpreter)")
+def test_under_the_interpreter_auto_falls_back_to_the_chunked_tile_and_matches_the_reference() -> None:
+    _, constexprs, _, _, kernel = _plan(64, 32, 128, 128, torch.bfloat16)
+    assert kernel is None and constexprs[26] == 32  # the Triton kernel, KV_CHUNK 32 (the chunked tile)
+    # a real call in that regime (B * HV = 2048) with small heads, padding and an out-of-range index
+    case = make_decode_case(batch=64, num_heads=32, num_v_heads=32, head_k_dim=4, head_v_dim=8,
+                            state_dtype=torch.bfloat16, state_layout="KV",
+                            indices=[-1, 300, *range(2, 64)], num_slots=260)
+    out, state = run_kernel(triton_decode.packed_decode, case)
+    ref_out, ref_state = run_kernel(reference.packed_decode, case)
+    assert_close_to_oracle(out, ref_out)
+    assert_close_to_oracle(state, ref_state)
+    assert_pool_untouched_except(case.state, state, valid_slots(case.indices, case.state.shape[0]))
+
+
+@pytest.mark.skipif(CUDA, reason="checks the refusal where Gluon cannot run (the interpreter)")
+def test_an_explicit_shared_config_says_why_it_cannot_run_under_the_interpreter() -> None:
+    cfg = DecodeConfig(block_v=128, num_warps=2, kv_chunk=16, kv_shared=True)
+    with pytest.raises(ValueError, match=r"kv_shared=True\) cannot run here: the Triton interpreter "
+                                         r"\(TRITON_INTERPRET\) does not run Gluon kernels"):
+        _plan(64, 32, 128, 128, torch.bfloat16, cfg)
+
+
+@pytest.mark.parametrize(
+    "k,v,dtype,block_v,num_warps,chunk,why",
+    [
+        (96, 128, torch.bfloat16, 128, 2, 16, "K = 96 is not a power of two"),
+        (128, 96, torch.bfloat16, 64, 2, 16, "V = 96 is not a multiple of block_v = 64"),
+        (128, 128, torch.bfloat16, 16, 4, 16, "block_v = 16 is narrower than 4 warps of 16-byte vectors (32 columns)"),
+        (128, 128, torch.bfloat16, 128, 2, 256, "K = 128 is not a multiple of kv_chunk = 256"),
+        (128, 128, torch.bfloat16, 128, 2, 2, "kv_chunk = 2 rows is fewer than a warp's rows of the chunk layout (4)"),
+        (256, 256, torch.float32, 256, 2, 16, "a [256, 256] tile needs more than 232448 bytes of shared memory"),
+        (128, 128, torch.bfloat16, 128, 2, 16, None),
+        (64, 64, torch.float32, 64, 1, 16, None),
+    ],
+)
+def test_shapes_the_shared_tile_cannot_take_are_named(k: int, v: int, dtype: torch.dtype, block_v: int,
+                                                       num_warps: int, chunk: int, why: str | None,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    assert triton_kv_shared.unsupported(k, v, dtype, block_v, num_warps, chunk) == why
+
+
+def _compile_for_sm90(cases: list[dict]) -> list[dict]:
+    """Each case compiled for sm_90 offline, in a fresh process with the interpreter off (see
+    kv_shared_offline.py: in this one Triton's own helpers are interpreted functions)."""
+    script = os.path.join(os.path.dirname(__file__), "kv_shared_offline.py")
+    env = dict(os.environ, TRITON_INTERPRET="0", CUDA_VISIBLE_DEVICES="")
+    done = subprocess.run([sys.executable, script, json.dumps(cases)], capture_output=True, text=True, env=env,
+                          timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return [json.loads(line) for line in done.stdout.splitlines()]
+
+
+def _case(cfg: DecodeConfig, dtype: torch.dtype, **flags: bool) -> dict:
+    return dict(config=cfg._asdict(), dtype=str(dtype).removeprefix("torch."), **flags)
+
+
+@pytest.fixture(scope="module")
+def compiled() -> dict[str, dict]:
+    """Every picked shared config for each state dtype, and the GDN gate, bounded gate and counter."""
+    cases = {f"{c.block_v}-{c.num_warps}-{dt}": _case(c, dt) for c in SHARED
+             for dt in (torch.bfloat16, torch.float16, torch.float32)}
+    pick = pick_config(1024, 32, 128, torch.bfloat16, "KV")
+    cases["gdn"] = _case(pick, torch.bfloat16, gdn=True)
+    cases["bounded-counted"] = _case(pick, torch.bfloat16, bounded=True, counted=True)
+    return dict(zip(cases, _compile_for_sm90(list(cases.values())), strict=True))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=str)
+@pytest.mark.parametrize("cfg", SHARED, ids=lambda c: f"bv{c.block_v}-w{c.num_warps}-ck{c.kv_chunk}")
+def test_every_picked_shared_config_compiles_for_sm90(cfg: DecodeConfig, dtype: torch.dtype,
+                                                     compiled: dict[str, dict]) -> None:
+    usage = compiled[f"{cfg.block_v}-{cfg.num_warps}-{dtype}"]
+    assert usage["shared"] == triton_kv_shared.shared_bytes(128, cfg.block_v, dtype), usage
+    assert usage["cp_async"] > 0 and usage["local"] == 0, usage
+    if MEASURED:  # the release it was timed with: no spills (CI's torch 2.11 job runs this file)
+        assert usage["stack"] == 0, usage
+
+
+@pytest.mark.skipif(not MEASURED, reason=f"spills are checked with Triton {triton_kv_shared.MEASURED_TRITON}")
+def test_the_gdn_gate_bounded_gate_and_counter_compile_for_sm90_without_spills(compiled: dict[str, dict]) -> None:
+    for name in ("gdn", "bounded-counted"):
+        assert compiled[name]["stack"] == 0 and compiled[name]["local"] == 0, (name, compiled[name])
+
+
+def test_auto_picks_the_shared_tile_only_with_the_triton_release_it_was_timed_with(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    monkeypatch.setattr(triton_kv_shared, "MEASURED_TRITON", ("0.1.",))
+    assert triton_kv_shared.auto_unmeasured() == f"timed with Triton 0.1 only (installed: {triton.__version__})"
+    _, constexprs, _, _, kernel = _plan(1024, 32, 128, 128, torch.bfloat16)
+    assert kernel is None and constexprs[26] == 32  # auto: the chunked Triton tile
+    # an explicit config still runs it (compiled only when launched: the plan names the kernel)
+    cfg = pick_config(1024, 32, 128, torch.bfloat16, "KV")
+    assert _plan(1024, 32, 128, 128, torch.bfloat16, cfg)[4] is triton_kv_shared.kernel()
+    monkeypatch.setattr(triton_kv_shared, "MEASURED_TRITON", (triton.__version__[:4],))
+    assert triton_kv_shared.auto_unmeasured() is None
+    assert _plan(1024, 32, 128, 128, torch.bfloat16)[4] is triton_kv_shared.kernel()
+
+
+# --- on a CUDA device -----------------------------------------------------------------------------------
+
+
+@pytest.mark.skipif(not CUDA, reason="the Gluon kernel runs on a CUDA device only (the CPU tests above compile it)")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=str)
+@pytest.mark.parametrize(
+    "k,v,cfg",
+    [
+        (128, 128, DecodeConfig(block_v=128, num_warps=2, kv_chunk=16, kv_shared=True, state_eviction="")),
+        (128, 128, DecodeConfig(block_v=64, num_warps=1, kv_chunk=16, kv_shared=True, state_eviction="")),
+        (128, 128, DecodeConfig(block_v=128, num_warps=4, kv_chunk=32, kv_shared=True)),
+        (64, 128, DecodeConfig(block_v=32, num_warps=1, kv_chunk=8, kv_shared=True, act_eviction="evict_last")),
+        (128, 64, DecodeConfig(block_v=64, num_warps=2, kv_chunk=64, kv_shared=True, store_eviction="evict_first")),
+    ],
+    ids=["bf16-pick", "fp32-pick", "w4-ck32", "K64-bv32-ck8", "V64-ck64"],
+)
+@pytest.mark.parametrize("lower_bound", [None, -5.0], ids=["softplus", "bounded"])
+def test_on_cuda_the_shared_tile_matches_the_reference_with_padding_and_out_of_range_indices(
+        k: int, v: int, cfg: DecodeConfig, dtype: torch.dtype, lower_bound: float | None) -> None:
+    case = make_decode_case(batch=9, num_heads=2, num_v_heads=4, head_k_dim=k, head_v_dim=v, state_dtype=dtype,
+                            act_dtype=torch.bfloat16, state_layout="KV", lower_bound=lower_bound,
+                            indices=[3, -1, 17, 40, 0, 11, -5, 8, 2], num_slots=18, slot_pad=8, row_pad=8,
+                            device="cuda")
+    counter = torch.zeros(1, dtype=torch.int32, device="cuda")
+    out, state = run_kernel(triton_decode.packed_decode, case, oob_counter=counter, config=cfg)
+    ref_out, ref_state = run_kernel(reference.packed_decode, case)
+    assert_close_to_oracle(out, ref_out)
+    assert_close_to_oracle(state, ref_state)
+    assert_pool_untouched_except(case.state, state, valid_slots(case.indices, case.state.shape[0]))
+    assert out[1].eq(0).all() and out[3].eq(0).all() and out[6].eq(0).all()
+    assert counter.item() == 1  # the index 40 >= N = 18
+
+
+@pytest.mark.skipif(not CUDA, reason="the Gluon kernel runs on a CUDA device only (the CPU tests above compile it)")
+def test_on_cuda_gdn_through_the_shared_tile_matches_the_reference() -> None:
+    from kda_kernels.gdn_reference import gdn_packed_decode as gdn_reference
+
+    cfg = pick_config(1024, 32, 128, torch.bfloat16, "KV")
+    g = torch.Generator(device="cuda").manual_seed(0)
+    B, H, HV, K, V, N = 6, 2, 4, 128, 128, 12
+    rnd = lambda *shape: torch.randn(*shape, device="cuda", generator=g)  # noqa: E731
+    qkv, a, b = rnd(B, 2 * H * K + HV * V).bfloat16(), rnd(B, HV).bfloat16(), rnd(B, HV).bfloat16()
+    A_log, dt_bias = rnd(HV), rnd(HV)
+    pool = (0.1 * rnd(N, HV, K, V)).bfloat16()
+    idx = torch.tensor([5, -1, 2, 30, 0, 7], dtype=torch.int32, device="cuda")
+    got, ref = pool.clone(), pool.clone()
+    out, ref_out = torch.full((B, 1, HV, V), 7.0, device="cuda").bfloat16(), torch.zeros(B, 1, HV, V).bfloat16().cuda()
+    triton_decode.gdn_packed_decode(qkv, a, b, A_log, dt_bias, K**-0.5, got, out, idx, num_heads=H,
+                                    use_qk_l2norm=True, lower_bound=None, state_layout="KV", config=cfg)
+    gdn_reference(qkv, a, b, A_log, dt_bias, K**-0.5, ref, ref_out, idx, num_heads=H, use_qk_l2norm=True,
+                  state_layout="KV")
+    assert_close_to_oracle(out, ref_out)
+    assert_close_to_oracle(got, ref)
+    assert_pool_untouched_except(pool, got, [5, 2, 0, 7])
+    assert out[1].eq(0).all() and out[3].eq(0).all()
+
+
+@pytest.mark.skipif(not CUDA, reason="the Gluon kernel runs on a CUDA device only")
+def test_on_cuda_auto_runs_the_shared_tile_and_the_fast_launch_reuses_it() -> None:
+    case = make_decode_case(batch=64, num_heads=32, num_v_heads=32, head_k_dim=128, head_v_dim=128,
+                            state_dtype=torch.bfloat16, act_dtype=torch.bfloat16, state_layout="KV", device="cuda")
+    for _ in range(3):
+        out, state = run_kernel(triton_decode.packed_decode, case)
+    ref_out, ref_state = run_kernel(reference.packed_decode, case)
+    assert_close_to_oracle(out, ref_out)
+    assert_close_to_oracle(state, ref_state)
+    plans = [p for k, p in triton_decode._plans.items() if k[0][:2] == (64, 32) and k[6] == "KV"]
+    assert plans and plans[-1][4] is triton_kv_shared.kernel()
+    assert any(key[1] == plans[-1][3] for key in triton_decode._fast_launch["cache"])
