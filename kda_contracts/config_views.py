@@ -19,8 +19,9 @@ from .errors import ArgumentTypeError, ContractError, Violation, passthrough_for
 from .markers import CONFIG_LACKS, config_dims, config_is_frozen
 from .modes import made_in_trace, mark_constant_result
 from .spec import ContractSpec
+from .trace_args import flatten
 
-__all__ = ["ConfigViews", "config_ref", "config_view_layout", "refuse_built_in_trace"]
+__all__ = ["ConfigViews", "config_ref", "config_view_layout", "refuse_built_in_trace", "walked_built_in_trace"]
 
 
 def config_view_layout(spec: ContractSpec) -> tuple[list[str], list[str]]:
@@ -104,6 +105,27 @@ def refuse_built_in_trace(spec: ContractSpec, cfg: Any) -> None:
             hint=f"build the {type(cfg).__name__} before the compiled function and pass it in")], {}, {})
     except ContractError as err:
         raise passthrough_for_compile(err) from None
+
+
+def walked_built_in_trace(spec: ContractSpec, values: Mapping[str, Any]) -> list[Violation]:
+    """At trace time, for a call the traced checker rejected: the arguments whose fields the
+    contract walks that hold an object built inside the region torch.compile traces (a dataclass
+    holding tensors, made there). Such an object cannot be read yet (dynamo has not initialised
+    it), so the call is refused naming it, never worded from what the object is not. (A call
+    that fits the contract is checked in the trace, on what dynamo built, and passes.)"""
+    violations = []
+    for name in spec.nested:
+        leaves: list[Any] = []
+        flatten(values.get(name), leaves)
+        built = next((v for v in leaves if made_in_trace(v)), None)
+        if built is not None:
+            kind = type(built).__name__
+            violations.append(Violation(
+                ArgumentTypeError, name, f"a {kind} built outside the region torch.compile traces (to word the report)",
+                f"a {kind} built inside it (dynamo has not initialised it when the contract reads it)",
+                hint=f"the call breaks the contract: build the {kind} before the compiled function, or call eagerly, "
+                     "to see how"))
+    return violations
 
 
 def _config_dtypes(cfg: Any) -> Mapping[str, torch.dtype] | None:

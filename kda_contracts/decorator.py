@@ -25,14 +25,13 @@ from typing import Any, TypeVar, overload
 
 import torch
 from beartype import BeartypeConf, beartype
-from beartype.door import is_bearable
 from beartype.roar import BeartypeCallHintParamViolation
 
 from . import dumps, modes
 from .body import body_uses_checks, runner
 from .check_cache import cached_checker
 from .codegen import bool_for_float, checked_parameters, checker_names, generate_checker, generate_return_checker
-from .config_views import ConfigViews, refuse_built_in_trace
+from .config_views import ConfigViews, refuse_built_in_trace, walked_built_in_trace
 from .docstrings import add_class_note, add_contract_doc, wants_doc
 from .errors import (
     AnnotationError,
@@ -48,8 +47,10 @@ from .explain import explain_return
 from .markers import Where
 from .members import accessors, contract_members, is_contracted
 from .modes import made_in_trace
+from .nested import Plain
 from .snippets import Names
 from .spec import CallContext, ContractOptions, ContractSpec, Dims, build_spec
+from .type_trees import read_types, traced_type_check, type_mismatch
 from .wrapper import wrapper_source
 
 __all__ = ["Contract", "contract", "register_contract", "registered_contracts"]
@@ -132,9 +133,11 @@ class Contract:
         # the mode in force, counting a call unless it is off (for entry points like packed_decode)
         self.enter: Callable[[], int] = modes.counting_mode(self)
         self._count = modes.counting_mode(self, modes.CHECK)
-        # under torch.compile a type violation is reported at trace time as the contract's own error
-        # (dynamo would wrap beartype's exception, raised by a constant-result function)
-        modes.mark_constant_result(self.check_types, at_trace=_outside_compile(self._types_or_reject))
+        # under torch.compile the types are traced as isinstance tests (type_trees: dynamo cannot trace
+        # beartype), and a call they reject is reported at trace time as the contract's own error
+        self._type_nodes = {n: Plain(h, read_types(h)) for n, h in self._type_annotations.items()}
+        traced_type_check(self.check_types, self._param_names, self._type_nodes,
+                          _outside_compile(self._types_or_reject))
         self._reject = _outside_compile(self._reject_positional)
         self._strict_checks = eager_value_checks(self._strict_positional, self.name)
 
@@ -145,11 +148,11 @@ class Contract:
         return dict(ba.arguments)
 
     def _types_or_reject(self, *vals: Any) -> None:
-        """The type check at trace time: a violation raises the contract's report, counted."""
-        try:
-            self.check_types(*vals)
-        except BeartypeCallHintParamViolation:
-            self.fail_types(dict(zip(self._param_names, vals, strict=True)))
+        """The type check at trace time (every item of a container, as the traced check): a
+        violation raises the contract's report, counted."""
+        values = dict(zip(self._param_names, vals, strict=True))
+        if self.type_violations(values):
+            self.fail_types(values)
 
     def fail_types(self, values: Mapping[str, Any]) -> None:
         """Count and raise the report of a call whose argument types beartype rejected (saving
@@ -160,15 +163,16 @@ class Contract:
 
     def type_violations(self, values: Mapping[str, Any]) -> list[Violation]:
         out = []
-        for name, hint in self._type_annotations.items():
+        for name, node in self._type_nodes.items():
             v = values.get(name)
-            if not is_bearable(v, hint, conf=_BEARTYPE_CONF):
-                expected = getattr(hint, "__name__", None) or str(hint).replace("torch.", "")
+            mismatch = type_mismatch(name, node, v)
+            if mismatch is not None:
+                expected, got = mismatch
                 if name in self.spec.tensors:
                     expected = f"a torch.Tensor shaped {self.spec.tensors[name].symbolic()}"
                     if self.spec.tensors[name].optional:
                         expected += " or None"
-                out.append(Violation(ArgumentTypeError, name, expected, f"{type(v).__name__}"))
+                out.append(Violation(ArgumentTypeError, name, expected, got))
         for name in bool_for_float(self.spec, values):
             if all(o.argument != name for o in out):
                 out.append(Violation(ArgumentTypeError, name, "float", f"bool ({values[name]!r})",
@@ -180,6 +184,8 @@ class Contract:
         ``KDA_CONTRACTS_DUMP_DIR`` is set: :mod:`kda_contracts.dumps`)."""
         with dumps.saving_rejection(self, values, config):
             tv = self.type_violations(values)
+            if self.spec.nested and modes.tracing_context():  # (at trace time: nothing to read yet)
+                tv += walked_built_in_trace(self.spec, values)
             if tv:
                 self.rejections += 1
                 raise_violations(self.name, tv, {}, {})

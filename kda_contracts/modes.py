@@ -33,6 +33,8 @@ from typing import Any, Literal, TypeVar
 
 import torch
 
+from .trace_args import flatten, rebuild
+
 __all__ = ["CHECK", "ENV_VAR", "OFF", "STRICT", "ModeName", "current_mode", "get_mode", "mode", "set_default_mode"]
 
 ModeName = Literal["off", "check", "strict"]
@@ -169,10 +171,12 @@ def mark_constant_result(fn: F, *, at_trace: Callable[..., Any] | None = None) -
     other object (a config, a model layer) goes as itself on torch 2.13; torch 2.11 refuses it
     ("... is not a constant"), so there it goes by ``id``, which dynamo guards on (the object's
     identity, ID_MATCH), and is looked up again before ``fn`` runs (the object is alive: the
-    frame being traced holds it). Eager calls run ``fn`` unchanged: the stand-in is only an
-    attribute of it. ``at_trace``, when given, runs at trace time instead of ``fn`` (for a
-    function whose exception must become the contract's own error there: dynamo wraps any other
-    exception a constant-result function raises).
+    frame being traced holds it). Lists, tuples and dicts are taken apart and rebuilt around their
+    leaves (:mod:`kda_contracts.trace_args`), so each leaf goes as above, at any depth. Eager
+    calls run ``fn`` unchanged: the stand-in is only an attribute of it. ``at_trace``, when
+    given, runs at trace time instead of ``fn`` (for a function whose exception must become the
+    contract's own error there: dynamo wraps any other exception a constant-result function
+    raises).
 
     Example::
 
@@ -180,15 +184,17 @@ def mark_constant_result(fn: F, *, at_trace: Callable[..., Any] | None = None) -
     """
     run = fn if at_trace is None else at_trace
 
-    def at_trace_time(refs: tuple[bool, ...], names: tuple[str, ...], *args: Any) -> Any:
-        real = [ctypes.cast(a, ctypes.py_object).value if r else a for r, a in zip(refs, args, strict=True)]
-        cut = len(real) - len(names)
-        return run(*real[:cut], **dict(zip(names, real[cut:], strict=True)))
+    def at_trace_time(layout: tuple[Any, ...], refs: tuple[bool, ...], names: tuple[str, ...], *leaves: Any) -> Any:
+        real = [ctypes.cast(a, ctypes.py_object).value if r else a for r, a in zip(refs, leaves, strict=True)]
+        values = [rebuild(part, real) for part in layout]
+        cut = len(values) - len(names)
+        return run(*values[:cut], **dict(zip(names, values[cut:], strict=True)))
 
     at_trace_time._dynamo_marked_constant = True  # type: ignore[attr-defined]  # the flag dynamo reads
 
     # closure-free (dynamo guards a stand-in's closure through the source of ``fn``, which has none)
-    ns = {"_kc_at_trace_time": at_trace_time, "_kc_by_reference": _by_reference, "_kc_concrete": _concrete}
+    ns = {"_kc_at_trace_time": at_trace_time, "_kc_by_reference": _by_reference, "_kc_concrete": _concrete,
+          "_kc_flatten": flatten}
     exec(_TRACED_CODE, ns)  # our own source, compiled once
     fn._torchdynamo_inline = ns["traced"]  # type: ignore[attr-defined]  # what dynamo traces instead of fn
     return fn
@@ -196,9 +202,11 @@ def mark_constant_result(fn: F, *, at_trace: Callable[..., Any] | None = None) -
 
 _TRACED_SOURCE = """
 def traced(*args, **kwargs):
-    values = tuple(_kc_concrete(v) for v in (*args, *kwargs.values()))
+    leaves = []
+    layout = tuple(_kc_flatten(v, leaves) for v in (*args, *kwargs.values()))
+    values = tuple(_kc_concrete(v) for v in leaves)
     refs = tuple(_kc_by_reference(v) for v in values)
-    return _kc_at_trace_time(refs, tuple(kwargs), *(id(v) if r else v for v, r in zip(values, refs)))
+    return _kc_at_trace_time(layout, refs, tuple(kwargs), *(id(v) if r else v for v, r in zip(values, refs)))
 """
 _TRACED_CODE = compile(_TRACED_SOURCE, "<kda_contracts constant-result stand-in>", "exec")
 

@@ -21,7 +21,7 @@ import collections.abc as cabc
 import dataclasses
 import typing
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import NoneType, UnionType
 from typing import Any
 
@@ -31,13 +31,14 @@ from beartype.door import is_bearable
 
 from .dims import ANY, Broadcast, DimSpec, Expr, Sym, Variadic, broadcast_sizes, fits_variadic, parse_shape
 from .errors import AnnotationError, ArgumentTypeError, ContractError, DtypeError, ShapeError
+from .modes import mark_constant_result
 from .plan import dim_symbols
 from .rules import DtypeIn, dtype_name, fmt_ints
 
 __all__ = ["Node", "mentions_array", "read_structure"]
 
 Problem = tuple[type[ContractError], str]
-_BEARTYPE_CONF = BeartypeConf(is_pep484_tower=True)
+BEARTYPE_CONF = BeartypeConf(is_pep484_tower=True)
 
 
 def is_array_type(tp: Any) -> bool:
@@ -65,6 +66,8 @@ def mentions_array(tp: Any, _seen: frozenset[Any] = frozenset()) -> bool:
     """Whether an annotation mentions a jaxtyping array type anywhere inside it."""
     if is_array_type(tp):
         return True
+    if isinstance(tp, list):  # a Callable's parameter types
+        return any(mentions_array(a, _seen) for a in tp)
     if tp in _seen:
         return False
     args = typing.get_args(tp)
@@ -102,6 +105,11 @@ class Leaf(Node):
     text: str
     dims: tuple[DimSpec, ...]
     dtypes: frozenset[torch.dtype]
+    # the dtype rule's test, made once (torch.compile traces the walk: nothing is compiled then)
+    dtype_broken: Any = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "dtype_broken", DtypeIn(self.text, self.dtypes).compiled_test())
 
     def __str__(self) -> str:
         return f"Tensor[{self.text}]"
@@ -116,11 +124,11 @@ class Leaf(Node):
     def match(self, value: Any, env: dict[str, Any], path: str) -> Problem | None:
         if not isinstance(value, torch.Tensor):
             return ArgumentTypeError, f"{path}: expected a torch.Tensor, got {type(value).__name__}"
-        if DtypeIn(path, self.dtypes).broken(dtype=value.dtype, config_value=None):
+        if self.dtype_broken(dtype=value.dtype, config_value=None):
             allowed = " or ".join(sorted(dtype_name(d) for d in self.dtypes))
             return DtypeError, f"{path}: dtype {dtype_name(value.dtype)}, expected {allowed}"
         why = match_dims(self.dims, tuple(value.shape), env)
-        return None if why is None else (ShapeError, f"{path}: shape {fmt_ints(value.shape)}: {why}")
+        return None if why is None else (ShapeError, words("{}: shape {}: {}", path, tuple(value.shape), why))
 
 
 def match_dims(dims: tuple[DimSpec, ...], shape: tuple[int, ...], env: dict[str, Any]) -> str | None:
@@ -141,7 +149,7 @@ def match_dims(dims: tuple[DimSpec, ...], shape: tuple[int, ...], env: dict[str,
             if bound is None and widenable is not None:
                 merged = broadcast_sizes((widenable, True), (sizes, True))
                 if merged is None or (not d.broadcast and merged != tuple(sizes)):
-                    return f"dims {d}: {fmt_ints(sizes)} does not broadcast with {fmt_ints(widenable)}"
+                    return words("dims {}: {} does not broadcast with {}", d, sizes, widenable)
                 if d.broadcast:
                     env["#" + d.key] = merged
                 else:
@@ -151,9 +159,9 @@ def match_dims(dims: tuple[DimSpec, ...], shape: tuple[int, ...], env: dict[str,
                 env[("#" if d.broadcast else "") + d.key] = tuple(sizes)
             elif d.broadcast:  # it must broadcast to what a plain occurrence fixed
                 if broadcast_sizes((bound, True), (sizes, True)) != tuple(bound):
-                    return f"dims {d}: {fmt_ints(sizes)} does not broadcast to {fmt_ints(bound)}"
+                    return words("dims {}: {} does not broadcast to {}", d, sizes, bound)
             elif not fits_variadic(sizes, False, bound):
-                return f"dims {d}: expected {fmt_ints(bound)}, got {fmt_ints(sizes)}"
+                return words("dims {}: expected {}, got {}", d, bound, sizes)
             continue
         axis = i if vi is None or i < vi else i - len(dims)
         size = shape[axis]
@@ -168,23 +176,63 @@ def match_dims(dims: tuple[DimSpec, ...], shape: tuple[int, ...], env: dict[str,
         except (KeyError, TypeError, ZeroDivisionError):
             return f"dim {axis} ({d}) cannot be evaluated with the bound dims"
         if size != want:
-            return f"dim {axis} ({d}): expected {want}, got {size}"
+            return words("dim {} ({}): expected {}, got {}", axis, d, want, size)
     return None
+
+
+def words(template: str, *values: Any) -> str:
+    """A problem's words: ``template`` filled with ``values`` (sizes written ``[a, b]``).
+
+    Under torch.compile, ``template`` alone (:func:`_unworded`): the traced checker only asks
+    whether a value fits, and a rejected call is worded at trace time on the real values, so the
+    trace never turns a symbolic size into text (dynamo cannot, and would stop the trace)."""
+    return template.format(*(fmt_ints(v) if isinstance(v, (tuple, list)) else v for v in values))
+
+
+def _unworded(template: str, *values: Any) -> str:
+    return template
+
+
+words._torchdynamo_inline = _unworded  # type: ignore[attr-defined]  # what dynamo traces instead
 
 
 @dataclass(frozen=True)
 class Plain(Node):
-    """A non-tensor part of a container annotation (checked with beartype's verdict)."""
+    """A non-tensor part of a container annotation (checked with beartype's verdict; under
+    torch.compile by ``types``, see :func:`_plain_match_traced`)."""
 
     hint: Any
+    types: Node | None = field(default=None, compare=False)  # type_trees.read_types(hint)
 
     def __str__(self) -> str:
         return getattr(self.hint, "__name__", str(self.hint))
 
     def match(self, value: Any, env: dict[str, Any], path: str) -> Problem | None:
-        if self.hint is Any or is_bearable(value, self.hint, conf=_BEARTYPE_CONF):
+        if self.hint is Any or is_bearable(value, self.hint, conf=BEARTYPE_CONF):
             return None
         return ArgumentTypeError, f"{path}: expected {self}, got {type(value).__name__}"
+
+    @mark_constant_result
+    def bearable(self, value: Any) -> bool:
+        """beartype's verdict, at trace time under torch.compile (on the value: guarded on it)."""
+        return is_bearable(value, self.hint, conf=BEARTYPE_CONF)
+
+
+def _plain_match_traced(self: Plain, value: Any, env: dict[str, Any], path: str) -> Problem | None:
+    """:meth:`Plain.match` as torch.compile traces it: beartype cannot be traced, so a hint that
+    types alone decide is checked by its type tree (isinstance on every item: dynamo guards on
+    the items' types, never on objects or sizes); any other hint (a Literal, a Protocol) by
+    beartype at trace time, on the value (so guarded on it: one graph per object or value)."""
+    if self.hint is Any:
+        return None
+    if self.types is not None:
+        return self.types.match(value, env, path)
+    if self.bearable(value):
+        return None
+    return ArgumentTypeError, words("{}: expected {}, got {}", path, self, type(value).__name__)
+
+
+Plain.match._torchdynamo_inline = _plain_match_traced  # type: ignore[attr-defined]  # what dynamo traces
 
 
 @dataclass(frozen=True)
@@ -193,9 +241,10 @@ class SequenceOf(Node):
 
     kind: type
     item: Node
+    text_ok: bool = False  # a str is a Sequence of str (beartype's verdict; a tensor container refuses it)
 
     def __str__(self) -> str:
-        return f"{self.kind.__name__}[{self.item}]"
+        return f"{self.kind.__name__}[{self.item}{', ...' if self.kind is tuple else ''}]"
 
     def symbols(self) -> frozenset[str]:
         return self.item.symbols()
@@ -204,7 +253,7 @@ class SequenceOf(Node):
         return self.item.plain_symbols()
 
     def match(self, value: Any, env: dict[str, Any], path: str) -> Problem | None:
-        if not isinstance(value, self.kind) or isinstance(value, (str, bytes)):
+        if not isinstance(value, self.kind) or (isinstance(value, (str, bytes)) and not self.text_ok):
             return ArgumentTypeError, f"{path}: expected a {self.kind.__name__}, got {type(value).__name__}"
         for i, item in enumerate(value):  # type: ignore[var-annotated, arg-type]
             problem = self.item.match(item, env, f"{path}[{i}]")
@@ -245,9 +294,10 @@ class MappingOf(Node):
 
     key: Node
     value: Node
+    kind: type = cabc.Mapping  # dict for dict[K, X] in a type tree (a tensor container takes any mapping)
 
     def __str__(self) -> str:
-        return f"Mapping[{self.key}, {self.value}]"
+        return f"{getattr(self.kind, '__name__', 'Mapping')}[{self.key}, {self.value}]"
 
     def symbols(self) -> frozenset[str]:
         return self.value.symbols()
@@ -256,9 +306,10 @@ class MappingOf(Node):
         return self.value.plain_symbols()
 
     def match(self, value: Any, env: dict[str, Any], path: str) -> Problem | None:
-        if not isinstance(value, cabc.Mapping):
-            return ArgumentTypeError, f"{path}: expected a mapping, got {type(value).__name__}"
-        for k, v in value.items():
+        if not isinstance(value, self.kind):
+            what = "mapping" if self.kind is cabc.Mapping else self.kind.__name__
+            return ArgumentTypeError, f"{path}: expected a {what}, got {type(value).__name__}"
+        for k, v in value.items():  # type: ignore[attr-defined]  # (a Mapping: self.kind is one)
             problem = self.key.match(k, env, f"{path} key {k!r}") or self.value.match(v, env, f"{path}[{k!r}]")
             if problem is not None:
                 return problem
@@ -293,7 +344,7 @@ class OneOf(Node):
                 return None
             problems.append(problem)
         kind = problems[0][0] if len({p[0] for p in problems}) == 1 else ShapeError
-        return kind, f"{path}: fits none of {self}: " + "; ".join(p[1] for p in problems)
+        return kind, words("{}: fits none of {}: {}", path, self, "; ".join(p[1] for p in problems))
 
 
 @dataclass(frozen=True)
@@ -344,7 +395,9 @@ def read_structure(tp: Any, where: str) -> Node:
 
         return Leaf(tp.dim_str, parse_shape(tp.dim_str, where), array_dtypes(tp, None, where))
     if not mentions_array(tp):
-        return Plain(tp)
+        from .type_trees import read_types  # (it builds these nodes)
+
+        return Plain(tp, read_types(tp))
     if origin in (typing.Union, UnionType):
         options = tuple(read_structure(a, where) for a in args if a is not NoneType)
         return OneOf(options, any(a is NoneType for a in args))

@@ -283,8 +283,8 @@ def make_select(o: Op) -> Callable[[tuple[Any, ...], str], Chosen]:
         hit = lookup(key)  # (no closure over key here: that would make it a cell on every call)
         return hit if hit is not None else miss(key, backend)
 
-    def static(key: tuple[Any, ...], backend: str) -> str:
-        info = info_of((*key[:-1], None))
+    def static(key: tuple[Any, ...], backend: str) -> str:  # (the key without its dims)
+        info = info_of((*key, None))
         b = table.choose(backend, info, dims_free=backend == "auto")
         if b._constraints:
             raise_violations(o.name, [Violation(
@@ -298,7 +298,7 @@ def make_select(o: Op) -> Callable[[tuple[Any, ...], str], Chosen]:
     static_outside = _outside_compile(static)
 
     def traced(key: tuple[Any, ...], backend: str) -> Chosen:
-        name = static_outside(key, backend)
+        name = static_outside(key[:-1], backend)  # the dims (maybe symbolic) would be specialised
         return Chosen(name, table.runners[name], name in table.direct)
 
     select._torchdynamo_inline = traced  # type: ignore[attr-defined]

@@ -16,6 +16,7 @@ Example::
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -157,6 +158,13 @@ class Rule:
 
     def broken(self, **values: Any) -> bool:
         """The slow path's verdict: the same source as the fast path, compiled once."""
+        args = {getattr(_PARAMS, f): values[getattr(_PARAMS, f)] for f in self.needs}
+        return self.compiled_test()(**args)
+
+    def compiled_test(self) -> Callable[..., bool]:
+        """:meth:`broken` as a function of the values the test needs, by keyword (``dtype=``,
+        ``config_value=``...), made once for a caller that keeps it: the same source compiled
+        once, with this rule's constants bound (torch.compile traces it: nothing to compile)."""
         consts = self.constants()
         names = Slots(constants={k: f"_c_{k}" for k in consts})
         src = self.test(names)
@@ -169,8 +177,7 @@ class Rule:
             ns: dict[str, Any] = {}
             exec(compile(code, f"<kda_contracts rule {type(self).__name__}>", "exec"), ns)
             fn = _COMPILED[key] = ns["broken"]
-        args = {getattr(_PARAMS, f): values[getattr(_PARAMS, f)] for f in self.needs}
-        return fn(**args, **{f"_c_{k}": v for k, v in consts.items()})
+        return functools.partial(fn, **{f"_c_{k}": v for k, v in consts.items()}) if consts else fn
 
     def violation(self, **values: Any) -> Violation:
         """The message for a call that broke this rule (slow path only)."""

@@ -10,6 +10,9 @@ statically and, on the second, one graph with a dynamic batch (2 graphs); with
 
 import dataclasses
 import os
+from collections.abc import Callable, Mapping, Sequence
+from types import MappingProxyType
+from typing import Annotated, Any, Literal, NamedTuple
 
 import pytest
 import torch
@@ -46,8 +49,8 @@ def _fresh_dynamo():
     torch._dynamo.reset()
 
 
-def compile_as(fn, how, backend="eager"):
-    return torch.compile(fn, fullgraph=True, backend=backend, dynamic=True if how == "dynamic=True" else None)
+def compile_as(fn, how, backend="eager", fullgraph=True):
+    return torch.compile(fn, fullgraph=fullgraph, backend=backend, dynamic=True if how == "dynamic=True" else None)
 
 
 def batch(b, how, *trailing):
@@ -359,6 +362,226 @@ def test_a_dynamic_scalar_argument_compiles_once_and_a_bad_call_still_raises_the
     with pytest.raises(kc.ArgumentTypeError, match=r"n: ArgumentTypeError"):
         cf(torch.ones(2, 3), 3.5)
 
+
+# -- tensors, objects and sizes inside containers ------------------------------------------------
+# Each case: a contracted function, its arguments for batch size b (new containers and objects on
+# every call), a bad call, the error it raises and a pinned fragment of the report.
+class Tag:  # a plain user class, checked by beartype eagerly and traced as isinstance tests
+    def __init__(self, k):
+        self.k = k
+
+
+@dataclasses.dataclass
+class Pair:
+    x: Float[Tensor, "B D"]
+    y: Float[Tensor, "B D"]
+
+
+@dataclasses.dataclass
+class Holder:  # a dataclass holding a dataclass holding tensors
+    pair: Pair
+    w: Float[Tensor, "D E"]
+
+
+class Batch(BaseModel):  # a pydantic model holding a tensor
+    model_config = ConfigDict(arbitrary_types_allowed=True)
+    x: Float[Tensor, "B D"]
+    scale: float
+
+
+class Step(NamedTuple):
+    x: Float[Tensor, "B D"]
+    n: int
+
+
+@kc.contract(register=False)
+def summed(xs: list[Float[Tensor, "B D"]]) -> Float[Tensor, "B D"]:
+    return xs[0] + xs[1]
+
+
+@kc.contract(register=False)
+def paired(xs: tuple[Float[Tensor, "B D"], Float[Tensor, "B D"]]) -> Float[Tensor, "B D"]:
+    return xs[0] * xs[1]
+
+
+@kc.contract(register=False)
+def keyed(xs: dict[str, Float[Tensor, "B D"]], bias: Float[Tensor, "D"] | None) -> Float[Tensor, "B D"]:
+    return xs["a"] - xs["b"] if bias is None else xs["a"] + bias
+
+
+@kc.contract(register=False)
+def tagged(x: Float[Tensor, "B D"], tags: list[Tag]) -> Float[Tensor, "B D"]:
+    return x * tags[0].k + len(tags)
+
+
+@kc.contract(register=False)
+def sized(x: Float[Tensor, "B D"], shape: tuple[int, ...]) -> Float[Tensor, "B D"]:
+    return x * shape[1]
+
+
+@kc.contract(register=False)
+def held(h: Holder) -> Float[Tensor, "B E"]:
+    return (h.pair.x + h.pair.y) @ h.w
+
+
+@kc.contract(register=False)
+def batched(b: Batch, steps: list[Step]) -> Float[Tensor, "B D"]:
+    return b.x * b.scale + steps[0].x * steps[0].n
+
+
+def _bad_holder():
+    return (Holder(Pair(torch.randn(3, 4), torch.randn(3, 5)), W),)
+
+
+CONTAINERS = {
+    "list of tensors": (summed, lambda b: ([torch.randn(b, 4), torch.randn(b, 4)],),
+                        lambda: ([torch.randn(3, 4), torch.randn(3, 5)],), kc.ShapeError,
+                        r"\[1\] xs: ShapeError\n +expected list\[Tensor\[B D\]\]\n"
+                        r" +got +xs\[1\]: shape \[3, 5\]: dim 1 \(D\): expected 4, got 5"),
+    "tuple of tensors": (paired, lambda b: ((torch.randn(b, 4), torch.randn(b, 4)),),
+                         lambda: ((torch.randn(3, 4), torch.randn(2, 4)),), kc.ShapeError,
+                         r"got +xs\[1\]: shape \[2, 4\]: dim 0 \(B\): expected 3, got 2"),
+    "dict of tensors": (keyed, lambda b: ({"a": torch.randn(b, 4), "b": torch.randn(b, 4)}, None),
+                        lambda: ({"a": torch.randn(3, 4), "b": torch.ones(3, 4, dtype=torch.int32)}, None),
+                        kc.DtypeError, r"\[1\] xs: DtypeError\n.*\n +got +xs\['b'\]: dtype int32, expected bfloat16"),
+    "list of objects": (tagged, lambda b: (torch.randn(b, 4), [Tag(2), Tag(b)]),
+                        lambda: (torch.randn(3, 4), [3, 3]), kc.ArgumentTypeError,  # (eager beartype samples one)
+                        r"\[1\] tags: ArgumentTypeError\n +expected list\[Tag\]\n"
+                        r" +got +list \(tags\[0\]: expected Tag, got int\)"),
+    "tuple of sizes": (sized, lambda b: (torch.randn(b, 4), (b, 4)),
+                       lambda: (torch.randn(3, 4), (3.0, 4.0)), kc.ArgumentTypeError,
+                       r"expected tuple\[int, \.\.\.\]\n +got +tuple \(shape\[0\]: expected int, got float\)"),
+    "nested dataclasses": (held, lambda b: (Holder(Pair(torch.randn(b, 4), torch.randn(b, 4)), W),),
+                           _bad_holder, kc.ShapeError,
+                           r"\[1\] h: ShapeError\n +expected Holder\n"
+                           r" +got +h.pair.y: shape \[3, 5\]: dim 1 \(D\): expected 4, got 5"),
+    "pydantic model and NamedTuples": (
+        batched, lambda b: (Batch(x=torch.randn(b, 4), scale=0.5), [Step(torch.randn(b, 4), b)]),
+        lambda: (Batch(x=torch.randn(3, 4), scale=0.5), [Step(torch.randn(3, 4, 1), 2)]), kc.ShapeError,
+        r"\[1\] steps: ShapeError\n.*\n +got +steps\[0\].x: shape \[3, 4, 1\]: expected rank 2, got 3"),
+}
+CONTAINER_GRAPHS = {"automatic": 2, "dynamic=True": 1}  # as for plain tensors: one compile per shape class
+
+
+def graphs_matching_eager(cf, f, make_args):
+    """Call ``cf`` CALLS times over SIZES, each result equal to ``f``'s eager one; the graphs built."""
+    for i in range(CALLS):
+        args = make_args(SIZES[i % len(SIZES)])
+        torch.testing.assert_close(cf(*args), f(*args))
+    return counters["stats"]["unique_graphs"]
+
+
+@pytest.mark.parametrize("fullgraph", [True, False], ids=["fullgraph", "graph breaks allowed"])
+@pytest.mark.parametrize("how", CONTAINER_GRAPHS)
+@pytest.mark.parametrize("case", CONTAINERS)
+def test_a_container_argument_compiles_once_per_shape_class(case, how, fullgraph):
+    f, make_args, *_ = CONTAINERS[case]
+    cf = compile_as(f, how, fullgraph=fullgraph)
+    assert graphs_matching_eager(cf, f, make_args) == CONTAINER_GRAPHS[how]
+    assert not counters["graph_break"]
+
+
+@pytest.mark.parametrize("fullgraph", [True, False], ids=["fullgraph", "graph breaks allowed"])
+@pytest.mark.parametrize("case", CONTAINERS)
+def test_a_bad_container_argument_after_warm_up_raises_the_contract_error(case, fullgraph):
+    f, make_args, make_bad, error, message = CONTAINERS[case]
+    cf = warm(compile_as(f, "automatic", fullgraph=fullgraph), make_args)
+    with pytest.raises(error, match=message) as info:
+        cf(*make_bad())
+    assert info.value.kind_name == error.kind_name  # that very kind, nothing combined
+    assert not isinstance(info.value, torch._dynamo.exc.TorchDynamoException)
+    with pytest.raises(error, match=message):
+        f(*make_bad())  # the eager report, word for word
+
+
+@pytest.mark.parametrize("how", CONTAINER_GRAPHS)
+def test_a_tuple_of_sizes_built_from_x_shape_in_the_region_stays_symbolic(how):
+    cf = compile_as(lambda x: sized(x, tuple(x.shape)), how)
+    assert graphs_matching_eager(cf, lambda x: sized(x, tuple(x.shape)), lambda b: (torch.randn(b, 4),)) \
+        == CONTAINER_GRAPHS[how]
+    with pytest.raises(kc.ShapeError, match=r"\[1\] x: ShapeError"):
+        cf(torch.randn(3, 4, 1))
+
+
+def test_compiled_code_checks_every_item_of_a_container():
+    """beartype samples one item of a container per eager call; the traced check reads them all."""
+    cf = warm(compile_as(tagged, "automatic"), lambda b: (torch.randn(b, 4), [Tag(1)] * 5))
+    for _ in range(CALLS):
+        with pytest.raises(kc.ArgumentTypeError, match=r"got +list \(tags\[5\]: expected Tag, got str\)"):
+            cf(torch.randn(3, 4), [Tag(1)] * 5 + ["x"])
+
+
+def test_a_hint_only_beartype_decides_is_checked_at_trace_time():
+    @kc.contract(register=False)
+    def f(x: Float[Tensor, "B D"], tags: list[Tag], how: Literal["add", "mul"]) -> Float[Tensor, "B D"]:
+        return x + tags[0].k if how == "add" else x * tags[0].k
+
+    # the Literal reaches beartype as the constant it is; the fresh tags are traced as isinstance tests
+    cf = compile_as(f, "automatic")
+    assert graphs_matching_eager(cf, f, lambda b: (torch.randn(b, 4), [Tag(b)], "add")) == 2
+    with pytest.raises(kc.ArgumentTypeError, match=r"\[1\] how: ArgumentTypeError\n +expected .*Literal"):
+        cf(torch.randn(3, 4), [Tag(3)], "sub")
+
+
+@pytest.mark.parametrize("how", CONTAINER_GRAPHS)
+def test_a_dataclass_of_tensors_built_inside_the_compiled_region(how):
+    def g(x, y):  # dynamo builds the Pair without running __init__ when it traces
+        return held(Holder(Pair(x, y), W))
+
+    cg = compile_as(g, how)
+    assert graphs_matching_eager(cg, g, lambda b: (torch.randn(b, 4), torch.randn(b, 4))) == CONTAINER_GRAPHS[how]
+    # a bad call is still rejected; the report cannot read what dynamo has not initialised, so says so
+    with pytest.raises(kc.ArgumentTypeError, match=r"(?s)\[1\] h: ArgumentTypeError.*got +a Holder built inside it"):
+        cg(torch.randn(3, 4), torch.randn(3, 5))
+    with pytest.raises(kc.ShapeError, match=r"got +h.pair.y: shape \[3, 5\]"):
+        g(torch.randn(3, 4), torch.randn(3, 5))  # eager: the full report
+
+
+TYPE_CASES = [  # (hint, value): values whose every item agrees, so beartype's one sampled item decides too
+    (int, 3), (int, True), (int, 3.0), (float, 3), (float, 2.5), (complex, 1.5), (str, "a"), (Tag, Tag(1)),
+    (Tag, 3), (Tag | None, None), (int | str, "a"), (int | str, 2.5), (list[int], [1, 2]), (list[int], (1, 2)),
+    (list[Tag], [Tag(1)]), (list[Tag], ["x"]), (tuple[int, ...], (1, 2)), (tuple[int, ...], ()),
+    (tuple[int, str], (1, "a")), (tuple[int, str], (1, 2)), (tuple[int, str], (1,)),
+    (dict[str, Tag], {"a": Tag(1)}), (dict[str, Tag], {1: Tag(1)}),
+    (Sequence[str], "abc"), (Sequence[int], [1]), (Mapping[str, int], {"a": 1}), (dict[str, int], MappingProxyType({})),
+    (list[list[float]], [[1, 2.5]]), (torch.Size, torch.Size([2])), (tuple[int, ...], torch.Size([2, 3])),
+    (Batch, Batch(x=torch.zeros(1, 1), scale=1.0)), (Step, Step(torch.zeros(1, 1), 1)), (Any, object()),
+]
+
+
+@pytest.mark.parametrize(("hint", "value"), TYPE_CASES, ids=lambda v: getattr(v, "__name__", None) or repr(v)[:20])
+def test_a_traced_type_tree_gives_beartypes_verdict(hint, value):
+    from beartype import BeartypeConf
+    from beartype.door import is_bearable
+
+    from kda_contracts.type_trees import read_types
+
+    tree = read_types(hint)
+    assert tree is not None
+    assert (tree.match(value, {}, "v") is None) == is_bearable(value, hint, conf=BeartypeConf(is_pep484_tower=True))
+
+
+@pytest.mark.parametrize("hint", [Literal["a"], set[int], Callable[[int], int], type[int], Annotated[int, "x"]],
+                         ids=repr)
+def test_a_hint_more_than_types_decide_has_no_traced_type_tree(hint):
+    from kda_contracts.type_trees import read_types
+
+    assert read_types(hint) is None  # beartype decides it, at trace time under torch.compile
+
+
+def test_the_trace_time_functions_receive_containers_rebuilt_around_their_leaves():
+    from collections import OrderedDict
+
+    from kda_contracts.trace_args import flatten, rebuild
+
+    t, tag = torch.ones(2), Tag(1)
+    value = [t, (3, {"a": tag, 4: [t]}), Step(t, 2), torch.Size([2, 3]), OrderedDict(b=t), Tag]
+    leaves = []
+    layout = flatten(value, leaves)
+    back = rebuild(layout, leaves)
+    assert type(back[2]) is Step and type(back[3]) is torch.Size and type(back[4]) is OrderedDict
+    assert back[1][1][4][0] is t and back[1][1]["a"] is tag and back[5] is Tag and back[3] == (2, 3)
+    assert sum(leaf is t for leaf in leaves) == 4  # each tensor crosses on its own
 
 # -- what "calls" counts under compile -----------------------------------------------------------
 def test_under_compile_calls_counts_the_traces_one_per_graph():

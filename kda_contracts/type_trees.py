@@ -1,0 +1,162 @@
+"""Python types as trees torch.compile can trace.
+
+beartype checks the parameters whose hints are not tensors (and the non-tensor parts of a tensor
+container), but dynamo cannot trace beartype. Handed to beartype at trace time instead, a value
+would reach it as a constant: an object by identity, a symbolic size specialised, so each new
+object or size would be traced again (a fresh ``Tag`` per call, ``tuple(x.shape)`` under
+``dynamic=True``). A hint that types alone decide (classes, ``None``, ``Any``, unions,
+``list``/``tuple``/``dict``/``Sequence``/``Mapping`` of those) is read here into a
+:class:`~kda_contracts.nested.Node` tree of ``isinstance`` tests, which dynamo traces as guards on
+the types of the values and the lengths of the containers. Every item is checked, where beartype
+samples one per call: compiled code is the stricter.
+
+Example::
+
+    tree = read_types(list[Tag])              # SequenceOf(list, InstanceOf(Tag))
+    tree.match([Tag(), 3], {}, "tags")        # (ArgumentTypeError, "tags[1]: expected Tag, got int")
+"""
+
+from __future__ import annotations
+
+import abc
+import typing
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from types import NoneType, UnionType
+from typing import Any
+
+from beartype.door import is_bearable
+
+from .errors import ArgumentTypeError
+from .nested import (
+    _MAPPINGS,
+    _SEQUENCES,
+    BEARTYPE_CONF,
+    MappingOf,
+    Node,
+    OneOf,
+    Plain,
+    Problem,
+    SequenceOf,
+    TupleOf,
+    words,
+)
+
+__all__ = ["InstanceOf", "read_types", "traced_type_check", "type_mismatch"]
+
+
+@dataclass(frozen=True)
+class InstanceOf(Node):
+    """A class that ``isinstance`` decides from the value's type alone, with beartype's numeric
+    tower (a float accepts an int): ``classes`` is what ``isinstance`` is asked."""
+
+    hint: Any
+    classes: tuple[type, ...]
+
+    def __str__(self) -> str:
+        return getattr(self.hint, "__name__", str(self.hint))
+
+    def match(self, value: Any, env: dict[str, Any], path: str) -> Problem | None:
+        if isinstance(value, self.classes):
+            return None
+        return ArgumentTypeError, words("{}: expected {}, got {}", path, self, type(value).__name__)
+
+
+_TOWER: Mapping[Any, tuple[type, ...]] = {float: (int, float), complex: (int, float, complex)}
+
+
+def read_types(tp: Any) -> Node | None:
+    """A hint without array types as a :class:`Node` tree that gives beartype's verdict by
+    ``isinstance`` alone, on every item of a container (beartype samples one item per call), so
+    torch.compile can trace it; None when more than the types decides (a Literal, a Protocol, a
+    validator, a callable's signature, a set's items): beartype decides those.
+
+    Example::
+
+        read_types(tuple[int, ...]).match(tuple(x.shape), {}, "shape")   # None: it fits
+        read_types(Literal["a"])                                          # None
+    """
+    if tp is Any or tp is object:
+        return InstanceOf(tp, (object,))
+    if tp is None or tp is NoneType:
+        return InstanceOf(None, (NoneType,))
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    parts = [read_types(a) for a in args if a is not Ellipsis]
+    if any(p is None for p in parts):
+        return None
+    items: tuple[Node, ...] = tuple(parts)  # type: ignore[arg-type]  # (no None left)
+    if origin in (typing.Union, UnionType):
+        return OneOf(tuple(p for a, p in zip(args, items, strict=True) if a is not NoneType), NoneType in args)
+    if origin is tuple:
+        if len(args) == 2 and args[1] is Ellipsis:
+            return SequenceOf(tuple, items[0], text_ok=True)
+        bare = tp is typing.Tuple  # noqa: UP006  # (the bare alias itself; tuple[()] has no args either)
+        return TupleOf(items) if args else (InstanceOf(tuple, (tuple,)) if bare else None)
+    if origin in _SEQUENCES or origin in _MAPPINGS:
+        if not args:
+            return InstanceOf(origin, (origin,))
+        if origin in _SEQUENCES:
+            return SequenceOf(_SEQUENCES[origin], items[0], text_ok=True) if len(items) == 1 else None
+        return MappingOf(items[0], items[1], kind=origin) if len(items) == 2 else None
+    if origin is None and isinstance(tp, type) and _decided_by_type(tp):
+        return InstanceOf(tp, _TOWER.get(tp, (tp,)))
+    return None
+
+
+def _decided_by_type(cls: type) -> bool:
+    """Whether ``isinstance(v, cls)`` depends on ``type(v)`` alone: not a Protocol (attributes
+    decide), and no metaclass ``__instancecheck__`` of its own (one may read the value), except
+    ABCMeta's and pydantic's (which only short-cuts ABCMeta's)."""
+    if getattr(cls, "_is_protocol", False):
+        return False
+    check = type(cls).__instancecheck__
+    return check in (type.__instancecheck__, abc.ABCMeta.__instancecheck__) or hasattr(cls, "model_fields")
+
+
+def type_mismatch(name: str, node: Plain, value: Any) -> tuple[str, str] | None:
+    """``(expected, got)`` for a parameter ``name`` whose ``value`` breaks its hint (``node``: a
+    :class:`Plain` of the hint and its type tree), else None: beartype's verdict, and the tree's
+    on every item of a container (the words say which item).
+
+    Example::
+
+        type_mismatch("tags", Plain(list[Tag], read_types(list[Tag])), [Tag(), 3])
+        # ("list[Tag]", "list (tags[1]: expected Tag, got int)")
+    """
+    hint, tree = node.hint, node.types
+    problem = tree.match(value, {}, name) if tree is not None else None
+    if problem is None and is_bearable(value, hint, conf=BEARTYPE_CONF):
+        return None
+    if isinstance(hint, type):
+        expected = hint.__name__
+    else:
+        expected = str(tree) if tree is not None else str(hint).replace("torch.", "")
+    got = type(value).__name__
+    if problem is not None and problem[1].startswith((f"{name}[", f"{name} key")):
+        got += f" ({problem[1]})"  # the item that breaks it
+    return expected, got
+
+
+_TRACED_TYPES = compile('''
+def traced(*vals):
+    for node, name, value in zip(_kc_nodes, _kc_names, vals):
+        if node is not None and node.match(value, {}, name) is not None:
+            return _kc_reject(*vals)
+''', "<kda_contracts traced type check>", "exec")
+
+
+def traced_type_check(check_types: Callable[..., None], params: Sequence[str], nodes: Mapping[str, Plain],
+                      reject: Callable[..., None]) -> None:
+    """Make torch.compile trace ``check_types`` (beartype's shim, over ``params`` in order) as the
+    parameters' ``nodes`` (a :class:`Plain` per hint: its type tree, else beartype at trace time);
+    ``reject``, a constant-result function taking every argument, raises the report of a call
+    they reject. Eager calls are untouched: this only sets the attribute dynamo reads.
+
+    Example::
+
+        traced_type_check(contract.check_types, ["x", "tags"], {"tags": Plain(list[Tag], ...)}, reject)
+    """
+    ns: dict[str, Any] = {"_kc_nodes": tuple(nodes.get(p) for p in params), "_kc_names": tuple(params),
+                          "_kc_reject": reject}
+    exec(_TRACED_TYPES, ns)  # our own source; closure-free (dynamo guards a stand-in's closure via the shim's)
+    check_types._torchdynamo_inline = ns["traced"]  # type: ignore[attr-defined]  # what dynamo traces
