@@ -464,6 +464,8 @@ def _launch(call: DecodeArgs, *, gdn: bool, oob_counter: Tensor | None, config: 
     if plan is None:
         plan = _plan(pkey)
     grid, constexprs, options, plan_id, kernel = plan
+    if kernel is not None and state.data_ptr() % 16:  # the shared-memory KV tile needs an aligned pool
+        grid, constexprs, options, plan_id, kernel = _misaligned_plan(pkey, state)
     args = (
         mixed_qkv,
         a,
@@ -493,6 +495,20 @@ def _launch(call: DecodeArgs, *, gdn: bool, oob_counter: Tensor | None, config: 
         _remember(key, compiled, len(constexprs))
 
 
+def _misaligned_plan(pkey: tuple, state: Tensor) -> tuple:
+    """The plan of a call whose pool the shared-memory KV tile cannot copy (its base address):
+    auto's shape without that tile; an explicit config asking for it is refused."""
+    from . import triton_kv_shared
+
+    config = pkey[-1]
+    if config is not None:
+        raise ValueError(f"{config} cannot run here: {triton_kv_shared.misaligned(state)}")
+    dims, state_dtype, state_layout, gdn = pkey[0], pkey[5], pkey[6], pkey[7]
+    fallback = pick_config(dims[0], dims[2], dims[4], state_dtype, state_layout, gdn=gdn, kv_shared=False)
+    key = (*pkey[:-1], fallback)
+    return _plans.get(key) or _plan(key)
+
+
 def _pow2(n: int) -> int:
     """The smallest power of two >= n (n >= 1); plain Python (triton.next_power_of_2 is a
     ConstexprFunction in recent Triton: ~2 µs a call on the host)."""
@@ -513,13 +529,15 @@ def _plan(pkey: tuple) -> tuple:
     if cfg.kv_shared and state_layout == "KV":
         from . import triton_kv_shared
 
+        # (the device the launch goes to: Triton launches on the current one)
         device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else None
-        why = triton_kv_shared.unsupported(head_k_dim, head_v_dim, state_dtype, cfg.block_v, cfg.num_warps,
-                                           cfg.kv_chunk, device)
-        if config is not None and why is not None:
-            raise ValueError(f"{config} cannot run here: {why}")
-        if why is None and (config is not None or triton_kv_shared.auto_unmeasured() is None):
+        untimed = triton_kv_shared.auto_unmeasured() if config is None else None
+        why = untimed or triton_kv_shared.unsupported(head_k_dim, head_v_dim, state_dtype, cfg.block_v,
+                                                      cfg.num_warps, cfg.kv_chunk, device, s_state)
+        if why is None:
             return _plan_kv_shared(pkey, cfg)
+        if config is not None:
+            raise ValueError(f"{config} cannot run here: {why}")
         # auto: the shape picked where the shared-memory tile cannot run (or was not timed)
         cfg = pick_config(batch, num_v_heads, head_v_dim, state_dtype, state_layout, gdn=gdn, kv_shared=False)
     span = cfg.block_v * cfg.tiles

@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-SHARED_MEMORY_LIMIT = 227 * 1024  # bytes of shared memory a program may use on sm_90 (sm_80: 163 KB)
+SHARED_MEMORY_LIMIT = 227 * 1024  # bytes of shared memory a program may use on sm_90 (when no device is named)
 
 
 @functools.cache
@@ -40,12 +40,13 @@ def _gluon() -> tuple[Any, str | None]:
         from triton.experimental import gluon
         from triton.experimental.gluon import language as gl
         from triton.experimental.gluon.language.nvidia.ampere import async_copy as cp
+
+        # Triton 3.6 names the cp.async copy async_copy_global_to_shared and the CTA barrier
+        # thread_barrier; later releases async_load and barrier
+        async_load = getattr(cp, "async_load", None) or cp.async_copy_global_to_shared
+        barrier = getattr(gl, "thread_barrier", None) or gl.barrier
     except Exception as exc:  # an older Triton, or none
-        return None, f"triton.experimental.gluon is not importable ({type(exc).__name__}: {exc})"
-    # Triton 3.6 names the cp.async copy async_copy_global_to_shared and the CTA barrier
-    # thread_barrier; later releases async_load and barrier
-    async_load = getattr(cp, "async_load", None) or cp.async_copy_global_to_shared
-    barrier = getattr(gl, "thread_barrier", None) or gl.barrier
+        return None, f"triton.experimental.gluon is not importable as expected ({type(exc).__name__}: {exc})"
     return _build(gluon, gl, cp, async_load, barrier), None
 
 
@@ -154,10 +155,14 @@ def _build(gluon: Any, gl: Any, cp: Any, async_load: Any, barrier: Any) -> Any:
 
 
 def unsupported(head_k_dim: int, head_v_dim: int, state_dtype: torch.dtype, block_v: int, num_warps: int,
-                chunk: int, device: torch.device | None = None) -> str | None:
-    """Why the shared-memory KV kernel cannot run this shape here, or None when it can."""
+                chunk: int, device: torch.device | None = None, slot_stride: int | None = None) -> str | None:
+    """Why the shared-memory KV kernel cannot run this shape here (on ``device``, for a pool whose
+    slots are ``slot_stride`` elements apart), or None when it can. The pool's base address must
+    also be 16-byte aligned (:func:`misaligned`, per call)."""
     if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
         return "the Triton interpreter (TRITON_INTERPRET) does not run Gluon kernels"
+    if torch.version.hip is not None:
+        return "cp.async and this kernel's layouts are NVIDIA's (a ROCm build of torch)"
     kernel, why = _gluon()
     if kernel is None:
         return why
@@ -174,10 +179,23 @@ def unsupported(head_k_dim: int, head_v_dim: int, state_dtype: torch.dtype, bloc
     rows = 32 // min(block_v // (vec * num_warps), 32)  # K rows one warp's lanes cover in a chunk (see layouts)
     if chunk < rows:
         return f"kv_chunk = {chunk} rows is fewer than a warp's rows of the chunk layout ({rows})"
-    if shared_bytes(head_k_dim, block_v, state_dtype) > SHARED_MEMORY_LIMIT:
-        return f"a [{head_k_dim}, {block_v}] tile needs more than {SHARED_MEMORY_LIMIT} bytes of shared memory"
-    if device is not None and device.type == "cuda" and torch.cuda.get_device_capability(device) < (8, 0):
-        return "cp.async needs sm_80 or later"
+    if slot_stride is not None and slot_stride * state_dtype.itemsize % 16:
+        return (f"the pool's slots are {slot_stride} elements apart, not a multiple of 16 bytes (the tile is "
+                "copied in 16-byte vectors)")
+    limit = SHARED_MEMORY_LIMIT
+    if device is not None and device.type == "cuda":
+        if torch.cuda.get_device_capability(device) < (8, 0):
+            return "cp.async needs sm_80 or later"
+        limit = torch.cuda.get_device_properties(device).shared_memory_per_block_optin
+    if shared_bytes(head_k_dim, block_v, state_dtype) > limit:
+        return f"a [{head_k_dim}, {block_v}] tile needs more than the {limit} bytes of shared memory a program may use"
+    return None
+
+
+def misaligned(state: torch.Tensor) -> str | None:
+    """Why this pool cannot go to the kernel (its base address), or None."""
+    if state.data_ptr() % 16:
+        return "the pool's base address is not 16-byte aligned (the tile is copied in 16-byte vectors)"
     return None
 
 

@@ -4,8 +4,9 @@ Gluon kernels do not run under the Triton interpreter, so on the CPU these tests
 checked there: the kernel compiles for sm_90 (offline, with the ptxas Triton ships) without register
 spills and with the shared memory the plan expects, ``backend="auto"`` falls back to the chunked
 Triton tile where the Gluon kernel cannot run, and an explicit ``DecodeConfig(kv_shared=True)``
-says why it cannot. On a CUDA device the kernel runs against the reference (and in
-``test_triton_decode.py``'s every-picked-config test, and ``benchmarks/gpu_abuse.py``).
+says why it cannot. On a CUDA device the kernel runs against the reference here (and every picked launch shape in
+``benchmarks/gpu_abuse.py``; ``test_triton_decode.py``'s every-picked-config test runs on the CPU,
+where it checks the refusal).
 """
 
 from __future__ import annotations
@@ -80,7 +81,8 @@ def test_an_explicit_shared_config_says_why_it_cannot_run_under_the_interpreter(
         (128, 128, torch.bfloat16, 16, 4, 16, "block_v = 16 is narrower than 4 warps of 16-byte vectors (32 columns)"),
         (128, 128, torch.bfloat16, 128, 2, 256, "K = 128 is not a multiple of kv_chunk = 256"),
         (128, 128, torch.bfloat16, 128, 2, 2, "kv_chunk = 2 rows is fewer than a warp's rows of the chunk layout (4)"),
-        (256, 256, torch.float32, 256, 2, 16, "a [256, 256] tile needs more than 232448 bytes of shared memory"),
+        (256, 256, torch.float32, 256, 2, 16,
+         "a [256, 256] tile needs more than the 232448 bytes of shared memory a program may use"),
         (128, 128, torch.bfloat16, 128, 2, 16, None),
         (64, 64, torch.float32, 64, 1, 16, None),
     ],
@@ -90,6 +92,33 @@ def test_shapes_the_shared_tile_cannot_take_are_named(k: int, v: int, dtype: tor
                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     assert triton_kv_shared.unsupported(k, v, dtype, block_v, num_warps, chunk) == why
+
+
+def test_a_slot_stride_or_base_address_off_16_bytes_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    why = triton_kv_shared.unsupported(128, 128, torch.bfloat16, 128, 2, 16, slot_stride=128 * 128 + 5)
+    assert why == ("the pool's slots are 16389 elements apart, not a multiple of 16 bytes (the tile is copied in "
+                   "16-byte vectors)")
+    assert triton_kv_shared.unsupported(128, 128, torch.bfloat16, 128, 2, 16, slot_stride=128 * 128 + 8) is None
+    assert triton_kv_shared.unsupported(128, 128, torch.float32, 64, 1, 16, slot_stride=128 * 128 + 4) is None
+    pool = torch.zeros(4 * 128 * 128 + 1, dtype=torch.bfloat16)
+    assert triton_kv_shared.misaligned(pool[:-1]) is None
+    assert triton_kv_shared.misaligned(pool[1:]) == ("the pool's base address is not 16-byte aligned (the tile is "
+                                                     "copied in 16-byte vectors)")
+
+
+def test_a_misaligned_pool_takes_autos_other_shape_and_an_explicit_config_is_refused() -> None:
+    # (_launch asks for this plan when the plan it holds is the shared-memory tile's and the pool's
+    # base address is off 16 bytes)
+    pool = torch.zeros(4 * 128 * 128 + 1, dtype=torch.bfloat16)[1:]
+    pkey = ((64, 32, 32, 128, 128, 4), 2 * 32 * 128 + 32 * 128, 32 * 128, 32, 128 * 128, torch.bfloat16, "KV", False,
+            True, False, False, None)
+    _, constexprs, _, _, kernel = triton_decode._misaligned_plan(pkey, pool)
+    assert kernel is None and constexprs[26] == 32  # the chunked Triton tile
+    cfg = pick_config(64, 32, 128, torch.bfloat16, "KV")
+    with pytest.raises(ValueError, match=r"kv_shared=True\) cannot run here: the pool's base address is not "
+                                         r"16-byte aligned"):
+        triton_decode._misaligned_plan((*pkey[:-1], cfg), pool)
 
 
 def _compile_for_sm90(cases: list[dict]) -> list[dict]:
@@ -205,6 +234,30 @@ def test_on_cuda_gdn_through_the_shared_tile_matches_the_reference() -> None:
     assert_close_to_oracle(got, ref)
     assert_pool_untouched_except(pool, got, [5, 2, 0, 7])
     assert out[1].eq(0).all() and out[3].eq(0).all()
+
+
+@pytest.mark.skipif(not CUDA or not MEASURED, reason="auto takes the Gluon kernel on CUDA with Triton 3.6")
+@pytest.mark.parametrize("misfit", ["odd slot stride", "base off 16 bytes"])
+def test_on_cuda_a_pool_the_tile_cannot_copy_takes_the_chunked_tile_with_auto(misfit: str) -> None:
+    case = make_decode_case(batch=64, num_heads=32, num_v_heads=32, head_k_dim=128, head_v_dim=128,
+                            state_dtype=torch.bfloat16, act_dtype=torch.bfloat16, state_layout="KV", device="cuda",
+                            slot_pad=5 if misfit == "odd slot stride" else 0, indices=[-1, 200, *range(2, 64)],
+                            num_slots=70)
+    pool = case.clone_state()
+    if misfit == "base off 16 bytes":  # the same pool one element further on in a larger buffer
+        buf = torch.empty(pool.numel() + 1, dtype=pool.dtype, device="cuda")
+        pool = buf[1:].view(pool.shape).copy_(pool)
+        assert triton_kv_shared.misaligned(pool) is not None
+    ref_pool, out, ref_out = pool.clone(), case.new_out(), case.new_out()
+    args = (case.mixed_qkv, case.a, case.b, case.A_log, case.dt_bias, case.scale)
+    kw = dict(num_heads=32, use_qk_l2norm=True, lower_bound=None, state_layout="KV")
+    triton_decode.packed_decode(*args, pool, out, case.indices, **kw)
+    reference.packed_decode(*args, ref_pool, ref_out, case.indices, **kw)
+    assert_close_to_oracle(out, ref_out)
+    assert_close_to_oracle(pool, ref_pool)
+    with pytest.raises(ValueError, match="cannot run here: the pool's"):
+        triton_decode.packed_decode(*args, pool, out, case.indices, **kw,
+                                    config=pick_config(64, 32, 128, torch.bfloat16, "KV"))
 
 
 @pytest.mark.skipif(not CUDA, reason="the Gluon kernel runs on a CUDA device only")
