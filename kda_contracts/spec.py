@@ -466,11 +466,19 @@ def _read_returns(qualname: str, ret: Any) -> tuple[tuple[TensorParam, ...] | No
         items = typing.get_args(ret)
     read = [_read_param(f"return[{i}]" if as_tuple else "return", r, f"{qualname}: return")
             for i, r in enumerate(items)]
+    if any(isinstance(r, NestedParam) for r in read):  # never silent: refused, not left unchecked
+        raise AnnotationError(f"{qualname}: return: tensors inside a container ({_hint_text(ret)}) are not checked "
+                              "in a return contract; annotate the return as a tensor or a tuple of tensors, or "
+                              "return the container unannotated (plain Tensor types) and check it with kc.check")
     if all(isinstance(r, TensorParam) for r in read):
         return tuple(r for r in read if isinstance(r, TensorParam)), as_tuple
     if any(isinstance(r, TensorParam) for r in read):
         raise AnnotationError(f"{qualname}: a tuple return contract must be all tensors")
     return None, False
+
+
+def _hint_text(tp: Any) -> str:
+    return str(tp).replace("jaxtyping.", "").replace("typing.", "").replace("torch.", "")
 
 
 def _check_options(qualname: str, options: ContractOptions, sig: inspect.Signature,

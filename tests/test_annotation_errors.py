@@ -202,6 +202,21 @@ def _unresolvable_forward_reference() -> Any:
     return kc.contract(f)
 
 
+def _list_of_tensors_return() -> Any:
+    def f(x: Float[Tensor, "B D"]) -> list[Float[Tensor, "B D"]]: ...
+    return kc.contract(f)
+
+
+def _dict_of_tensors_return() -> Any:
+    def f(x: Float[Tensor, "B D"]) -> dict[str, Float[Tensor, "B"]] | None: ...
+    return kc.contract(f)
+
+
+def _tuple_of_tensor_lists_return() -> Any:
+    def f(x: Float[Tensor, "B D"]) -> tuple[list[Float[Tensor, "B"]], list[Float[Tensor, "D"]]]: ...
+    return kc.contract(f)
+
+
 def _tuple_return_mixing_tensors_and_scalars() -> Any:
     def f(x: Float[Tensor, "B"]) -> tuple[Float[Tensor, "B"], int]: ...
     return kc.contract(f)
@@ -281,6 +296,16 @@ CASES: dict[str, tuple[Callable[[], Any], str]] = {
                                               r"only torch.Tensor arrays are supported, got <class 'list'>"),
     "an unresolvable forward reference": (_unresolvable_forward_reference,
                                           r"f: cannot read the annotations: name 'Undefined' is not defined"),
+    # (they used to pass unchecked: a return contract with tensors inside containers read as none)
+    "a list of tensors returned": (_list_of_tensors_return, re.escape(
+        "f: return: tensors inside a container (list[Float[Tensor, 'B D']]) are not checked in a return contract; "
+        "annotate the return as a tensor or a tuple of tensors, or return the container unannotated (plain Tensor "
+        "types) and check it with kc.check")),
+    "an optional dict of tensors returned": (_dict_of_tensors_return, re.escape(
+        "f: return: tensors inside a container (dict[str, Float[Tensor, 'B']] | None) are not checked")),
+    "a tuple of tensor lists returned": (_tuple_of_tensor_lists_return, re.escape(
+        "f: return: tensors inside a container (tuple[list[Float[Tensor, 'B']], list[Float[Tensor, 'D']]]) are "
+        "not checked")),
     "a tuple return mixing tensors and ints": (_tuple_return_mixing_tensors_and_scalars,
                                                r"f: a tuple return contract must be all tensors"),
     "config_arg naming no parameter": (_config_arg_that_is_no_parameter, r"f: config_arg='cfg' is not a parameter"),
