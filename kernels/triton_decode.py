@@ -547,8 +547,7 @@ def _plan(pkey: tuple) -> tuple:
         grid_kind = 0
     flat = (batch * num_v_heads * groups, 1, 1)
     grid = (flat, (groups, num_v_heads, batch), (num_v_heads, groups, batch), flat)[grid_kind]
-    # The largest activation/output element offset a program forms, in elements.
-    wide = batch * max(s_qkv, s_a, s_b, num_v_heads * head_v_dim) >= 2**31 - 1
+    wide = _wide(pkey)
     bk = _pow2(head_k_dim)
     # The kernel's constexprs in order, after its runtime arguments (the fast launch passes both
     # tuples positionally, as Triton's own launch does).
@@ -599,7 +598,7 @@ def _plan_kv_shared(pkey: tuple, cfg: DecodeConfig) -> tuple:
     dims, s_qkv, s_a, s_b, s_state, state_dtype, _, gdn, use_qk_l2norm, bounded, counted, _ = pkey
     batch, num_heads, num_v_heads, head_k_dim, head_v_dim, _ = dims
     grid = (batch * num_v_heads * (head_v_dim // cfg.block_v), 1, 1)
-    wide = batch * max(s_qkv, s_a, s_b, num_v_heads * head_v_dim) >= 2**31 - 1
+    wide = _wide(pkey)
     store_eviction = cfg.state_eviction if cfg.store_eviction is None else cfg.store_eviction
     constexprs = (
         num_heads, num_v_heads, s_qkv, s_a, s_b, s_state, head_k_dim, head_v_dim, cfg.block_v, cfg.kv_chunk,
@@ -609,6 +608,12 @@ def _plan_kv_shared(pkey: tuple, cfg: DecodeConfig) -> tuple:
         *triton_kv_shared.layouts(cfg.block_v, state_dtype.itemsize, cfg.num_warps),
     )
     return _keep(pkey, grid, constexprs, {"num_warps": cfg.num_warps}, triton_kv_shared.kernel())
+
+
+def _wide(pkey: tuple) -> bool:
+    """Whether the largest activation/output element offset a program forms may pass 2**31."""
+    dims, s_qkv, s_a, s_b = pkey[:4]
+    return dims[0] * max(s_qkv, s_a, s_b, dims[2] * dims[4]) >= 2**31 - 1
 
 
 def _keep(pkey: tuple, grid: tuple, constexprs: tuple, options: dict, kernel: object) -> tuple:
