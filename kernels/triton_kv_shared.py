@@ -176,7 +176,7 @@ def unsupported(head_k_dim: int, head_v_dim: int, state_dtype: torch.dtype, bloc
         return f"K = {head_k_dim} is not a multiple of kv_chunk = {chunk}"
     if block_v < vec * num_warps:
         return f"block_v = {block_v} is narrower than {num_warps} warps of 16-byte vectors ({vec * num_warps} columns)"
-    rows = 32 // min(block_v // (vec * num_warps), 32)  # K rows one warp's lanes cover in a chunk (see layouts)
+    rows = 32 // _lanes_v(block_v, vec, num_warps)  # K rows one warp's lanes cover in a chunk (see layouts)
     if chunk < rows:
         return f"kv_chunk = {chunk} rows is fewer than a warp's rows of the chunk layout ({rows})"
     if slot_stride is not None and slot_stride * state_dtype.itemsize % 16:
@@ -206,8 +206,8 @@ def auto_unmeasured() -> str | None:
     """Why ``backend="auto"`` should not pick this kernel with the installed Triton, or None.
 
     Its chunk loops are unrolled (``static_range``): with Triton 3.6 that measured fastest on the
-    H200 (the same kernel with plain loops, or with the next chunk prefetched in a loop, ran 5-40%
-    slower). Triton 3.9's compiler holds the unrolled chunks at once (255 registers and 160-384
+    H200 (the same kernel with plain loops ran 3-12% slower, with the next chunk prefetched in a
+    loop 0.3-49% slower). Triton 3.9's compiler holds the unrolled chunks at once (255 registers and 160-384
     bytes of spills per thread, offline for sm_90), and no device here runs 3.9, so with any other
     release ``auto`` keeps the chunked Triton tile and the kernel runs only when a config asks for it.
     """
@@ -230,10 +230,16 @@ def layouts(block_v: int, itemsize: int, num_warps: int) -> tuple[Any, Any, Any,
     from triton.experimental.gluon import language as gl
 
     vec = 16 // itemsize
-    lanes_v = min(block_v // (vec * num_warps), 32)
+    lanes_v = _lanes_v(block_v, vec, num_warps)
     chunk = gl.BlockedLayout([1, vec], [32 // lanes_v, lanes_v], [1, num_warps], [1, 0])
     vectors = gl.BlockedLayout([1], [32], [num_warps], [0])
     return chunk, vectors, gl.SwizzledSharedLayout(1, 1, 1, [1, 0]), gl.SwizzledSharedLayout(1, 1, 1, [0])
+
+
+def _lanes_v(block_v: int, vec: int, num_warps: int) -> int:
+    """A warp's lanes along V in the chunk layout (``vec`` elements each, warps side by side);
+    the other ``32 // lanes`` lanes go along K."""
+    return min(block_v // (vec * num_warps), 32)
 
 
 def kernel() -> Any:
