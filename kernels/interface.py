@@ -2,7 +2,8 @@
 
 - :class:`DecodeBackend` holds the interface signature. A backend writes ``run(call, **options)``
   and decorates it; the decorator checks the layout, reads the dims once (:class:`DecodeDims`)
-  and makes ``B == 0`` a no-op, then hands ``run`` one :class:`DecodeArgs`.
+  and makes ``B == 0`` a no-op, then hands ``run`` one :class:`DecodeArgs`, with the pool's GPU as
+  the current CUDA device.
 - :func:`check_layout`, :func:`state_kv` and :func:`state_as_vk`: the pool's two layouts.
 - :func:`split_qkv`: per-head q, k and v views of the packed activations.
 - :func:`valid_rows`, :func:`row_slots` and :func:`scatter_rows`: which rows may touch the pool,
@@ -230,7 +231,8 @@ class DecodeBackend:
 
     Calling it checks the layout, reads the dims, returns at once when ``B == 0`` and otherwise
     calls ``run`` with a :class:`DecodeArgs` and the backend's own keyword ``options`` (e.g. the
-    Triton launch config). ``run``'s name and docstring become the backend's.
+    Triton launch config), on the pool's GPU (made the current CUDA device for the call when it is
+    another). ``run``'s name and docstring become the backend's.
 
     Example:
         >>> @DecodeBackend
@@ -285,7 +287,10 @@ class DecodeBackend:
             return
         call = DecodeArgs(mixed_qkv, a, b, A_log, dt_bias, scale, state, out, indices, num_heads,
                           use_qk_l2norm, lower_bound, state_layout, dims)
-        self.run(call, **options)
+        if state.is_cuda and _elsewhere(state):
+            _run_on(state.device, self.run, call, options)
+        else:
+            self.run(call, **options)
 
     def launch(self, dims: tuple[int, ...], mixed_qkv: Tensor, a: Tensor, b: Tensor, A_log: Tensor, dt_bias: Tensor,
                scale: float, state: Tensor, out: Tensor, indices: Tensor, use_qk_l2norm: bool,
@@ -305,8 +310,32 @@ class DecodeBackend:
         """
         if dims[0] == 0:
             return
-        self.run(DecodeArgs(mixed_qkv, a, b, A_log, dt_bias, scale, state, out, indices, dims[1], use_qk_l2norm,
-                            lower_bound, state_layout, tuple.__new__(DecodeDims, dims)), **options)
+        call = DecodeArgs(mixed_qkv, a, b, A_log, dt_bias, scale, state, out, indices, dims[1], use_qk_l2norm,
+                          lower_bound, state_layout, tuple.__new__(DecodeDims, dims))
+        if state.is_cuda and _elsewhere(state):
+            _run_on(state.device, self.run, call, options)
+        else:
+            self.run(call, **options)
+
+
+_SEVERAL_GPUS: list[bool] = []  # whether this process sees more than one CUDA device (read at the first CUDA call)
+
+
+def _elsewhere(state: Tensor) -> bool:
+    """Whether the CUDA tensor ``state`` sits on a device other than the current one. With one visible
+    GPU it cannot, and the current device is not asked for (~0.3-0.7 µs of host time a call)."""
+    if not _SEVERAL_GPUS:
+        _SEVERAL_GPUS.append(torch.cuda.device_count() > 1)
+    return _SEVERAL_GPUS[0] and state.get_device() != torch.cuda.current_device()
+
+
+def _run_on(device: torch.device, run: Callable[..., None], call: DecodeArgs, options: dict[str, Any]) -> None:
+    """Run a backend with ``device`` (the pool's) as the current CUDA device: Triton and Helion launch
+    on the current device, so a call whose tensors sit on another GPU would otherwise hand that GPU's
+    addresses to a kernel running on this one (an illegal memory access, or another GPU's memory
+    read through peer access). Torch's own ops do the same for their tensors."""
+    with torch.cuda.device(device):
+        run(call, **options)
 
 
 # --- in compiled code -----------------------------------------------------------------------------

@@ -457,9 +457,11 @@ def _launch(call: DecodeArgs, *, gdn: bool, oob_counter: Tensor | None, config: 
     mixed_qkv, a, b, A_log, dt_bias, scale, state, out, indices = call[:9]
     _, use_qk_l2norm, lower_bound, state_layout, dims = call[9:]  # (H is dims[1])
     # Everything but the data (grid, constexprs, options) is planned once per distinct call shape:
-    # the dims, the row strides the kernel specializes on, the state dtype, the flags and config.
+    # the dims, the row strides the kernel specializes on, the state dtype, the flags, the device
+    # (what the shared-memory KV tile can run on is the GPU's) and the config.
     pkey = (dims, mixed_qkv.stride()[0], a.stride()[0], b.stride()[0], state.stride()[0], state.dtype,
-            state_layout, gdn, bool(use_qk_l2norm), lower_bound is not None, oob_counter is not None, config)
+            state_layout, gdn, bool(use_qk_l2norm), lower_bound is not None, oob_counter is not None,
+            state.get_device(), config)
     plan = _plans.get(pkey)
     if plan is None:
         plan = _plan(pkey)
@@ -522,15 +524,15 @@ _plans: dict[tuple, tuple] = {}
 def _plan(pkey: tuple) -> tuple:
     """The launch of one call shape: grid, the kernel's constexprs in order, the compile options,
     a small id standing for all three in the fast launch's key, and the kernel."""
-    dims, s_qkv, s_a, s_b, s_state, state_dtype, state_layout, gdn, use_qk_l2norm, bounded, counted, config = pkey
+    dims, s_qkv, s_a, s_b, s_state, state_dtype, state_layout, gdn, use_qk_l2norm, bounded, counted, gpu, config = pkey
     batch, num_heads, num_v_heads, head_k_dim, head_v_dim, _ = dims
     cfg = config if config is not None else pick_config(batch, num_v_heads, head_v_dim, state_dtype, state_layout,
                                                         gdn=gdn)
     if cfg.kv_shared and state_layout == "KV":
         from . import triton_kv_shared
 
-        # (the device the launch goes to: Triton launches on the current one)
-        device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else None
+        # the pool's GPU (DecodeBackend makes it the current device, which Triton launches on)
+        device = torch.device("cuda", gpu) if gpu >= 0 and torch.cuda.is_available() else None
         untimed = triton_kv_shared.auto_unmeasured() if config is None else None
         why = untimed or triton_kv_shared.unsupported(head_k_dim, head_v_dim, state_dtype, cfg.block_v,
                                                       cfg.num_warps, cfg.kv_chunk, device, s_state)
@@ -595,7 +597,7 @@ def _plan_kv_shared(pkey: tuple, cfg: DecodeConfig) -> tuple:
     """The launch of the shared-memory KV tile (``triton_kv_shared``): same runtime arguments."""
     from . import triton_kv_shared
 
-    dims, s_qkv, s_a, s_b, s_state, state_dtype, _, gdn, use_qk_l2norm, bounded, counted, _ = pkey
+    dims, s_qkv, s_a, s_b, s_state, state_dtype, _, gdn, use_qk_l2norm, bounded, counted, _, _ = pkey
     batch, num_heads, num_v_heads, head_k_dim, head_v_dim, _ = dims
     grid = (batch * num_v_heads * (head_v_dim // cfg.block_v), 1, 1)
     wide = _wide(pkey)

@@ -37,7 +37,7 @@ def compile_case(case: dict) -> dict:
     gdn, bounded, counted = (bool(case.get(k, False)) for k in ("gdn", "bounded", "counted"))
     h, k, v = 32, 128, 128
     pkey = ((1024, h, h, k, v, 4096), 2 * h * k + h * v, h if gdn else h * k, h, h * k * v, dtype, "KV", gdn, True,
-            bounded, counted, cfg)
+            bounded, counted, 0, cfg)
     constexprs = triton_decode._plan_kv_shared(pkey, cfg)[1]
     fn = triton_kv_shared.kernel()
     names = fn.arg_names

@@ -7,6 +7,7 @@ on its own; the backends' agreement with the oracle is tested in their own files
 from __future__ import annotations
 
 import inspect
+import os
 import subprocess
 import sys
 
@@ -298,3 +299,117 @@ def test_backends_made_by_one_factory_get_distinct_keys_and_compiled_code_runs_e
         torch.compile(lambda *a, be=backend: be(*a, num_heads=2, use_qk_l2norm=True, lower_bound=None),
                       fullgraph=True, backend="eager")(*args)
         assert ran[-1] == tag
+
+
+# --- the pool's GPU -------------------------------------------------------------------------------
+# Triton and Helion launch on the current CUDA device; a call whose tensors sit on another GPU runs
+# with that GPU made current for the call (as torch's own ops do), and the caller's current device
+# is left as it was.
+
+TWO_GPUS = torch.cuda.device_count() >= 2 and os.environ.get("TRITON_INTERPRET", "0") in ("", "0")
+
+
+def test_a_cpu_call_never_asks_cuda_for_its_current_device(monkeypatch: pytest.MonkeyPatch) -> None:
+    def refuse() -> int:
+        raise AssertionError("asked for the current CUDA device")
+
+    monkeypatch.setattr(torch.cuda, "current_device", refuse)
+    seen: list[DecodeDims] = []
+    backend = DecodeBackend(lambda call: seen.append(call.dims))
+    args, kwargs = _args()
+    backend(*args, **kwargs)
+    backend.launch(tuple(seen[0]), *args[:9], True, None, "VK")
+    assert seen == [seen[0]] * 2
+
+
+def test_a_pool_on_another_gpu_is_run_with_that_gpu_current(monkeypatch: pytest.MonkeyPatch) -> None:
+    # (on the CPU, with CUDA's answers faked; the two-GPU tests below run it for real)
+    from kda_kernels import interface
+
+    class Pool:  # what _elsewhere reads of a CUDA pool
+        def __init__(self, index: int) -> None:
+            self.index = index
+
+        def get_device(self) -> int:
+            return self.index
+
+    entered: list[torch.device] = []
+
+    class Guard:
+        def __init__(self, device: torch.device) -> None:
+            entered.append(device)
+
+        def __enter__(self) -> None:
+            pass
+
+        def __exit__(self, *exc: object) -> None:
+            entered.append(None)
+
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "device", Guard)
+    for gpus, pool, elsewhere in ((1, 0, False), (2, 0, False), (2, 1, True)):
+        monkeypatch.setattr(torch.cuda, "device_count", lambda gpus=gpus: gpus)
+        monkeypatch.setattr(interface, "_SEVERAL_GPUS", [])
+        assert interface._elsewhere(Pool(pool)) is elsewhere
+    ran: list[str] = []
+    interface._run_on(torch.device("cuda", 1), lambda call, **options: ran.append(call + str(options)), "call",
+                      {"config": 1})
+    assert entered == [torch.device("cuda", 1), None] and ran == ["call{'config': 1}"]
+
+
+def _on_second_gpu(name: str) -> tuple[DecodeBackend, dict]:
+    """The backend and options of a case of the two-GPU test."""
+    if name == "helion" and not helion_decode.is_available()[0]:
+        pytest.skip(helion_decode.is_available()[1])
+    if name == "fla" and not fla_decode.is_available()[0]:
+        pytest.skip(fla_decode.is_available()[1])
+    if name == "triton-kv-shared":
+        cfg = triton_decode.DecodeConfig(block_v=128, num_warps=2, kv_chunk=16, kv_shared=True, state_eviction="")
+        return triton_decode.packed_decode, {"config": cfg}
+    return {"reference": reference.packed_decode, "triton": triton_decode.packed_decode,
+            "helion": helion_decode.packed_decode, "fla": fla_decode.packed_decode}[name], {}
+
+
+@pytest.mark.skipif(not TWO_GPUS, reason="needs two CUDA devices")
+@pytest.mark.parametrize("name", ["reference", "triton", "triton-kv-shared", "helion", "fla"])
+@pytest.mark.parametrize("layout", ["VK", "KV"])
+def test_a_call_whose_tensors_sit_on_the_second_gpu_runs_there_while_the_first_is_current(
+        name: str, layout: str) -> None:
+    from kda_oracle import assert_close_to_oracle, assert_pool_untouched_except, make_decode_case, run_kernel
+
+    if name == "triton-kv-shared" and layout == "VK":
+        pytest.skip("the shared-memory tile is the KV layout's")
+    backend, options = _on_second_gpu(name)
+    fla_safe = name == "fla"  # fla's kernel takes in-range indices only (the adapter drops the others)
+    case = make_decode_case(batch=9, num_heads=2, num_v_heads=4, head_k_dim=128, head_v_dim=128,
+                            state_dtype=torch.bfloat16, act_dtype=torch.bfloat16, state_layout=layout,
+                            indices=[3, -1, 17, 40, 0, 11, -5, 8, 2] if not fla_safe else [3, 17, 0, 11, 8, 2],
+                            num_slots=18, device="cuda:1")
+    torch.cuda.set_device(0)
+    with torch.cuda.device(1):
+        ref_out, ref_state = run_kernel(reference.packed_decode, case)
+    out, state = run_kernel(backend, case, **options)
+    torch.cuda.synchronize(1)
+    assert torch.cuda.current_device() == 0
+    assert out.device == state.device == torch.device("cuda", 1)
+    assert_close_to_oracle(out, ref_out)
+    assert_close_to_oracle(state, ref_state)
+    assert_pool_untouched_except(case.state, state, [s for s in case.indices.tolist() if 0 <= s < 18])
+
+
+@pytest.mark.skipif(not TWO_GPUS, reason="needs two CUDA devices")
+def test_the_op_on_the_second_gpu_matches_the_reference_there_with_auto() -> None:
+    import kda_contracts as kc
+    from kda_contracts.testing import make_decode_call
+
+    torch.cuda.set_device(0)
+    for layout in ("VK", "KV"):
+        cfg = kc.KDAConfig(num_heads=16, num_v_heads=32, head_k_dim=128, head_v_dim=128, state_layout=layout)
+        for batch in (1, 64, 256):  # the KV pool's shared-memory tile from B·HV = 2048 (Triton 3.6)
+            call = make_decode_call(cfg, batch, 2 * batch + 8, state_dtype=torch.bfloat16, device="cuda:1")
+            ref = dict(call, initial_state=call["initial_state"].clone(), out=call["out"].clone())
+            out, state = kc.packed_decode(**call, config=cfg)
+            ref_out, ref_state = kc.packed_decode(**ref, config=cfg, backend="torch")
+            assert torch.cuda.current_device() == 0 and out.device == torch.device("cuda", 1)
+            torch.testing.assert_close(out.float(), ref_out.float(), atol=2e-3, rtol=2**-7)
+            torch.testing.assert_close(state.float(), ref_state.float(), atol=2e-3, rtol=2**-7)

@@ -47,9 +47,11 @@ def test_auto_takes_the_shared_tile_for_kv_from_2048_request_heads_with_16_bit_s
     assert set(SHARED) == {bf16, fp32}
 
 
-def _plan(batch: int, hv: int, k: int, v: int, dtype: torch.dtype, config: DecodeConfig | None = None) -> tuple:
+def _plan(batch: int, hv: int, k: int, v: int, dtype: torch.dtype, config: DecodeConfig | None = None,
+          gpu: int = -1) -> tuple:
+    """The Triton backend's plan of a KV call, its pool on ``gpu`` (-1: the CPU)."""
     pkey = ((batch, hv, hv, k, v, 4 * batch), 2 * hv * k + hv * v, hv * k, hv, hv * k * v, dtype, "KV", False,
-            True, False, False, config)
+            True, False, False, gpu, config)
     return triton_decode._plan(pkey)
 
 
@@ -112,7 +114,7 @@ def test_a_misaligned_pool_takes_autos_other_shape_and_an_explicit_config_is_ref
     # base address is off 16 bytes)
     pool = torch.zeros(4 * 128 * 128 + 1, dtype=torch.bfloat16)[1:]
     pkey = ((64, 32, 32, 128, 128, 4), 2 * 32 * 128 + 32 * 128, 32 * 128, 32, 128 * 128, torch.bfloat16, "KV", False,
-            True, False, False, None)
+            True, False, False, -1, None)
     _, constexprs, _, _, kernel = triton_decode._misaligned_plan(pkey, pool)
     assert kernel is None and constexprs[26] == 32  # the chunked Triton tile
     cfg = pick_config(64, 32, 128, torch.bfloat16, "KV")
@@ -177,6 +179,35 @@ def test_auto_picks_the_shared_tile_only_with_the_triton_release_it_was_timed_wi
     monkeypatch.setattr(triton_kv_shared, "MEASURED_TRITON", (triton.__version__[:4],))
     assert triton_kv_shared.auto_unmeasured() is None
     assert _plan(1024, 32, 128, 128, torch.bfloat16)[4] is triton_kv_shared.kernel()
+
+
+def test_the_plan_is_the_pools_gpus_on_a_machine_with_two_kinds_of_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    # GPU 0 can run the shared-memory tile, GPU 1 (say an sm_75 card) cannot: each call's plan is made
+    # for its pool's GPU and kept under it, so the first GPU's decision is not reused on the other
+    seen = []
+
+    def unsupported(*args: object) -> str | None:
+        seen.append(args[-2])
+        return "cp.async needs sm_80 or later" if args[-2] == torch.device("cuda", 1) else None
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(triton_kv_shared, "auto_unmeasured", lambda: None)
+    monkeypatch.setattr(triton_kv_shared, "unsupported", unsupported)
+    monkeypatch.setattr(triton_decode, "_plans", {})
+    assert _plan(1024, 32, 128, 128, torch.bfloat16, gpu=0)[4] is triton_kv_shared.kernel()
+    _, constexprs, _, _, kernel = _plan(1024, 32, 128, 128, torch.bfloat16, gpu=1)
+    assert kernel is None and constexprs[26] == 32  # auto: the chunked Triton tile
+    assert seen == [torch.device("cuda", 0), torch.device("cuda", 1)]
+    assert {key[11] for key in triton_decode._plans} == {0, 1}  # kept apart (_launch looks plans up by key)
+    cfg = pick_config(1024, 32, 128, torch.bfloat16, "KV")
+    with pytest.raises(ValueError, match=r"cannot run here: cp.async needs sm_80 or later"):
+        _plan(1024, 32, 128, 128, torch.bfloat16, cfg, gpu=1)
+    # and a launch's key holds its pool's device (the CPU's -1 under the interpreter)
+    monkeypatch.setattr(triton_decode, "_plans", {})
+    case = make_decode_case(batch=2, num_slots=4, num_heads=1, num_v_heads=1, head_k_dim=16, head_v_dim=16,
+                            state_layout="KV", device="cuda" if CUDA else "cpu")
+    run_kernel(triton_decode.packed_decode, case)
+    assert [key[11] for key in triton_decode._plans] == [case.state.get_device()]
 
 
 # --- on a CUDA device -----------------------------------------------------------------------------------
