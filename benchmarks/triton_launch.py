@@ -2,7 +2,8 @@
 cached compiled kernel's launcher (the fast launch), and a check that both give bit-identical results.
 
 Checks, for several dtypes, layouts, padded strides, misaligned pointers, int arguments equal to 1,
-padding and out-of-range indices and the oob counter: the fast launch writes the same bits as the
+padding and out-of-range indices, the oob counter and the shared-memory KV tile (its own Gluon
+kernel, launched the same way): the fast launch writes the same bits as the
 normal one (``out``, the whole pool storage including the gaps, the counter), also when replayed
 from a CUDA graph captured with ``torch.cuda.set_sync_debug_mode("error")``. Then times the host
 cost per call at B=1, H=HV=32, K=V=128 (wall clock of 300 back-to-back calls, synced at the end,
@@ -34,15 +35,24 @@ class _SlowPathUsed(RuntimeError):
     pass
 
 
+def _kernels() -> list[object]:
+    """The JIT kernels the backend launches: the Triton kernel, and the shared-memory KV tile's."""
+    from kda_kernels import triton_kv_shared
+
+    shared = triton_kv_shared.kernel()
+    return [td._packed_decode_kernel] + ([shared] if shared is not None else [])
+
+
 def _forbid_slow_path() -> Callable[[], None]:
     """Make ``kernel[grid]`` raise (so a call that does not take the fast launch fails)."""
-    kernel = td._packed_decode_kernel
 
     def run(*args: object, **kwargs: object) -> None:
         raise _SlowPathUsed("kernel[grid] was called")
 
-    kernel.run = run
-    return lambda: delattr(kernel, "run")
+    kernels = _kernels()
+    for kernel in kernels:
+        kernel.run = run  # type: ignore[attr-defined]
+    return lambda: [delattr(kernel, "run") for kernel in kernels] and None
 
 
 def _call(case: DecodeCase, state: torch.Tensor, out: torch.Tensor, **kw: object) -> None:
@@ -138,6 +148,25 @@ def check_cases() -> int:
             td.DecodeConfig(block_v=8, num_warps=2, tiles=2, num_stages=2),
         ),
         (
+            "bf16/bf16 KV, the shared-memory tile, padded strides, pad+oob idx, counter",
+            dict(
+                batch=9,
+                num_heads=2,
+                num_v_heads=4,
+                head_k_dim=128,
+                head_v_dim=128,
+                num_slots=18,
+                indices=[3, -1, 17, 40, 0, 11, -5, 8, 2],
+                act_dtype=torch.bfloat16,
+                state_dtype=torch.bfloat16,
+                state_layout="KV",
+                row_pad=8,
+                slot_pad=8,
+            ),
+            True,
+            td.DecodeConfig(block_v=128, num_warps=2, kv_chunk=16, kv_shared=True, state_eviction=""),
+        ),
+        (
             "production B=8 bf16/fp32 VK int64",
             dict(batch=8, num_heads=32, num_v_heads=32, head_k_dim=128, head_v_dim=128, act_dtype=torch.bfloat16),
             True,
@@ -172,16 +201,21 @@ def check_cases() -> int:
     return failures
 
 
-def check_graph() -> int:
+def check_graph(layout: str = "VK", batch: int = 8) -> int:
+    """One call captured through the fast launch and replayed; at B=64 in the KV layout with bf16 state
+    auto picks the shared-memory tile (with Triton 3.6)."""
+    indices = [5, -1, 99, 0, 3, 7, 1000, 2, *range(8, batch)]
     case = make_decode_case(
-        batch=8,
+        batch=batch,
         num_heads=32,
         num_v_heads=32,
         head_k_dim=128,
         head_v_dim=128,
         act_dtype=torch.bfloat16,
-        indices=[5, -1, 99, 0, 3, 7, 1000, 2],
-        num_slots=16,
+        state_dtype=torch.float32 if layout == "VK" else torch.bfloat16,
+        state_layout=layout,
+        indices=indices,
+        num_slots=2 * batch,
         device="cuda",
         seed=2,
     )
@@ -208,9 +242,11 @@ def check_graph() -> int:
     g.replay()
     torch.cuda.synchronize()
     ok = _same(normal, (out, _whole_storage(state), cnt)) and td._fast_launch["enabled"]
+    plan = td._plans.get(_pkey(case, state, counted=True))
+    kernel = "?" if plan is None else "shared-memory KV tile" if plan[4] is not None else "Triton kernel"
     print(
-        f"{'ok  ' if ok else 'FAIL'} CUDA graph: captured through the fast launch without a sync; replay == "
-        f"normal eager launch (out, pool, counter {int(cnt.item())})"
+        f"{'ok  ' if ok else 'FAIL'} CUDA graph ({layout}, B={batch}, {kernel}): captured through the fast launch "
+        f"without a sync; replay == normal eager launch (out, pool, counter {int(cnt.item())})"
     )
     return 0 if ok else 1
 
@@ -270,9 +306,7 @@ def _time_one(state_dtype: torch.dtype) -> None:
     if state_dtype is not torch.float32:
         return
     # pieces of the fast path: the key and the cache lookup alone, and the launcher alone
-    dims = (1, 32, 32, 128, 128, state.shape[0])
-    pkey = (dims, case.mixed_qkv.stride()[0], case.a.stride()[0], case.b.stride()[0], state.stride()[0], state.dtype,
-            "VK", False, bool(case.use_qk_l2norm), False, False, None)  # as _launch plans this call (see _plan)
+    pkey = _pkey(case, state)
     plan = td._plans.get(pkey)
     if plan is None:
         print(f"           (no plan for {pkey})")
@@ -293,6 +327,14 @@ def _time_one(state_dtype: torch.dtype) -> None:
     )
     print(f"           of which (medians): key + lookup {key_us:5.2f} us, launcher alone {launch_us:5.2f} us")
     print(f"           key: {key}")
+
+
+def _pkey(case: DecodeCase, state: torch.Tensor, counted: bool = False) -> tuple:
+    """The plan key ``_launch`` makes for an auto call of ``case`` (see ``_plan``)."""
+    dims = (case.indices.shape[0], case.num_heads, state.shape[1], *case.head_dims, state.shape[0])
+    return (dims, case.mixed_qkv.stride()[0], case.a.stride()[0], case.b.stride()[0], state.stride()[0], state.dtype,
+            case.state_layout, False, bool(case.use_qk_l2norm), case.lower_bound is not None, counted,
+            state.get_device(), None)
 
 
 def timings() -> None:
@@ -317,7 +359,7 @@ def main() -> int:
     )
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        failures = check_cases() + check_graph()
+        failures = check_cases() + check_graph() + check_graph("KV", 64)
         entry = next(iter(td._fast_launch["cache"].values()), None)
         if entry is not None:
             print(
