@@ -91,17 +91,21 @@ def pick_config(
     three runs): from B * HV = 8192, 2-3.3% faster cold (0.7-2.7% hot) than the same tile with
     evict_last on the first pass (H=32 B=1024: 652-656 -> 639-640 µs; H=16 B=1024: 331-332 -> 322 µs);
     at 1024-4096, -0.4 to +5% cold (hot -3% to +28%) against 64 columns on two warps; at 512 level
-    to 3.5% slower, so 64 columns on two warps stay below 1024. GDN keeps the earlier KV shapes (the
-    chunked tile with evict_last from 8192): there, at B * HV = 4096, 64 columns on two warps
+    to 3.5% slower, so 64 columns on two warps stay below 1024. GDN, where the shared-memory tile below cannot run,
+    keeps the earlier KV shapes (the chunked tile with evict_last from 8192): there, at B * HV = 4096, 64 columns on two warps
     measured 5% faster than the chunked tile.
 
-    KV, KDA, where the shared-memory tile can run (``kv_shared``; the Triton backend falls back to
+    KV, where the shared-memory tile can run (``kv_shared``; the Triton backend falls back to
     ``kv_shared=False`` under the interpreter, before sm_80, with a Triton release other than the
     one it was timed with, or for a shape it cannot take): 16-bit state from
     B * HV = 2048, full-width (V = 128) tiles on two warps in 16-row chunks; fp32 state from 4096,
     64 columns (256-byte rows) on one warp. Side by side on the H200 (cold, KV / VK): bf16 H=32
     B=1024 0.867 -> 0.981, H=16 B=256 0.862 -> 0.944, H=32 B=64 0.850 -> 0.910; fp32 H=32 B=1024
     0.984 -> 0.996, H=4 B=1024 0.971 -> 0.978. Below those sizes it lost (fewer, longer programs).
+    GDN (``gdn=True``) takes the same two shapes from half those sizes: 16-bit state from B * HV = 1024,
+    fp32 from 2048 (H=16/HV=32 and H=8/HV=16, B = 64, 256, 1024, KV / VK against GDN's other KV
+    shapes: bf16 0.79-0.85 -> 0.88-1.00, e.g. HV=32 B=1024 651 -> 558 µs, HV=16 B=64 cold 23.9 ->
+    22.6 µs; fp32 0.6-1.2 % faster, level at B * HV = 1024).
 
     GDN (``gdn=True``, one gate per value head) with 16-bit state in VK: the same tiles with the
     masked guard (the branch guard measured 15-20% slower there from B * HV = 2048; for KDA, in
@@ -127,7 +131,9 @@ def pick_config(
             cfg = DecodeConfig(block_v=rows, num_warps=1, guard="mask", grid="v_fastest")
         return cfg._replace(block_v=min(cfg.block_v, limit))
     if state_layout == "KV":
-        if kv_shared and not gdn and work >= (4096 if wide_state else 2048):
+        # from where the shared-memory tile was measured faster: KDA from 4096 (fp32) / 2048 request-heads;
+        # GDN, whose other KV shapes trail further, from 2048 / 1024
+        if kv_shared and work >= (4096 if wide_state else 2048) // (2 if gdn else 1):
             if wide_state:
                 cfg = DecodeConfig(block_v=64, num_warps=1, kv_chunk=16, kv_shared=True, state_eviction="")
             else:

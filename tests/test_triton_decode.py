@@ -161,8 +161,8 @@ def test_16bit_kv_state_takes_the_chunked_tile_with_an_unhinted_first_pass_from_
         cfg = pick_config(batch, hv, 128, torch.bfloat16, "KV", kv_shared=batch * hv < 2048)
         assert (cfg.block_v, cfg.num_warps, cfg.kv_chunk, cfg.kv_first_eviction) == (128, 1, 32, "")
     assert pick_config(16, 32, 128, torch.bfloat16, "KV").kv_chunk == 0
-    assert pick_config(32, 32, 128, torch.bfloat16, "KV", gdn=True).kv_chunk == 0
-    assert pick_config(256, 32, 128, torch.bfloat16, "KV", gdn=True).kv_first_eviction == "evict_last"
+    assert pick_config(32, 32, 128, torch.bfloat16, "KV", gdn=True, kv_shared=False).kv_chunk == 0
+    assert pick_config(256, 32, 128, torch.bfloat16, "KV", gdn=True, kv_shared=False).kv_first_eviction == "evict_last"
 
 
 @pytest.mark.parametrize("lower_bound", [None, -5.0], ids=["softplus", "bounded"])

@@ -32,7 +32,7 @@ CUDA = torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET", "0") in 
 MEASURED = triton_kv_shared.auto_unmeasured() is None
 
 
-def test_auto_takes_the_shared_tile_for_kv_from_2048_request_heads_with_16_bit_state_and_4096_with_fp32() -> None:
+def test_auto_takes_the_shared_tile_for_kv_from_2048_request_heads_with_16_bit_state_and_4096_with_fp32_gdn_from_half() -> None:
     bf16 = DecodeConfig(block_v=128, num_warps=2, kv_chunk=16, kv_shared=True, state_eviction="")
     fp32 = DecodeConfig(block_v=64, num_warps=1, kv_chunk=16, kv_shared=True, state_eviction="")
     assert pick_config(64, 32, 128, torch.bfloat16, "KV") == bf16
@@ -40,7 +40,11 @@ def test_auto_takes_the_shared_tile_for_kv_from_2048_request_heads_with_16_bit_s
     assert pick_config(256, 16, 128, torch.float32, "KV") == fp32
     assert not pick_config(32, 32, 128, torch.bfloat16, "KV").kv_shared  # 1024: the chunked tile
     assert not pick_config(64, 32, 128, torch.float32, "KV").kv_shared
-    assert not pick_config(1024, 32, 128, torch.bfloat16, "KV", gdn=True).kv_shared  # GDN: not measured
+    # GDN from half those sizes (its other KV shapes trail further)
+    assert pick_config(32, 32, 128, torch.bfloat16, "KV", gdn=True) == bf16
+    assert pick_config(64, 32, 128, torch.float32, "KV", gdn=True) == fp32
+    assert not pick_config(16, 32, 128, torch.bfloat16, "KV", gdn=True).kv_shared
+    assert not pick_config(32, 32, 128, torch.float32, "KV", gdn=True).kv_shared
     assert not pick_config(1024, 32, 128, torch.bfloat16, "VK").kv_shared
     # where it cannot run, the shapes picked before it
     assert pick_config(1024, 32, 128, torch.bfloat16, "KV", kv_shared=False).kv_chunk == 32
