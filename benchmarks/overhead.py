@@ -446,7 +446,7 @@ def build_paths(repeats: int = 41) -> tuple[list[TimedPath], dict[str, Any]]:
     checked = contract.wrap()  # what @kc.contract returns for this contract (follows kc.mode)
     sig = signature_function(contract)
     with kc.mode("off"):
-        off_identity = kc.contract(where=["HV % H == 0"], bind_first=("initial_state", "mixed_qkv"),
+        off_identity = kc.contract(config=cfg, where=["HV % H == 0"], bind_first=("initial_state", "mixed_qkv"),
                                    register=False)(sig)
     assert off_identity is sig, "a contract decorated while off must be the function itself"
 

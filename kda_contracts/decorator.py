@@ -519,9 +519,17 @@ def _contract_class(cls: type, options: ContractOptions) -> type:
 def _decorate(fn: Callable[..., Any], options: ContractOptions) -> Any:
     if inspect.isclass(fn):
         return _contract_class(fn, options)
+    if isinstance(fn, (staticmethod, classmethod)):  # @kc.contract above @staticmethod / @classmethod
+        return type(fn)(_decorate(fn.__func__, options))
     mode = options.mode
     fixed = modes.parse_mode(mode, f"contract(mode={mode!r})") if mode is not None else None
     spec = build_spec(fn, options)
+    if options.config is None and options.config_arg is None:
+        for sp in spec.scalars.values():
+            if sp.match is not None:
+                raise AnnotationError(f"{spec.name}: argument {sp.name!r}: kc.MatchConfig({sp.match.attr!r}) compares "
+                                      "the value with a config, and this contract has none: give "
+                                      "kc.contract(config=...) or config_arg=")
     if (fixed if fixed is not None else modes.current_mode()) == modes.OFF:
         return fn
     c = Contract(spec, fn)

@@ -46,6 +46,65 @@ def is_array_type(tp: Any) -> bool:
     return isinstance(tp, type) and hasattr(tp, "dim_str") and hasattr(tp, "dtypes") and hasattr(tp, "array_type")
 
 
+def unalias(tp: Any) -> Any:
+    """The annotation a ``TypeAliasType`` alias (``type X = ...``, ``typing_extensions.TypeAliasType``)
+    stands for, unwrapped all the way; anything else unchanged."""
+    while type(tp).__name__ == "TypeAliasType" and hasattr(tp, "__value__"):
+        tp = tp.__value__
+    return tp
+
+
+def _is_typeddict(tp: Any) -> bool:
+    return isinstance(tp, type) and issubclass(tp, dict) and hasattr(tp, "__required_keys__")
+
+
+def _structured(tp: Any) -> type | None:
+    """The dataclass, NamedTuple or pydantic class ``tp`` is, or is a parameterised form of
+    (``Box[int]`` for a generic ``Box``); None for anything else."""
+    cls = tp if isinstance(tp, type) else typing.get_origin(tp)
+    if not isinstance(cls, type):
+        return None
+    if dataclasses.is_dataclass(cls) or (issubclass(cls, tuple) and hasattr(cls, "_fields")) \
+            or hasattr(cls, "model_fields"):
+        return cls
+    return None
+
+
+def _fields_mention_array(cls: type, _seen: frozenset[Any]) -> bool:
+    """Whether the fields of a structured class (or TypedDict) mention an array type. When its
+    annotations do not resolve as a whole, each field is tried alone: a class whose resolvable
+    fields hold tensors while others do not resolve is an AnnotationError (its tensors would go
+    unchecked); one without tensors stays an opaque type, checked with isinstance."""
+    try:
+        fields = _field_hints(cls) if not _is_typeddict(cls) else typing.get_type_hints(cls, include_extras=True)
+    except Exception as exc:
+        unresolved, holds = [], False
+        import sys
+
+        namespace = {**vars(sys.modules.get(cls.__module__, object())), **vars(cls)}
+        for name, hint in _raw_annotations(cls).items():
+            try:
+                hint = eval(hint, namespace) if isinstance(hint, str) else hint  # the class's own annotation
+            except Exception:
+                unresolved.append(name)
+                continue
+            holds = holds or mentions_array(hint, _seen | {cls})
+        if holds and unresolved:
+            raise AnnotationError(f"cannot read the annotation of {cls.__name__}.{unresolved[0]} "
+                                  f"({exc.__cause__ or exc}), and its other fields hold tensors, which would "
+                                  "go unchecked; make those annotations resolvable at decoration (import the names "
+                                  "they use at runtime)") from exc
+        return False
+    return fields is not None and any(mentions_array(h, _seen | {cls}) for h in fields.values())
+
+
+def _raw_annotations(cls: type) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for base in reversed(cls.__mro__):
+        out.update(getattr(base, "__annotations__", {}) if base is not object else {})
+    return out
+
+
 def _field_hints(cls: type) -> dict[str, Any] | None:
     """The annotated fields of a dataclass, NamedTuple or pydantic model class (None: not one)."""
     if dataclasses.is_dataclass(cls) or (issubclass(cls, tuple) and hasattr(cls, "_fields")) \
@@ -63,25 +122,25 @@ def _field_hints(cls: type) -> dict[str, Any] | None:
 
 
 def mentions_array(tp: Any, _seen: frozenset[Any] = frozenset()) -> bool:
-    """Whether an annotation mentions a jaxtyping array type anywhere inside it."""
+    """Whether an annotation mentions a jaxtyping array type anywhere inside it: in its arguments,
+    the fields of a dataclass, NamedTuple, pydantic model or TypedDict (also a parameterised generic
+    one), what a type alias stands for, or a TypeVar's bound or constraints."""
+    tp = unalias(tp)
     if is_array_type(tp):
         return True
     if isinstance(tp, list):  # a Callable's parameter types
         return any(mentions_array(a, _seen) for a in tp)
     if tp in _seen:
         return False
+    if isinstance(tp, typing.TypeVar):
+        return any(mentions_array(a, _seen | {tp}) for a in (tp.__bound__, *tp.__constraints__) if a is not None)
     args = typing.get_args(tp)
     if typing.get_origin(tp) is typing.Annotated:
         return mentions_array(args[0], _seen)
     if any(mentions_array(a, _seen | {tp}) for a in args if a is not Ellipsis):
         return True
-    if isinstance(tp, type):
-        try:
-            fields = _field_hints(tp)
-        except AnnotationError:
-            return False
-        return fields is not None and any(mentions_array(h, _seen | {tp}) for h in fields.values())
-    return False
+    cls = _structured(tp) or (tp if _is_typeddict(tp) else None)
+    return cls is not None and cls not in _seen and _fields_mention_array(cls, _seen | {tp})
 
 
 class Node:
@@ -379,15 +438,21 @@ _SEQUENCES: Mapping[Any, type] = {list: list, cabc.Sequence: cabc.Sequence, cabc
 _MAPPINGS = (dict, cabc.Mapping, cabc.MutableMapping)
 
 
-def read_structure(tp: Any, where: str) -> Node:
+def read_structure(tp: Any, where: str, _reading: frozenset[type] = frozenset()) -> Node:
     """Read an annotation that mentions an array type into a :class:`Node` tree; anything the
-    walk could not check is an AnnotationError naming it."""
+    walk could not check is an AnnotationError naming it (``_reading``: the classes whose fields
+    are being read, so a class that holds itself is refused rather than read forever)."""
+    tp = unalias(tp)
     origin, args = typing.get_origin(tp), typing.get_args(tp)
+
+    def read(inner: Any, at: str = where) -> Node:
+        return read_structure(inner, at, _reading)
+
     if origin is typing.Annotated:
         if any(not _is_doc(m) for m in args[1:]):
             raise AnnotationError(f"{where}: metadata {args[1:]!r} inside a container cannot be checked; "
                                   "put kc.Spec/kc.Range on a top-level argument")
-        return read_structure(args[0], where)
+        return read(args[0])
     if is_array_type(tp):
         if not (isinstance(tp.array_type, type) and issubclass(tp.array_type, torch.Tensor)):
             raise AnnotationError(f"{where}: only torch.Tensor arrays are supported, got {tp.array_type!r}")
@@ -399,20 +464,32 @@ def read_structure(tp: Any, where: str) -> Node:
 
         return Plain(tp, read_types(tp))
     if origin in (typing.Union, UnionType):
-        options = tuple(read_structure(a, where) for a in args if a is not NoneType)
+        options = tuple(read(a) for a in args if a is not NoneType)
         return OneOf(options, any(a is NoneType for a in args))
     if origin is tuple:
         if len(args) == 2 and args[1] is Ellipsis:
-            return SequenceOf(tuple, read_structure(args[0], where))
-        return TupleOf(tuple(read_structure(a, where) for a in args))
+            return SequenceOf(tuple, read(args[0]))
+        return TupleOf(tuple(read(a) for a in args))
     if origin in _SEQUENCES:
-        return SequenceOf(_SEQUENCES[origin], read_structure(args[0], where))
+        return SequenceOf(_SEQUENCES[origin], read(args[0]))
     if origin in _MAPPINGS:
-        return MappingOf(read_structure(args[0], where), read_structure(args[1], where))
-    if isinstance(tp, type):
-        fields = _field_hints(tp)
-        if fields is not None:
-            return FieldsOf(tp, tuple((k, read_structure(h, f"{where}.{k}")) for k, h in fields.items()))
+        return MappingOf(read(args[0]), read(args[1]))
+    cls = _structured(tp)
+    if cls is not None:  # (a parameterised generic class is read as its class: a field typed T is any value)
+        if cls in _reading:
+            raise AnnotationError(f"{where}: {cls.__name__} holds itself (a recursive structure), which "
+                                  "kda-contracts does not walk; check the tensors of such a structure inside "
+                                  "the function with kc.check")
+        fields = _field_hints(cls) or {}
+        return FieldsOf(cls, tuple((k, read_structure(h, f"{where}.{k}", _reading | {cls}))
+                                   for k, h in fields.items()))
+    if isinstance(tp, typing.TypeVar):
+        raise AnnotationError(f"{where}: the TypeVar {tp.__name__} is bound to or constrained by tensor annotations, "
+                              "which kda-contracts does not check through a TypeVar; annotate the tensor itself "
+                              "(Float[Tensor, '...'])")
+    if _is_typeddict(tp):
+        raise AnnotationError(f"{where}: the TypedDict {tp.__name__} holds tensors, and kda-contracts does not walk "
+                              "TypedDicts; use a dataclass, NamedTuple, pydantic model or dict[str, ...] of tensors")
     raise AnnotationError(f"{where}: {tp!r} mentions a tensor annotation inside a type kda-contracts cannot walk "
                           "(supported: list, tuple, dict, Sequence, Mapping, Union/Optional, dataclasses, "
                           "NamedTuples, pydantic models)")

@@ -44,7 +44,7 @@ from .markers import (
     config_dtypes,
     read_metadata,
 )
-from .nested import Node, mentions_array, read_structure
+from .nested import Node, mentions_array, read_structure, unalias
 from .plan import AxisSource, Derived, Solver, VariadicSource, plan_binding
 from .rules import (
     Contiguous,
@@ -336,9 +336,11 @@ def array_dtypes(array_type: Any, spec: Spec | None, where: str) -> frozenset[to
 def _read_param(name: str, annotation: Any, where: str) -> TensorParam | ScalarParam | NestedParam | None:
     if annotation is inspect.Parameter.empty:
         return None
+    annotation = unalias(annotation)
     meta: tuple[Any, ...] = ()
     if typing.get_origin(annotation) is typing.Annotated:
         annotation, *rest = typing.get_args(annotation)
+        annotation = unalias(annotation)
         meta = tuple(rest)
     inner, optional = split_optional(annotation)
     if typing.get_origin(inner) is typing.Annotated:  # Optional[Annotated[...]]
@@ -350,7 +352,11 @@ def _read_param(name: str, annotation: Any, where: str) -> TensorParam | ScalarP
     ranges = [foreign.range] if foreign.range is not None else []
     if len(specs) > 1 or len(matches) > 1:
         raise AnnotationError(f"{where}: at most one kc.Spec, one kc.Range and one kc.MatchConfig per argument")
-    if not _is_jaxtyping_array(inner) and mentions_array(inner):
+    try:
+        nested = not _is_jaxtyping_array(inner) and mentions_array(inner)
+    except AnnotationError as exc:  # (a class whose field annotations do not resolve)
+        raise AnnotationError(f"{where}: {exc}") from exc
+    if nested:
         if specs or ranges or matches or foreign.multiple_of is not None:
             raise AnnotationError(f"{where}: kc.Spec, kc.Range, kc.MatchConfig and number bounds apply to a "
                                   "top-level tensor or number, not to a container of tensors")
@@ -411,7 +417,11 @@ def build_spec(fn: Callable[..., Any], options: ContractOptions | None = None, *
         hints_map = typing.get_type_hints(fn, include_extras=True)
     except Exception as exc:  # a forward reference that does not resolve, a bad dim string ...
         raise AnnotationError(f"{qualname}: cannot read the annotations: {exc}") from exc
-    sig = inspect.signature(fn)
+    try:
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError) as exc:  # a builtin or C function without a signature
+        raise AnnotationError(f"{qualname}: cannot read the signature: {exc}; wrap it in a Python function with "
+                              "annotated parameters") from exc
     tensors, scalars, nested = _read_params(qualname, sig, hints_map)
     returns, returns_tuple = _read_returns(qualname, hints_map.get("return", None))
     _check_options(qualname, options, sig, tensors, scalars)
@@ -444,8 +454,15 @@ def _read_params(qualname: str, sig: inspect.Signature, hints_map: Mapping[str, 
     scalars: dict[str, ScalarParam] = {}
     nested: dict[str, NestedParam] = {}
     for p in sig.parameters.values():
-        if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
-            continue  # passed through unchecked
+        if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):  # passed through unchecked: so never annotated
+            hint = hints_map.get(p.name, inspect.Parameter.empty)
+            if hint not in (inspect.Parameter.empty, Any, object):
+                star = "*" if p.kind is p.VAR_POSITIONAL else "**"
+                raise AnnotationError(f"{qualname}: argument {star}{p.name}: annotations on *args and **kwargs are "
+                                      f"not checked ({_hint_text(hint)}); give the values named parameters, take a "
+                                      f"list or dict of them ({p.name}: list[Float[Tensor, '...']]), or leave "
+                                      f"{star}{p.name} unannotated")
+            continue
         read = _read_param(p.name, hints_map.get(p.name, inspect.Parameter.empty), f"{qualname}: argument {p.name!r}")
         if isinstance(read, TensorParam):
             tensors[p.name] = read

@@ -94,7 +94,7 @@ def test_off_identity_and_fresh_shapes(call):
     contract = kc.packed_decode_contract("VK")
     sig = ob.signature_function(contract)
     with kc.mode("off"):
-        assert kc.contract(register=False)(sig) is sig
+        assert kc.contract(register=False, config=CFG)(sig) is sig
     fresh = ob.FreshShapes(call, capacity=40, max_pool=4)
     calls = fresh.take(40)
     shapes = {(c[0].shape[0], c[6].shape[0]) for c in calls}

@@ -1,0 +1,191 @@
+"""Never silent, the cases an adversarial probe found: annotations that decorated fine and then
+checked nothing (tensor annotations on ``*args``/``**kwargs``, a TypedDict of tensors, a dataclass
+one of whose field annotations does not resolve, a TypeVar bound to a tensor type, kc.MatchConfig
+with no config), and decorations that escaped as other exceptions (a dataclass that holds itself:
+RecursionError; a builtin: ValueError; ``@kc.contract`` above ``@staticmethod``/``@classmethod``:
+TypeError). Each is now either checked or an AnnotationError at decoration, with the message pinned.
+Also checked: what these fixes read correctly (a parameterised generic dataclass, type aliases)."""
+
+# No `from __future__ import annotations`: each annotation is evaluated where its function is defined.
+import dataclasses
+import typing
+from typing import Annotated, Any, Generic, Optional, TypedDict, TypeVar
+
+import pytest
+import torch
+import typing_extensions
+
+import kda_contracts as kc
+from kda_contracts import Float, Int, Tensor
+
+if typing.TYPE_CHECKING:
+    from collections import OrderedDict as TypeOnly  # imported for type checkers only: unknown at runtime
+
+
+def _decorate(fn: Any) -> Any:
+    return kc.contract(register=False)(fn)
+
+
+def test_annotated_args_and_kwargs_are_refused_unannotated_ones_pass_through() -> None:
+    def star(w: Float[Tensor, "D E"], *xs: Float[Tensor, "B D"]) -> None: ...
+
+    def stars(w: Float[Tensor, "D E"], **named: Int[Tensor, "B"]) -> None: ...
+
+    with pytest.raises(kc.AnnotationError, match=r"star: argument \*xs: annotations on \*args and \*\*kwargs are not "
+                                                 r"checked \(.*Float\[Tensor, 'B D'\].*\); give the values named "
+                                                 r"parameters, take a list or dict of them"):
+        _decorate(star)
+    with pytest.raises(kc.AnnotationError, match=r"stars: argument \*\*named: annotations on \*args"):
+        _decorate(stars)
+
+    @kc.contract(register=False)
+    def loose(w: Float[Tensor, "D E"], *xs: Any, **named) -> int:
+        return len(xs) + len(named)
+
+    assert loose(torch.zeros(2, 3), "anything", k=1) == 2
+    with pytest.raises(kc.ShapeError):
+        loose(torch.zeros(2))
+
+
+def test_a_typeddict_of_tensors_is_refused() -> None:
+    class Params(TypedDict):
+        w: Float[Tensor, "D D"]
+
+    def f(x: Float[Tensor, "B D"], p: Params) -> None: ...
+
+    with pytest.raises(kc.AnnotationError, match=r"f: argument 'p': the TypedDict Params holds tensors, and "
+                                                 r"kda-contracts does not walk TypedDicts; use a dataclass"):
+        _decorate(f)
+
+
+@dataclasses.dataclass
+class HalfResolvable:
+    w: Float[Tensor, "D D"]
+    tok: "TypeOnly | None" = None  # a type-only import: does not resolve at decoration
+
+
+@dataclasses.dataclass
+class NoTensors:
+    n: int
+    tok: "TypeOnly | None" = None
+
+
+def test_a_dataclass_whose_other_fields_hold_tensors_must_resolve_every_annotation() -> None:
+    def f(x: Float[Tensor, "B D"], p: HalfResolvable) -> None: ...
+
+    with pytest.raises(kc.AnnotationError, match=r"f: argument 'p': cannot read the annotation of "
+                                                 r"HalfResolvable.tok \(name 'TypeOnly' is not defined\), and its "
+                                                 r"other fields hold tensors, which would go unchecked"):
+        _decorate(f)
+
+    @kc.contract(register=False)  # without tensors it stays an opaque type, checked with isinstance
+    def g(x: Float[Tensor, "B D"], p: NoTensors) -> None: ...
+
+    g(torch.zeros(2, 3), NoTensors(1))
+    with pytest.raises(kc.ArgumentTypeError):
+        g(torch.zeros(2, 3), "not NoTensors")
+
+
+@dataclasses.dataclass
+class Chain:  # e.g. a linked list of per-layer caches
+    v: Float[Tensor, "D"]
+    nxt: Optional["Chain"] = None
+
+
+def test_a_dataclass_that_holds_itself_is_refused_at_any_stack_depth() -> None:
+    def f(x: Float[Tensor, "B D"], n: Chain) -> None: ...
+
+    def deeper(k: int) -> Any:
+        return deeper(k - 1) if k else _decorate(f)
+
+    for k in range(6):  # (it used to escape as RecursionError at some depths)
+        with pytest.raises(kc.AnnotationError, match=r"f: argument 'n'.nxt: Chain holds itself \(a recursive "
+                                                     r"structure\), which kda-contracts does not walk"):
+            deeper(k)
+
+
+T = TypeVar("T")
+TV = TypeVar("TV", bound=Float[Tensor, "D"])
+
+
+@dataclasses.dataclass
+class Box(Generic[T]):
+    w: Float[Tensor, "D D"]
+    meta: T
+
+
+def test_a_parameterised_generic_dataclass_is_walked_like_its_class() -> None:
+    @kc.contract(register=False)
+    def f(x: Float[Tensor, "B D"], p: Box[int]) -> None: ...
+
+    f(torch.zeros(2, 3), Box(torch.zeros(3, 3), 1))
+    with pytest.raises(kc.ArgumentTypeError, match=r"p.w"):
+        f(torch.zeros(2, 3), Box("not a tensor", 1))
+    with pytest.raises(kc.ShapeError, match=r"p.w"):
+        f(torch.zeros(2, 3), Box(torch.zeros(4, 4), 1))
+
+
+def test_a_typevar_bound_to_a_tensor_type_is_refused() -> None:
+    def f(x: Float[Tensor, "B D"], y: TV) -> None: ...
+
+    with pytest.raises(kc.AnnotationError, match=r"f: argument 'y': the TypeVar TV is bound to or constrained by "
+                                                 r"tensor annotations, which kda-contracts does not check through a "
+                                                 r"TypeVar; annotate the tensor itself"):
+        _decorate(f)
+
+
+Vector = typing_extensions.TypeAliasType("Vector", Float[Tensor, "D"])
+Vectors = typing_extensions.TypeAliasType("Vectors", list[Float[Tensor, "D"]])
+
+
+def test_type_aliases_are_read_as_what_they_stand_for() -> None:
+    @kc.contract(register=False)
+    def f(x: Float[Tensor, "B D"], ys: Vectors, v: Annotated[Vector, kc.Spec(contiguous=True)]) -> None: ...
+
+    assert set(f.__kda_contract__.spec.tensors) == {"x", "v"}  # the alias of a tensor is a tensor argument
+    f(torch.zeros(2, 3), [torch.zeros(3)], torch.zeros(3))
+    with pytest.raises(kc.ArgumentTypeError):
+        f(torch.zeros(2, 3), [torch.zeros(3), "not a tensor"], torch.zeros(3))
+    with pytest.raises(kc.ShapeError, match=r"ys\[0\]"):
+        f(torch.zeros(2, 3), [torch.zeros(4)], torch.zeros(3))
+    with pytest.raises(kc.ShapeError, match=r"\bv\b"):
+        f(torch.zeros(2, 3), [torch.zeros(3)], torch.zeros(4))
+
+
+def test_match_config_without_a_config_is_refused() -> None:
+    def f(x: Float[Tensor, "B D"], eps: Annotated[float, kc.MatchConfig("epsilon")]) -> None: ...
+
+    with pytest.raises(kc.AnnotationError, match=r"f: argument 'eps': kc.MatchConfig\('epsilon'\) compares the "
+                                                 r"value with a config, and this contract has none: give "
+                                                 r"kc.contract\(config=...\) or config_arg="):
+        _decorate(f)
+
+
+def test_a_builtin_without_a_signature_is_an_annotation_error() -> None:
+    with pytest.raises(kc.AnnotationError, match=r"cannot read the signature: no signature found for builtin"):
+        kc.contract(torch.add)
+
+
+def test_contract_above_staticmethod_and_classmethod_decorates_and_checks() -> None:
+    class M:
+        scale = 2.0
+
+        @kc.contract(register=False)
+        @staticmethod
+        def s(x: Float[Tensor, "B D"], y: Float[Tensor, "D"]) -> Float[Tensor, "B D"]:
+            return x + y
+
+        @kc.contract(register=False)
+        @classmethod
+        def c(cls, x: Float[Tensor, "B D"], y: Float[Tensor, "D"]) -> Float[Tensor, "B D"]:
+            return cls.scale * x + y
+
+    x, y = torch.ones(2, 3), torch.ones(3)
+    for call in (M.s, M().s):
+        assert call(x, y).eq(2).all()
+        with pytest.raises(kc.ShapeError):
+            call(x, torch.ones(4))
+    for call in (M.c, M().c):
+        assert call(x, y).eq(3).all()
+        with pytest.raises(kc.ShapeError):
+            call(x, torch.ones(4))
