@@ -178,8 +178,8 @@ def candidate_configs(layout: str, sdt: torch.dtype, batch: int, num_v_heads: in
     ``w2``: two warps; ``m``: masked guard; ``h``: half width; ``grp``: groups of 16 heads; ``rN``: at
     most N registers; ``ck32-el``: evict_last on the first pass, the shape picked before from
     B·HV = 8192), 64 columns on two warps (``bv64-w2``, the one picked before at 1024-4096), and the
-    shared-memory tile (``sh128-w2``, ``sh64-w1``: KDA's auto shapes from B·HV = 2048 / 4096;
-    ``sh128-w4``)."""
+    shared-memory tile (``sh128-w2``, ``sh64-w1``: auto's shapes from B·HV = 2048 / 4096, for GDN
+    from 1024 / 2048; ``sh128-w4``)."""
     from kda_kernels.triton_decode import DecodeConfig, pick_config
 
     gdn = {"gdn": True} if OP.name == "gdn" and "gdn" in inspect.signature(pick_config).parameters else {}
@@ -206,8 +206,8 @@ def candidate_configs(layout: str, sdt: torch.dtype, batch: int, num_v_heads: in
         if grouped:
             out["grp"] = p._replace(grid="grouped")
             out["fe0-grp"] = fe0._replace(grid="grouped")
-        # the shared-memory tile (CUDA, Triton 3.6): KDA's auto shapes (16-bit state: 128 columns on two
-        # warps; fp32: 64 on one), timed for GDN (not taken there) and below the sizes auto takes it from
+        # the shared-memory tile (CUDA, Triton 3.6): auto's shapes (16-bit state: 128 columns on two
+        # warps; fp32: 64 on one), timed also below the sizes auto takes them from
         shared = DecodeConfig(128, 2, kv_chunk=16, kv_shared=True, state_eviction="")
         out.update({"sh128-w2": shared, "sh64-w1": shared._replace(block_v=64, num_warps=1),
                     "sh128-w4": shared._replace(num_warps=4)})

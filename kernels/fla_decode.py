@@ -29,7 +29,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from .interface import DecodeArgs, DecodeBackend, decode_dims, split_qkv, valid_rows
+from .interface import DecodeArgs, DecodeBackend, _elsewhere, decode_dims, split_qkv, valid_rows
 
 __all__ = ["gdn_is_available", "gdn_packed_decode", "is_available", "packed_decode", "raw_call"]
 
@@ -64,8 +64,13 @@ def raw_call(
 ) -> Tensor:
     """Call fla's in-place continuous-batching kernel as engines do; every index must be in [0, N).
 
-    Returns the output ``[B, 1, HV, V]`` (``out`` if given, which must then be dense).
+    Returns the output ``[B, 1, HV, V]`` (``out`` if given, which must then be dense). Runs with the
+    pool's GPU as the current CUDA device (fla's kernels launch on the current one).
     """
+    if _elsewhere(state):
+        with torch.cuda.device(state.device):
+            return raw_call(mixed_qkv, a, b, A_log, dt_bias, scale, state, indices, num_heads=num_heads,
+                            use_qk_l2norm=use_qk_l2norm, lower_bound=lower_bound, state_layout=state_layout, out=out)
     B, H, HV, K, V, _ = decode_dims(state, indices, num_heads, state_layout)
     # fla indexes q/k/v as dense [B, T, H, K]: the packed row stride needs a copy.
     q, k, v = (x.unsqueeze(1).contiguous() for x in split_qkv(mixed_qkv, H, HV, K, V))

@@ -91,9 +91,9 @@ def pick_config(
     three runs): from B * HV = 8192, 2-3.3% faster cold (0.7-2.7% hot) than the same tile with
     evict_last on the first pass (H=32 B=1024: 652-656 -> 639-640 µs; H=16 B=1024: 331-332 -> 322 µs);
     at 1024-4096, -0.4 to +5% cold (hot -3% to +28%) against 64 columns on two warps; at 512 level
-    to 3.5% slower, so 64 columns on two warps stay below 1024. GDN, where the shared-memory tile below cannot run,
-    keeps the earlier KV shapes (the chunked tile with evict_last from 8192): there, at B * HV = 4096, 64 columns on two warps
-    measured 5% faster than the chunked tile.
+    to 3.5% slower, so 64 columns on two warps stay below 1024. GDN, wherever the shared-memory tile
+    below is not taken, keeps the earlier KV shapes (the chunked tile with evict_last from 8192):
+    there, at B * HV = 4096, 64 columns on two warps measured 5% faster than the chunked tile.
 
     KV, where the shared-memory tile can run (``kv_shared``; the Triton backend falls back to
     ``kv_shared=False`` under the interpreter, before sm_80, with a Triton release other than the

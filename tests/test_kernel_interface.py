@@ -327,6 +327,8 @@ def test_a_pool_on_another_gpu_is_run_with_that_gpu_current(monkeypatch: pytest.
     from kda_kernels import interface
 
     class Pool:  # what _elsewhere reads of a CUDA pool
+        is_cuda = True
+
         def __init__(self, index: int) -> None:
             self.index = index
 
@@ -351,10 +353,29 @@ def test_a_pool_on_another_gpu_is_run_with_that_gpu_current(monkeypatch: pytest.
         monkeypatch.setattr(torch.cuda, "device_count", lambda gpus=gpus: gpus)
         monkeypatch.setattr(interface, "_SEVERAL_GPUS", [])
         assert interface._elsewhere(Pool(pool)) is elsewhere
+    assert interface._elsewhere(torch.zeros(1)) is False  # a CPU pool
     ran: list[str] = []
     interface._run_on(torch.device("cuda", 1), lambda call, **options: ran.append(call + str(options)), "call",
                       {"config": 1})
     assert entered == [torch.device("cuda", 1), None] and ran == ["call{'config': 1}"]
+
+    # both ways into a backend go through it, and the guard is left when the backend raises
+    monkeypatch.setattr(interface, "_elsewhere", lambda state: True)
+    inside: list[int] = []
+
+    def run(call: DecodeArgs, **options: object) -> None:
+        inside.append(len(entered))
+        if options:
+            raise RuntimeError("a failing kernel")
+
+    backend = DecodeBackend(run)
+    args, kwargs = _args()
+    entered.clear()
+    backend(*args, **kwargs)
+    backend.launch((2, 1, 2, 4, 3, 5), *args[:9], True, None, "VK")
+    with pytest.raises(RuntimeError, match="a failing kernel"):
+        backend(*args, **kwargs, config="c")
+    assert inside == [1, 3, 5] and entered == [torch.device("cpu"), None] * 3  # entered with the pool's device
 
 
 def _on_second_gpu(name: str) -> tuple[DecodeBackend, dict]:

@@ -32,7 +32,7 @@ CUDA = torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET", "0") in 
 MEASURED = triton_kv_shared.auto_unmeasured() is None
 
 
-def test_auto_takes_the_shared_tile_for_kv_from_2048_request_heads_with_16_bit_state_and_4096_with_fp32_gdn_from_half() -> None:
+def test_auto_takes_the_shared_tile_for_kv_from_2048_request_heads_16_bit_4096_fp32_and_gdn_from_half() -> None:
     bf16 = DecodeConfig(block_v=128, num_warps=2, kv_chunk=16, kv_shared=True, state_eviction="")
     fp32 = DecodeConfig(block_v=64, num_warps=1, kv_chunk=16, kv_shared=True, state_eviction="")
     assert pick_config(64, 32, 128, torch.bfloat16, "KV") == bf16
