@@ -364,12 +364,15 @@ def checked_parameters(spec: ContractSpec) -> list[str]:
 
 
 def generate_return_checker(spec: ContractSpec) -> tuple[str, dict[str, Any]]:
-    """Python source of ``check_return(<result>, <dims tuple>) -> bool``: True when the result
-    meets the return annotation (the slow path words a failure)."""
+    """Python source of ``check_return(<result>, <dims tuple>, *<checked arguments>) -> bool``: True
+    when the result meets the return annotation (the slow path words a failure). The arguments (in
+    :func:`checked_parameters` order) give ``kc.Spec(same_dtype_as=...)`` its dtype; a caller that
+    passes none skips that test."""
     assert spec.returns is not None
     n = Names(())
     g = Gen(n)
-    res, dims = n("res"), n("dims")
+    res, dims, args = n("res"), n("dims"), n("args")
+    params = checked_parameters(spec)
     dim = {s: n("d", i) for i, s in enumerate(spec.symbols)}
     weak = weak_symbols(spec)
     if spec.symbols:
@@ -407,10 +410,14 @@ def generate_return_checker(spec: ContractSpec) -> tuple[str, dict[str, Any]]:
                 axes = VARIADIC_AXES.format(shape=s, start=vi, after=len(tp.dims) - 1 - vi)
                 conds.append(f"not {g.const(fits_variadic)}({axes}, {v.broadcast}, {dim[v.key]})")
         conds.append(f"{t}.dtype not in {g.const(tp.dtypes)}")
+        if tp.spec.same_dtype_as is not None:
+            j = params.index(tp.spec.same_dtype_as)
+            other = f"{args}[{j}]"
+            conds.append(f"(len({args}) > {j} and {other} is not None and {t}.dtype != {other}.dtype)")
         g.emit("if " + " or ".join(conds) + ":", "    return False")
         if tp.optional:
             g.indent -= 1
     g.emit("return True")
-    src = (f"def check_return({res}, {dims}):\n    try:\n" + "\n".join("    " + ln for ln in g.lines)
+    src = (f"def check_return({res}, {dims}, *{args}):\n    try:\n" + "\n".join("    " + ln for ln in g.lines)
            + "\n    except Exception:  # the slow path words it\n        return False\n")
     return src, g.consts

@@ -21,10 +21,12 @@ import keyword
 import warnings
 import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from types import NoneType
 from typing import Any, TypeVar, overload
 
 import torch
 from beartype import BeartypeConf, beartype
+from beartype.door import is_bearable
 from beartype.roar import BeartypeCallHintParamViolation
 
 from . import dumps, modes
@@ -49,7 +51,7 @@ from .members import accessors, contract_members, is_contracted
 from .modes import made_in_trace
 from .nested import Plain
 from .snippets import Names
-from .spec import CallContext, ContractOptions, ContractSpec, Dims, build_spec
+from .spec import NO_HINT, CallContext, ContractOptions, ContractSpec, Dims, build_spec
 from .type_trees import read_types, traced_type_check, type_mismatch
 from .wrapper import wrapper_source
 
@@ -114,6 +116,12 @@ class Contract:
             rns: dict[str, Any] = dict(rconsts)
             exec(compile(self.return_source, f"<kda_contracts return checker for {spec.name}>", "exec"), rns)
             self._check_return = rns["check_return"]
+        #: a return annotation without tensors (``-> int``, ``-> None``): beartype's verdict, checked by
+        #: the wrapper ``@kc.contract`` makes (an op returns what its backend returns, checked against
+        #: a tensor return annotation only)
+        self._check_plain_return: Callable[..., bool] | None = None
+        if spec.returns is None and spec.return_hint is not NO_HINT:
+            self._check_plain_return = _plain_return_checker(spec.return_hint)
         shim_src = f"def types({', '.join(self._param_names)}):\n    return None\n"
         shim_ns: dict[str, Any] = {}
         exec(compile(shim_src, f"<kda_contracts type shim for {spec.name}>", "exec"), shim_ns)
@@ -315,19 +323,43 @@ class Contract:
         ``spec.symbols`` order, or None when the call breaks the contract (no report)."""
         return self._check(*vals, _cfg)
 
-    def check_return(self, result: Any, dims: tuple[int, ...]) -> None:
-        """Check a result against the return annotation (generated code); raise the report."""
-        if self._check_return is not None and not self._check_return(result, dims):
-            self.fail_return(result, dims)
+    def check_return(self, result: Any, dims: tuple[int, ...], *vals: Any) -> None:
+        """Check a result against the return annotation (generated code), given the call's dims
+        and its checked arguments positionally; raise the report."""
+        check = self._check_return or self._check_plain_return
+        if check is not None and not check(result, dims, *vals):
+            self.fail_return(result, dims, dict(zip(self._param_names, vals, strict=False)))
 
-    def fail_return(self, result: Any, dims: tuple[int, ...]) -> None:
+    def fail_return(self, result: Any, dims: tuple[int, ...], values: Mapping[str, Any] | None = None) -> None:
         """Raise the full report for a result the generated return checker rejected."""
         env = dict(zip(self.spec.symbols, dims, strict=True))
-        violations = explain_return(self.spec, result, env)
+        violations = explain_return(self.spec, result, env, values)
         if violations:
             raise_violations(self.name, violations, env, self.provenance(None))
         warnings.warn(f"kda_contracts: the fast return checker of {self.name} rejected a result the full check "
                       "accepts; please report this with the result's shapes", RuntimeWarning, stacklevel=3)
+
+
+def _plain_return_checker(hint: Any) -> Callable[[Any, tuple[int, ...]], bool]:
+    """``check_return`` for a return annotation without tensors: ``res is None`` for ``-> None``,
+    else beartype's ``is_bearable`` and, for a hint types alone decide, the isinstance tree of
+    :func:`~kda_contracts.type_trees.read_types` (which torch.compile traces: a symbolic size
+    returned as ``-> int`` is not specialised)."""
+    if hint is NoneType:
+        return lambda res, dims, *args: res is None
+    tree = read_types(hint)  # isinstance tests dynamo traces (None: more than types decides)
+
+    def check_return(res: Any, dims: tuple[int, ...], *args: Any) -> bool:
+        return (tree is None or tree.match(res, {}, "return") is None) and is_bearable(res, hint, conf=_BEARTYPE_CONF)
+
+    if tree is None:  # beartype at trace time: each new value is traced again (a Literal, a Protocol ...)
+        return modes.mark_constant_result(check_return)
+
+    def traced(res: Any, dims: tuple[int, ...], *args: Any) -> bool:
+        return tree.match(res, {}, "return") is None
+
+    check_return._torchdynamo_inline = traced  # type: ignore[attr-defined]  # what dynamo traces
+    return check_return
 
 
 def _outside_compile(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -397,7 +429,7 @@ def _build_wrapper(c: Contract, fixed_mode: int | None) -> Callable[..., Any]:
         # the dims again, from the arguments: under torch.compile the traced ones may be symbolic
         dims = c._check(*vals, c._config_for(as_values(*vals)))
         if dims is not None:
-            c.fail_return(res, dims)
+            c.fail_return(res, dims, as_values(*vals))
 
     def strict(dims: tuple[int, ...], *vals: Any) -> None:
         values = as_values(*vals)
@@ -417,7 +449,7 @@ def _build_wrapper(c: Contract, fixed_mode: int | None) -> Callable[..., Any]:
         n("fail"): _outside_compile(fail),
         n("strict"): eager_value_checks(strict, c.name),
         n("fn"): c.fn,
-        n("check_return"): c._check_return,
+        n("check_return"): c._check_return or c._check_plain_return,
         n("fail_return"): _outside_compile(fail_return),
         n("static_cfg"): spec.config,
     }
@@ -427,7 +459,7 @@ def _build_wrapper(c: Contract, fixed_mode: int | None) -> Callable[..., Any]:
     is_async = inspect.iscoroutinefunction(c.fn)
     body = body_uses_checks(c.fn)
     ns[n("body")] = runner(spec.name, spec.symbols, c.fn, is_async)
-    src = wrapper_source(spec, fn_name, n, has_return=spec.returns is not None,
+    src = wrapper_source(spec, fn_name, n, has_return=(c._check_return or c._check_plain_return) is not None,
                          value_checks=spec.value_checks is not None, beartype_first=not c.types_in_checker,
                          body=body, is_async=is_async)
     exec(compile(src, f"<kda_contracts wrapper for {spec.name} #{next(_ids)}>", "exec"), ns)

@@ -11,6 +11,7 @@ Example::
 from __future__ import annotations
 
 from collections.abc import Mapping
+from types import NoneType
 from typing import Any
 
 import torch
@@ -378,9 +379,16 @@ class Explainer:
                     break
 
 
-def explain_return(spec: ContractSpec, result: Any, env: Mapping[str, int]) -> list[Violation]:
-    """Every violation of a result against the return annotation (slow path)."""
-    assert spec.returns is not None
+def explain_return(spec: ContractSpec, result: Any, env: Mapping[str, int],
+                   values: Mapping[str, Any] | None = None) -> list[Violation]:
+    """Every violation of a result against the return annotation (slow path); ``values``, the
+    call's arguments by name, give ``kc.Spec(same_dtype_as=...)`` its dtype."""
+    if spec.returns is None:  # a return annotation without tensors (checked with beartype)
+        hint = spec.return_hint
+        want = "None" if hint is NoneType else getattr(hint, "__name__", None) if isinstance(hint, type) else None
+        want = want or str(hint).replace("typing.", "").replace("torch.", "")
+        return [Violation(ArgumentTypeError, "return", want, type(result).__name__,
+                          ("the function returned a value its return annotation does not allow",))]
     items = result if spec.returns_tuple else (result,)
     if spec.returns_tuple and (not isinstance(items, tuple) or len(items) != len(spec.returns)):
         return [Violation(ShapeError, "return", f"a tuple of {len(spec.returns)} tensors", type(result).__name__)]
@@ -399,6 +407,10 @@ def explain_return(spec: ContractSpec, result: Any, env: Mapping[str, int]) -> l
         elif t.dtype not in tp.dtypes:
             allowed = " or ".join(sorted(dtype_name(d) for d in tp.dtypes))
             violations.append(Violation(DtypeError, tp.name, allowed, dtype_name(t.dtype)))
+        elif (src := tp.spec.same_dtype_as) is not None and values is not None \
+                and isinstance(other := values.get(src), torch.Tensor) and t.dtype != other.dtype:
+            violations.append(Violation(DtypeError, tp.name, f"{dtype_name(other.dtype)} (the dtype of {src})",
+                                        dtype_name(t.dtype)))
     return violations
 
 

@@ -416,8 +416,8 @@ class Op:
         c = self.contracts[variant]
         if c._check_return is not None and self.returns is None:
             dims = tuple(ctx.dims[s] for s in c.spec.symbols)
-            if not c._check_return(res, dims):
-                found = explain_return(c.spec, res, dict(ctx.dims))
+            if not c._check_return(res, dims, *(ctx.values.get(p) for p in c._param_names)):
+                found = explain_return(c.spec, res, dict(ctx.dims), ctx.values)
                 if found:
                     return found
         if self.after is None:

@@ -113,8 +113,9 @@ def build_dispatcher(o: Op) -> Any:
         # check mode here; strict mode checks the result inside its transaction (rolled back)
         ns[n("check_returns")] = {k: vc._check_return or _any_result for k, vc in o.contracts.items()}
         ns[n("fail_return")] = _outside_compile(
-            lambda vk, r, *vc: o.contracts[vk].fail_return(r, o.contracts[vk]._check(*vc) or ()))
-        lines += [f"    if {mode} == 1 and not {n('check_returns')}[{v}]({res}, {dims}):",
+            lambda vk, r, *vc: o.contracts[vk].fail_return(r, o.contracts[vk]._check(*vc) or (),
+                                                           dict(zip(o.contracts[vk]._param_names, vc, strict=False))))
+        lines += [f"    if {mode} == 1 and not {n('check_returns')}[{v}]({res}, {dims}{sep}{plain}):",
                   f"        {n('fail_return')}({v}, {res}{sep}{plain}, {cfg})"]
     lines.append(f"    return {_returns_source(o.returns, res)}")
     src = "\n".join(lines) + "\n"
@@ -200,7 +201,7 @@ def _run_lines(o: Op, n: Names, ns: dict[str, Any], call: list[str], plain: str,
             f"        except Exception as {n('exc')}:", f"            {n('failed')}({chosen}.name, {n('exc')})"]
 
 
-def _any_result(result: Any, dims: Any) -> bool:
+def _any_result(result: Any, dims: Any, *args: Any) -> bool:
     return True
 
 

@@ -167,6 +167,9 @@ class ContractSpec:
     first_tensor: str | None = None
     steps: tuple[Solver | Derived, ...] = ()  # solvers and equality bindings, in binding order
     facts: tuple[ArgFact, ...] = ()  # argument facts read by dims and constraints (itemsize(t), t is None)
+    #: a return annotation without tensors (``-> int``, ``-> None``, ``-> list[str]``), checked with
+    #: beartype after the call; ``_NO_HINT`` when there is none (unannotated, ``Any``, ``object``)
+    return_hint: Any = None
 
     @property
     def config(self) -> Any:
@@ -387,6 +390,9 @@ def _read_param(name: str, annotation: Any, where: str) -> TensorParam | ScalarP
         raise AnnotationError(f"{where}: kc.Range{_range_args(rng)} can never hold: {why}")
     if foreign.multiple_of is not None and inner not in (int, float):
         raise AnnotationError(f"{where}: MultipleOf needs an int or float annotation, got {inner!r}")
+    if _has_nested_metadata(inner):  # beartype would ignore it: refused, not dropped
+        raise AnnotationError(f"{where}: metadata inside {_hint_text(inner)} is not checked (bounds apply to a "
+                              "top-level number); move it to the top level or check the values in the function")
     hint = annotation if not meta else (inner if not optional else inner | None)
     return ScalarParam(name, hint, rng, optional, None, matches[0] if matches else None,
                        constraints=foreign.rules(name, optional))
@@ -423,7 +429,12 @@ def build_spec(fn: Callable[..., Any], options: ContractOptions | None = None, *
         raise AnnotationError(f"{qualname}: cannot read the signature: {exc}; wrap it in a Python function with "
                               "annotated parameters") from exc
     tensors, scalars, nested = _read_params(qualname, sig, hints_map)
-    returns, returns_tuple = _read_returns(qualname, hints_map.get("return", None))
+    returns, returns_tuple = _read_returns(qualname, hints_map.get("return", NO_HINT))
+    return_hint = NO_HINT if returns is not None else _plain_return(qualname, hints_map.get("return", NO_HINT))
+    for r in returns or ():
+        if r.spec.same_dtype_as is not None and r.spec.same_dtype_as not in tensors:
+            raise AnnotationError(f"{qualname}: {r.name}: same_dtype_as={r.spec.same_dtype_as!r} is not a tensor "
+                                  "argument")
     _check_options(qualname, options, sig, tensors, scalars)
     constraints = []
     for w in options.where:
@@ -444,7 +455,7 @@ def build_spec(fn: Callable[..., Any], options: ContractOptions | None = None, *
         nested_only=plan.nested_only,
         variadic_sources=plan.variadic_sources, config_only=plan.config_only, options=options,
         first_tensor=first_tensor,
-        steps=plan.steps, facts=plan.facts,
+        steps=plan.steps, facts=plan.facts, return_hint=return_hint,
     )
 
 
@@ -473,9 +484,38 @@ def _read_params(qualname: str, sig: inspect.Signature, hints_map: Mapping[str, 
     return tensors, scalars, nested
 
 
+NO_HINT: Any = inspect.Parameter.empty  # no return annotation to check
+
+
+def _plain_return(qualname: str, ret: Any) -> Any:
+    """A return annotation without tensors, as beartype checks it (``NO_HINT``: nothing to check).
+    Metadata beartype would ignore (kc.Range, annotated_types bounds) is refused, not dropped."""
+    if ret is NO_HINT or ret is Any or ret is object:
+        return NO_HINT
+    if ret is None:
+        return NoneType
+    if typing.get_origin(ret) is typing.Annotated:
+        meta = [m for m in typing.get_args(ret)[1:] if not isinstance(m, str)]
+        if meta:
+            raise AnnotationError(f"{qualname}: return: {meta[0]!r} on a return annotation is not checked; check "
+                                  "the value in the function, or annotate the return without it")
+    if _has_nested_metadata(ret):
+        raise AnnotationError(f"{qualname}: return: metadata inside {_hint_text(ret)} is not checked; annotate the "
+                              "return without it")
+    return ret
+
+
+def _has_nested_metadata(tp: Any) -> bool:
+    """Whether ``Annotated`` metadata other than documentation strings sits anywhere inside ``tp``."""
+    if typing.get_origin(tp) is typing.Annotated:
+        args = typing.get_args(tp)
+        return any(not isinstance(m, str) for m in args[1:]) or _has_nested_metadata(args[0])
+    return any(_has_nested_metadata(a) for a in typing.get_args(tp) if not isinstance(a, (list, type(...))))
+
+
 def _read_returns(qualname: str, ret: Any) -> tuple[tuple[TensorParam, ...] | None, bool]:
     """The return contract: a tensor, or a tuple of tensors (None: no tensor return contract)."""
-    if ret is None or ret is NoneType:
+    if ret is NO_HINT or ret is None or ret is NoneType:
         return None, False
     items: tuple[Any, ...] = (ret,)
     as_tuple = typing.get_origin(ret) is tuple
@@ -488,6 +528,14 @@ def _read_returns(qualname: str, ret: Any) -> tuple[tuple[TensorParam, ...] | No
                               "in a return contract; annotate the return as a tensor or a tuple of tensors, or "
                               "return the container unannotated (plain Tensor types) and check it with kc.check")
     if all(isinstance(r, TensorParam) for r in read):
+        for r in read:
+            assert isinstance(r, TensorParam)
+            unchecked = [k for k, v in vars(r.spec).items()
+                         if k not in ("dtypes", "same_dtype_as") and v != getattr(Spec(), k)]
+            if unchecked:
+                raise AnnotationError(f"{qualname}: {r.name}: kc.Spec({unchecked[0]}=...) is not checked on a "
+                                      "return (dtypes= and same_dtype_as= are); check the result in the function, "
+                                      "or drop it")
         return tuple(r for r in read if isinstance(r, TensorParam)), as_tuple
     if any(isinstance(r, TensorParam) for r in read):
         raise AnnotationError(f"{qualname}: a tuple return contract must be all tensors")

@@ -104,7 +104,7 @@ def wrapper_source(spec: ContractSpec, fn_name: str, names: Names, *, has_return
         lines.append(f"        {res} = {aw}{n('fn')}({', '.join(call)})")
     if has_return:
         lines += [
-            f"        if not {n('check_return')}({res}, {dims}):",
+            f"        if not {n('check_return')}({res}, {dims}{', ' if plain else ''}{plain}):",
             f"            {n('fail_return')}({res}{', ' if plain else ''}{plain})",
         ]
     if body or has_return:

@@ -189,3 +189,111 @@ def test_contract_above_staticmethod_and_classmethod_decorates_and_checks() -> N
         assert call(x, y).eq(3).all()
         with pytest.raises(kc.ShapeError):
             call(x, torch.ones(4))
+
+
+# --- return annotations --------------------------------------------------------------------------
+
+
+def test_a_return_annotation_without_tensors_is_checked() -> None:
+    @kc.contract(register=False)
+    def count(x: Float[Tensor, "B D"], as_text: bool = False) -> int:
+        return "two" if as_text else x.shape[0]  # type: ignore[return-value]
+
+    @kc.contract(register=False)
+    def in_place(x: Float[Tensor, "B D"], give_back: bool = False) -> None:
+        x.add_(1)
+        return x if give_back else None  # type: ignore[return-value]
+
+    @kc.contract(register=False)
+    def sizes(x: Float[Tensor, "B D"]) -> tuple[int, ...]:
+        return tuple(x.shape)
+
+    assert count(torch.zeros(2, 3)) == 2 and sizes(torch.zeros(2, 3)) == (2, 3)
+    assert in_place(torch.zeros(2, 3)) is None
+    with pytest.raises(kc.ArgumentTypeError, match=r"(?s)\[1\] return: ArgumentTypeError\n +expected int\n +got +str"):
+        count(torch.zeros(2, 3), True)
+    with pytest.raises(kc.ArgumentTypeError, match=r"(?s)return: ArgumentTypeError\n +expected None\n +got +Tensor"):
+        in_place(torch.zeros(2, 3), True)
+
+
+def test_what_a_return_annotation_cannot_have_checked_is_refused() -> None:
+    def contiguous(x: Float[Tensor, "B D"]) -> Annotated[Float[Tensor, "B D"], kc.Spec(contiguous=True)]: ...
+
+    def bounded(x: Float[Tensor, "B D"]) -> Annotated[float, kc.Range(gt=0)]: ...
+
+    def nested(x: Float[Tensor, "B D"]) -> list[Annotated[int, kc.Range(gt=0)]]: ...
+
+    with pytest.raises(kc.AnnotationError, match=r"contiguous: return: kc.Spec\(contiguous=...\) is not checked on a "
+                                                 r"return \(dtypes= and same_dtype_as= are\)"):
+        _decorate(contiguous)
+    with pytest.raises(kc.AnnotationError, match=r"bounded: return: Range\(gt=0.*on a return annotation is not "
+                                                 r"checked"):
+        _decorate(bounded)
+    with pytest.raises(kc.AnnotationError, match=r"nested: return: metadata inside list\[Annotated\[int, Range"):
+        _decorate(nested)
+
+
+def test_same_dtype_as_on_a_return_is_checked() -> None:
+    @kc.contract(register=False)
+    def f(x: Float[Tensor, "B D"], widen: bool = False) -> Annotated[Float[Tensor, "B D"], kc.Spec(same_dtype_as="x")]:
+        return x.double() if widen else 2 * x
+
+    assert f(torch.zeros(2, 3)).dtype == torch.float32
+    with pytest.raises(kc.DtypeError, match=r"(?s)return: DtypeError\n +expected float32 \(the dtype of x\)\n "
+                                            r"+got +float64"):
+        f(torch.zeros(2, 3), True)
+
+
+def test_bounds_inside_a_container_or_union_of_numbers_are_refused() -> None:
+    import annotated_types as at
+
+    def lrs(x: Float[Tensor, "B D"], lrs: list[Annotated[float, at.Gt(0)]]) -> None: ...
+
+    def either(x: Float[Tensor, "B D"], p: Annotated[float, at.Ge(0), at.Le(1)] | str) -> None: ...
+
+    with pytest.raises(kc.AnnotationError, match=r"lrs: argument 'lrs': metadata inside list\[Annotated\[float, "
+                                                 r"Gt\(gt=0\)\]\] is not checked \(bounds apply to a top-level number\)"):
+        _decorate(lrs)
+    with pytest.raises(kc.AnnotationError, match=r"either: argument 'p': metadata inside"):
+        _decorate(either)
+
+
+@pytest.mark.parametrize("fullgraph", [True, False])
+def test_a_checked_plain_return_compiles_once_per_shape_class(fullgraph: bool) -> None:
+    import torch._dynamo.testing
+
+    @kc.contract(register=False)
+    def rows(x: Float[Tensor, "B D"], w: Float[Tensor, "D E"]) -> int:
+        return (x @ w).shape[0]
+
+    @kc.contract(register=False)
+    def scaled(x: Float[Tensor, "B D"], w: Float[Tensor, "D E"], out: Float[Tensor, "B E"]) -> None:
+        torch.matmul(x, w, out=out)
+
+    w = torch.randn(4, 5)
+    for fn, check in ((rows, lambda b, r, out: r == b), (scaled, lambda b, r, out: r is None and out.abs().sum() > 0)):
+        torch._dynamo.reset()
+        counts = torch._dynamo.testing.CompileCounter()
+        compiled = torch.compile(fn, backend=counts, fullgraph=fullgraph, dynamic=True)
+        for b in range(2, 26):
+            out = torch.zeros(b, 5)
+            args = (torch.randn(b, 4), w) + ((out,) if fn is scaled else ())
+            assert check(b, compiled(*args), out)
+        assert counts.frame_count <= 2, (fn.__name__, counts.frame_count)
+
+
+@pytest.mark.parametrize("fullgraph", [True, False])
+def test_a_bad_plain_return_is_rejected_in_compiled_code(fullgraph: bool) -> None:
+    @kc.contract(register=False)
+    def leaks(x: Float[Tensor, "B D"]) -> None:
+        return x + 1  # type: ignore[return-value]
+
+    @kc.contract(register=False)
+    def labels(x: Float[Tensor, "B D"]) -> list[int]:
+        return [x.shape[0], "D"]  # type: ignore[list-item]
+
+    for fn, pattern in ((leaks, r"expected None\n +got +Tensor"), (labels, r"expected list\[int\]\n +got +list")):
+        torch._dynamo.reset()
+        compiled = torch.compile(fn, backend="eager", fullgraph=fullgraph)
+        with pytest.raises(kc.ArgumentTypeError, match=r"(?s)return: ArgumentTypeError\n +" + pattern):
+            compiled(torch.zeros(2, 3))
