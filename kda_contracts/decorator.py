@@ -425,7 +425,17 @@ def _build_wrapper(c: Contract, fixed_mode: int | None) -> Callable[..., Any]:
     def fail_types(*vals: Any) -> None:
         c.fail_types(as_values(*vals))
 
-    def fail_return(res: Any, *vals: Any) -> None:
+    mutated = [i for i, p in enumerate(names) if p in spec.tensors and spec.tensors[p].spec.mutated]
+
+    def snap(*vals: Any) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Strict mode, before the function runs: a copy of each tensor it is declared to write."""
+        return [(t, t.clone()) for t in (vals[i] for i in mutated) if isinstance(t, torch.Tensor)]
+
+    def fail_return(res: Any, saved: list[tuple[torch.Tensor, torch.Tensor]] | None, *vals: Any) -> None:
+        # (strict mode: a rejected call changes no tensor, so what the function wrote goes back first)
+        for t, copy in saved or ():
+            with torch.no_grad():
+                t.copy_(copy)
         # the dims again, from the arguments: under torch.compile the traced ones may be symbolic
         dims = c._check(*vals, c._config_for(as_values(*vals)))
         if dims is not None:
@@ -451,6 +461,7 @@ def _build_wrapper(c: Contract, fixed_mode: int | None) -> Callable[..., Any]:
         n("fn"): c.fn,
         n("check_return"): c._check_return or c._check_plain_return,
         n("fail_return"): _outside_compile(fail_return),
+        n("snap"): snap,
         n("static_cfg"): spec.config,
     }
     for i, p in enumerate(spec.signature.parameters.values()):
@@ -461,7 +472,7 @@ def _build_wrapper(c: Contract, fixed_mode: int | None) -> Callable[..., Any]:
     ns[n("body")] = runner(spec.name, spec.symbols, c.fn, is_async)
     src = wrapper_source(spec, fn_name, n, has_return=(c._check_return or c._check_plain_return) is not None,
                          value_checks=spec.value_checks is not None, beartype_first=not c.types_in_checker,
-                         body=body, is_async=is_async)
+                         body=body, is_async=is_async, saves=bool(mutated))
     exec(compile(src, f"<kda_contracts wrapper for {spec.name} #{next(_ids)}>", "exec"), ns)
     wrapper = ns[fn_name]
     functools.update_wrapper(wrapper, c.fn)

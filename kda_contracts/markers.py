@@ -44,7 +44,8 @@ class Spec:
       memory (with ``inner_contiguous=3`` on a pool: ``stride(0) >= HV*V*K`` unless N == 1; an
       ``.expand()``ed pool is rejected).
     - ``mutated``: the op writes this tensor in place (an op's custom op declares it mutated;
-      docs mark it as written).
+      docs mark it as written; in strict mode a ``@kc.contract`` function whose result is
+      rejected has it copied back first, as an op's transaction does; check mode copies nothing).
 
     Example::
 

@@ -66,7 +66,7 @@ def formal_parameters(signature: inspect.Signature, names: Names,
 
 
 def wrapper_source(spec: ContractSpec, fn_name: str, names: Names, *, has_return: bool, value_checks: bool,
-                   beartype_first: bool, body: bool = False, is_async: bool = False) -> str:
+                   beartype_first: bool, body: bool = False, is_async: bool = False, saves: bool = False) -> str:
     """Source of a wrapper with ``fn``'s exact signature (so Python binds the arguments); every
     other name it uses comes from ``names`` (see ``wrapper_namespace`` for what each is)."""
     parts, call = formal_parameters(spec.signature, names)
@@ -98,6 +98,9 @@ def wrapper_source(spec: ContractSpec, fn_name: str, names: Names, *, has_return
             f"            {n('strict')}({dims}, {plain})",
         ]
     aw = "await " if is_async else ""
+    saved = n("saved")
+    if has_return and saves:  # strict mode: what the function writes, put back if its result is rejected
+        lines.append(f"        {saved} = {n('snap')}({plain}) if {mode} == 2 else None")
     if body:  # the body runs with the call's dims in context (kc.check, kc.dims, isinstance)
         lines.append(f"        {res} = {aw}{n('body')}({dims}, {', '.join(call)})")
     elif has_return:
@@ -105,7 +108,7 @@ def wrapper_source(spec: ContractSpec, fn_name: str, names: Names, *, has_return
     if has_return:
         lines += [
             f"        if not {n('check_return')}({res}, {dims}{', ' if plain else ''}{plain}):",
-            f"            {n('fail_return')}({res}{', ' if plain else ''}{plain})",
+            f"            {n('fail_return')}({res}, {saved if saves else 'None'}{', ' if plain else ''}{plain})",
         ]
     if body or has_return:
         lines.append(f"        return {res}")

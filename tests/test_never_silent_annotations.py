@@ -252,7 +252,8 @@ def test_bounds_inside_a_container_or_union_of_numbers_are_refused() -> None:
     def either(x: Float[Tensor, "B D"], p: Annotated[float, at.Ge(0), at.Le(1)] | str) -> None: ...
 
     with pytest.raises(kc.AnnotationError, match=r"lrs: argument 'lrs': metadata inside list\[Annotated\[float, "
-                                                 r"Gt\(gt=0\)\]\] is not checked \(bounds apply to a top-level number\)"):
+                                                 r"Gt\(gt=0\)\]\] is not checked \(bounds apply to a top-level "
+                                                 r"number\)"):
         _decorate(lrs)
     with pytest.raises(kc.AnnotationError, match=r"either: argument 'p': metadata inside"):
         _decorate(either)
@@ -297,3 +298,22 @@ def test_a_bad_plain_return_is_rejected_in_compiled_code(fullgraph: bool) -> Non
         compiled = torch.compile(fn, backend="eager", fullgraph=fullgraph)
         with pytest.raises(kc.ArgumentTypeError, match=r"(?s)return: ArgumentTypeError\n +" + pattern):
             compiled(torch.zeros(2, 3))
+
+
+def test_in_strict_mode_a_call_whose_result_is_rejected_leaves_what_it_wrote_as_it_was() -> None:
+    @kc.contract(register=False)
+    def scale_(x: Annotated[Float[Tensor, "B D"], kc.Spec(mutated=True)], w: Float[Tensor, "D"],
+               good: bool = True) -> Float[Tensor, "B D"]:
+        x.mul_(w)
+        return x if good else x[:, :1]
+
+    x, w = torch.ones(2, 3), torch.full((3,), 2.0)
+    for _ in range(3):  # (the check cache in front of the checker, too)
+        with kc.mode("strict"), pytest.raises(kc.ShapeError, match=r"return"):
+            scale_(x, w, False)
+        assert x.eq(1).all()  # put back before the report
+    with kc.mode("strict"):
+        assert scale_(x, w).eq(2).all() and x.eq(2).all()
+    with kc.mode("check"), pytest.raises(kc.ShapeError):  # check mode copies nothing: the write stays
+        scale_(x, w, False)
+    assert x.eq(4).all()
