@@ -210,6 +210,22 @@ def config_dims(config: Any) -> Mapping[str, int]:
                           "a pydantic model, a dataclass or a mapping of dims")
 
 
+def config_float_fields(config: Any) -> dict[str, float]:
+    """The float values of a plain config (a pydantic model, a dataclass or a mapping; not one with
+    ``contract_dims()``), by name: a dim computed with ``/`` lands here and binds nothing."""
+    if config is None or hasattr(config, "contract_dims"):
+        return {}
+    if getattr(type(config), "model_fields", None) is not None:
+        items: Any = ((k, getattr(config, k)) for k in type(config).model_fields)
+    elif dataclasses.is_dataclass(config) and not isinstance(config, type):
+        items = ((f.name, getattr(config, f.name)) for f in dataclasses.fields(config))
+    elif isinstance(config, Mapping):
+        items = config.items()
+    else:
+        return {}
+    return {k: v for k, v in items if isinstance(k, str) and isinstance(v, float)}
+
+
 def config_is_frozen(config: Any) -> bool:
     """Whether what a config fixes cannot change (a frozen pydantic model or dataclass): only
     then may it be cached between calls."""

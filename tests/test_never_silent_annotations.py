@@ -317,3 +317,17 @@ def test_in_strict_mode_a_call_whose_result_is_rejected_leaves_what_it_wrote_as_
     with kc.mode("check"), pytest.raises(kc.ShapeError):  # check mode copies nothing: the write stays
         scale_(x, w, False)
     assert x.eq(4).all()
+
+
+def test_a_fixed_config_whose_dim_is_a_float_is_refused() -> None:
+    hidden, heads = 12, 4
+
+    def f(x: Float[Tensor, "B D"]) -> None: ...
+
+    for cfg in ({"D": hidden / heads}, dataclasses.make_dataclass("Dims", [("D", float)])(3.0)):
+        with pytest.raises(kc.AnnotationError, match=r"f: the config's D is 3.0, a float, so it binds no dim; dims "
+                                                     r"are ints"):
+            kc.contract(config=cfg, register=False)(f)
+    checked = kc.contract(config={"D": hidden // heads, "eps": 1e-5}, register=False)(f)  # other floats: fine
+    with pytest.raises(kc.ShapeError):
+        checked(torch.zeros(2, 7))
