@@ -120,7 +120,11 @@ class Contract:
         #: the wrapper ``@kc.contract`` makes (an op returns what its backend returns, checked against
         #: a tensor return annotation only)
         self._check_plain_return: Callable[..., bool] | None = None
-        if spec.returns is None and spec.return_hint is not NO_HINT:
+        inner = inspect.unwrap(fn)
+        made_by_wrapper = inner is not fn and _is_generator(inner) and not _is_generator(fn)
+        if spec.returns is None and spec.return_hint is not NO_HINT and not made_by_wrapper:
+            # (not for a wrapper such as contextlib.contextmanager's, whose annotations describe the
+            # generator it wraps, not what it returns)
             self._check_plain_return = _plain_return_checker(spec.return_hint)
         shim_src = f"def types({', '.join(self._param_names)}):\n    return None\n"
         shim_ns: dict[str, Any] = {}
@@ -340,6 +344,10 @@ class Contract:
                       "accepts; please report this with the result's shapes", RuntimeWarning, stacklevel=3)
 
 
+def _is_generator(fn: Any) -> bool:
+    return inspect.isgeneratorfunction(fn) or inspect.isasyncgenfunction(fn)
+
+
 def _plain_return_checker(hint: Any) -> Callable[[Any, tuple[int, ...]], bool]:
     """``check_return`` for a return annotation without tensors: ``res is None`` for ``-> None``,
     else beartype's ``is_bearable`` and, for a hint types alone decide, the isinstance tree of
@@ -347,19 +355,11 @@ def _plain_return_checker(hint: Any) -> Callable[[Any, tuple[int, ...]], bool]:
     returned as ``-> int`` is not specialised)."""
     if hint is NoneType:
         return lambda res, dims, *args: res is None
-    tree = read_types(hint)  # isinstance tests dynamo traces (None: more than types decides)
-
-    def check_return(res: Any, dims: tuple[int, ...], *args: Any) -> bool:
-        return (tree is None or tree.match(res, {}, "return") is None) and is_bearable(res, hint, conf=_BEARTYPE_CONF)
-
-    if tree is None:  # beartype at trace time: each new value is traced again (a Literal, a Protocol ...)
-        return modes.mark_constant_result(check_return)
-
-    def traced(res: Any, dims: tuple[int, ...], *args: Any) -> bool:
-        return tree.match(res, {}, "return") is None
-
-    check_return._torchdynamo_inline = traced  # type: ignore[attr-defined]  # what dynamo traces
-    return check_return
+    tree = read_types(hint)  # isinstance tests that give beartype's verdict, traced by dynamo (None: more decides)
+    if tree is None:  # beartype, at trace time on the result alone (a Literal, a Protocol, a Callable ...)
+        bearable = modes.mark_constant_result(lambda res: is_bearable(res, hint, conf=_BEARTYPE_CONF))
+        return lambda res, dims, *args: bearable(res)
+    return lambda res, dims, *args: tree.match(res, {}, "return") is None
 
 
 def _outside_compile(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -425,17 +425,29 @@ def _build_wrapper(c: Contract, fixed_mode: int | None) -> Callable[..., Any]:
     def fail_types(*vals: Any) -> None:
         c.fail_types(as_values(*vals))
 
-    mutated = [i for i, p in enumerate(names) if p in spec.tensors and spec.tensors[p].spec.mutated]
+    # (a `-> None` function is not snapshotted: that would copy every written tensor, a state pool
+    # among them, on each strict call, for a result only a slip in the function's code makes wrong)
+    checks_a_value = c._check_return is not None or (c._check_plain_return is not None
+                                                     and spec.return_hint is not NoneType)
+    mutated = [i for i, p in enumerate(names) if p in spec.tensors and spec.tensors[p].spec.mutated] \
+        if checks_a_value else []
 
-    def snap(*vals: Any) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """Strict mode, before the function runs: a copy of each tensor it is declared to write."""
+    def snap(*vals: Any) -> list[tuple[torch.Tensor, torch.Tensor]] | None:
+        """Strict mode, before the function runs: a copy of each tensor it is declared to write
+        (not while torch.compile traces: the copy would become part of the graph)."""
+        if torch.compiler.is_compiling():
+            return None
         return [(t, t.clone()) for t in (vals[i] for i in mutated) if isinstance(t, torch.Tensor)]
 
     def fail_return(res: Any, saved: list[tuple[torch.Tensor, torch.Tensor]] | None, *vals: Any) -> None:
-        # (strict mode: a rejected call changes no tensor, so what the function wrote goes back first)
+        # (strict mode: a rejected call changes no tensor, so what the function wrote goes back first;
+        # a tensor that cannot be written back whole, e.g. an expanded one, is left as it is)
         for t, copy in saved or ():
-            with torch.no_grad():
-                t.copy_(copy)
+            try:
+                with torch.no_grad():
+                    t.copy_(copy)
+            except RuntimeError:
+                pass
         # the dims again, from the arguments: under torch.compile the traced ones may be symbolic
         dims = c._check(*vals, c._config_for(as_values(*vals)))
         if dims is not None:

@@ -476,6 +476,10 @@ def read_structure(tp: Any, where: str, _reading: frozenset[type] = frozenset())
         return MappingOf(read(args[0]), read(args[1]))
     cls = _structured(tp)
     if cls is not None:  # (a parameterised generic class is read as its class: a field typed T is any value)
+        if cls is not tp and any(mentions_array(a) for a in args):
+            raise AnnotationError(f"{where}: {tp!r} gives a type parameter of {cls.__name__} a tensor type, and "
+                                  "kda-contracts does not substitute type parameters (a field typed by it would go "
+                                  f"unchecked); annotate {cls.__name__}'s fields with the tensor types")
         if cls in _reading:
             raise AnnotationError(f"{where}: {cls.__name__} holds itself (a recursive structure), which "
                                   "kda-contracts does not walk; check the tensors of such a structure inside "

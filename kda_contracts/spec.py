@@ -23,12 +23,14 @@ from __future__ import annotations
 
 import inspect
 import typing
+import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from types import NoneType, UnionType
 from typing import Any
 
 import torch
+from beartype.door import is_bearable
 
 from .constraints import Constraint, parse_constraint
 from .dims import ArgFact, DimSpec, Variadic, parse_shape
@@ -44,7 +46,7 @@ from .markers import (
     config_dtypes,
     read_metadata,
 )
-from .nested import Node, mentions_array, read_structure, unalias
+from .nested import BEARTYPE_CONF, Node, mentions_array, read_structure, unalias
 from .plan import AxisSource, Derived, Solver, VariadicSource, plan_binding
 from .rules import (
     Contiguous,
@@ -490,26 +492,55 @@ NO_HINT: Any = inspect.Parameter.empty  # no return annotation to check
 def _plain_return(qualname: str, ret: Any) -> Any:
     """A return annotation without tensors, as beartype checks it (``NO_HINT``: nothing to check).
     Metadata beartype would ignore (kc.Range, annotated_types bounds) is refused, not dropped."""
-    if ret is NO_HINT or ret is Any or ret is object:
+    if ret is NO_HINT or ret is Any or ret is object or ret in _UNCHECKED_RETURNS:
         return NO_HINT
     if ret is None:
         return NoneType
+    if typing.get_origin(ret) in _BOOL_RETURNS:  # TypeGuard[X] / TypeIs[X]: the function returns a bool
+        return bool
     if typing.get_origin(ret) is typing.Annotated:
-        meta = [m for m in typing.get_args(ret)[1:] if not isinstance(m, str)]
+        meta = [m for m in typing.get_args(ret)[1:] if not _is_doc_or_validator(m)]
         if meta:
             raise AnnotationError(f"{qualname}: return: {meta[0]!r} on a return annotation is not checked; check "
                                   "the value in the function, or annotate the return without it")
     if _has_nested_metadata(ret):
         raise AnnotationError(f"{qualname}: return: metadata inside {_hint_text(ret)} is not checked; annotate the "
                               "return without it")
+    try:  # a hint beartype cannot check raises here, at decoration, not at every call
+        with warnings.catch_warnings():  # (its deprecation notes, e.g. typing.Iterator, are not ours to print)
+            warnings.simplefilter("ignore")
+            is_bearable(None, ret, conf=BEARTYPE_CONF)
+    except Exception as exc:
+        raise AnnotationError(f"{qualname}: return: {_hint_text(ret)} cannot be checked ({type(exc).__name__}: "
+                              f"{str(exc).splitlines()[0][:160]}); annotate the return with a checkable type, or "
+                              "leave it unannotated") from exc
     return ret
 
 
+def _special_forms(*names: str) -> tuple[Any, ...]:
+    import typing_extensions
+
+    return tuple({getattr(m, n) for m in (typing, typing_extensions) for n in names if hasattr(m, n)})
+
+
+# return annotations that are not checked: ``Self`` (the class of the first argument: a typing notion
+# beartype checks only on methods it decorates itself) and ``NoReturn``/``Never`` (the function never
+# returns)
+_UNCHECKED_RETURNS = _special_forms("Self", "NoReturn", "Never")
+_BOOL_RETURNS = _special_forms("TypeGuard", "TypeIs")
+
+
+def _is_doc_or_validator(meta: Any) -> bool:
+    """Metadata beartype checks itself inside a hint (its ``beartype.vale`` validators), or a doc string."""
+    return isinstance(meta, str) or type(meta).__module__.startswith("beartype.")
+
+
 def _has_nested_metadata(tp: Any) -> bool:
-    """Whether ``Annotated`` metadata other than documentation strings sits anywhere inside ``tp``."""
+    """Whether ``Annotated`` metadata beartype would ignore (not a doc string, not a beartype
+    validator) sits anywhere inside ``tp``."""
     if typing.get_origin(tp) is typing.Annotated:
         args = typing.get_args(tp)
-        return any(not isinstance(m, str) for m in args[1:]) or _has_nested_metadata(args[0])
+        return any(not _is_doc_or_validator(m) for m in args[1:]) or _has_nested_metadata(args[0])
     return any(_has_nested_metadata(a) for a in typing.get_args(tp) if not isinstance(a, (list, type(...))))
 
 

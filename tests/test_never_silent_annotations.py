@@ -331,3 +331,82 @@ def test_a_fixed_config_whose_dim_is_a_float_is_refused() -> None:
     checked = kc.contract(config={"D": hidden // heads, "eps": 1e-5}, register=False)(f)  # other floats: fine
     with pytest.raises(kc.ShapeError):
         checked(torch.zeros(2, 7))
+
+
+# --- found by a review of the above --------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class Holder(Generic[T]):
+    v: T
+
+
+def test_a_generic_class_whose_type_parameter_is_a_tensor_type_is_refused() -> None:
+    def f(b: Holder[Float[Tensor, "n"]], y: Float[Tensor, "n"]) -> None: ...
+
+    with pytest.raises(kc.AnnotationError, match=r"f: argument 'b': .*Holder\[.*\] gives a type parameter of Holder "
+                                                 r"a tensor type, and kda-contracts does not substitute type "
+                                                 r"parameters"):
+        _decorate(f)
+
+
+def test_self_typeguard_and_noreturn_returns_decorate_and_run() -> None:
+    class Layer:
+        @kc.contract(register=False)
+        def load(self, w: Float[Tensor, "n"]) -> typing_extensions.Self:
+            return self
+
+    @kc.contract(register=False)
+    def all_finite(x: Float[Tensor, "n"]) -> typing_extensions.TypeGuard[Tensor]:
+        return bool(x.isfinite().all())
+
+    @kc.contract(register=False)
+    def fail(x: Float[Tensor, "n"]) -> typing.NoReturn:
+        raise ValueError("always")
+
+    layer = Layer()
+    assert layer.load(torch.zeros(3)) is layer and all_finite(torch.zeros(3)) is True
+    with pytest.raises(ValueError, match="always"):
+        fail(torch.zeros(3))
+    with pytest.raises(kc.ShapeError):
+        layer.load(torch.zeros(3, 3))
+
+
+def test_a_contextmanager_is_checked_on_its_arguments_not_on_its_generator_annotation() -> None:
+    import contextlib
+
+    @kc.contract(register=False)
+    @contextlib.contextmanager
+    def scaled(x: Float[Tensor, "n"]) -> typing.Iterator[Tensor]:
+        yield 2 * x
+
+    with scaled(torch.ones(3)) as y:
+        assert y.eq(2).all()
+    with pytest.raises(kc.ShapeError):
+        scaled(torch.ones(3, 3))
+
+
+def test_beartype_validators_inside_a_container_are_beartypes_to_check() -> None:
+    from beartype.vale import Is
+
+    @kc.contract(register=False)
+    def f(x: Float[Tensor, "n"], ks: list[Annotated[int, Is[lambda k: k > 0]]]) -> None: ...
+
+    f(torch.zeros(3), [1, 2])
+    with pytest.raises(kc.ArgumentTypeError):
+        f(torch.zeros(3), [0])
+
+
+def test_a_return_beartype_decides_compiles_once_under_dynamic_shapes() -> None:
+    import torch._dynamo.testing
+
+    @kc.contract(register=False)
+    def sign(x: Float[Tensor, "B D"]) -> typing.Literal[0, 1]:
+        return 1
+
+    torch._dynamo.reset()
+    counts = torch._dynamo.testing.CompileCounter()
+    compiled = torch.compile(sign, backend=counts, fullgraph=True, dynamic=True)
+    for b in range(2, 26):
+        assert compiled(torch.randn(b, 4)) == 1
+    assert counts.frame_count <= 2, counts.frame_count
