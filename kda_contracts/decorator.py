@@ -349,10 +349,10 @@ def _is_generator(fn: Any) -> bool:
 
 
 def _plain_return_checker(hint: Any) -> Callable[[Any, tuple[int, ...]], bool]:
-    """``check_return`` for a return annotation without tensors: ``res is None`` for ``-> None``,
-    else beartype's ``is_bearable`` and, for a hint types alone decide, the isinstance tree of
-    :func:`~kda_contracts.type_trees.read_types` (which torch.compile traces: a symbolic size
-    returned as ``-> int`` is not specialised)."""
+    """``check_return`` for a return annotation without tensors: ``res is None`` for ``-> None``;
+    for a hint types alone decide, the isinstance tree of :func:`~kda_contracts.type_trees.read_types`
+    (beartype's verdict, which torch.compile traces: a symbolic size returned as ``-> int`` is not
+    specialised); else beartype's ``is_bearable`` on the result (at trace time under torch.compile)."""
     if hint is NoneType:
         return lambda res, dims, *args: res is None
     tree = read_types(hint)  # isinstance tests that give beartype's verdict, traced by dynamo (None: more decides)

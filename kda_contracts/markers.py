@@ -199,13 +199,18 @@ def config_dims(config: Any) -> Mapping[str, int]:
     getter = getattr(config, "contract_dims", None)
     if getter is not None:
         return getter()
+    return _int_fields(_plain_config_items(config))
+
+
+def _plain_config_items(config: Any) -> Any:
+    """``(name, value)`` of a plain config: a pydantic model's or a dataclass's fields, a mapping's items."""
     fields = getattr(type(config), "model_fields", None)
-    if fields is not None:  # a plain pydantic model: its int fields, by name
-        return _int_fields((k, getattr(config, k)) for k in fields)
+    if fields is not None:  # a plain pydantic model: its fields, by name
+        return ((k, getattr(config, k)) for k in fields)
     if dataclasses.is_dataclass(config) and not isinstance(config, type):
-        return _int_fields((f.name, getattr(config, f.name)) for f in dataclasses.fields(config))
+        return ((f.name, getattr(config, f.name)) for f in dataclasses.fields(config))
     if isinstance(config, Mapping):
-        return _int_fields(config.items())
+        return config.items()
     raise ConfigKindError(f"{type(config).__name__} is not a config: pass an object with contract_dims(), "
                           "a pydantic model, a dataclass or a mapping of dims")
 
@@ -215,13 +220,9 @@ def config_float_fields(config: Any) -> dict[str, float]:
     ``contract_dims()``), by name: a dim computed with ``/`` lands here and binds nothing."""
     if config is None or hasattr(config, "contract_dims"):
         return {}
-    if getattr(type(config), "model_fields", None) is not None:
-        items: Any = ((k, getattr(config, k)) for k in type(config).model_fields)
-    elif dataclasses.is_dataclass(config) and not isinstance(config, type):
-        items = ((f.name, getattr(config, f.name)) for f in dataclasses.fields(config))
-    elif isinstance(config, Mapping):
-        items = config.items()
-    else:
+    try:
+        items = _plain_config_items(config)
+    except ConfigKindError:  # (reported where the dims are read)
         return {}
     return {k: v for k, v in items if isinstance(k, str) and isinstance(v, float)}
 
