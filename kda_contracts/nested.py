@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import collections.abc as cabc
 import dataclasses
+import sys
 import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -79,8 +80,6 @@ def _fields_mention_array(cls: type, _seen: frozenset[Any]) -> bool:
         fields = _field_hints(cls) if not _is_typeddict(cls) else typing.get_type_hints(cls, include_extras=True)
     except Exception as exc:
         unresolved, holds = [], False
-        import sys
-
         namespace = {**vars(sys.modules.get(cls.__module__, object())), **vars(cls)}
         for name, hint in _raw_annotations(cls).items():
             try:
@@ -107,8 +106,7 @@ def _raw_annotations(cls: type) -> dict[str, Any]:
 
 def _field_hints(cls: type) -> dict[str, Any] | None:
     """The annotated fields of a dataclass, NamedTuple or pydantic model class (None: not one)."""
-    if dataclasses.is_dataclass(cls) or (issubclass(cls, tuple) and hasattr(cls, "_fields")) \
-            or hasattr(cls, "model_fields"):
+    if _structured(cls) is not None:
         try:
             hints = typing.get_type_hints(cls, include_extras=True)
         except Exception as exc:

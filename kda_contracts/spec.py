@@ -170,8 +170,8 @@ class ContractSpec:
     steps: tuple[Solver | Derived, ...] = ()  # solvers and equality bindings, in binding order
     facts: tuple[ArgFact, ...] = ()  # argument facts read by dims and constraints (itemsize(t), t is None)
     #: a return annotation without tensors (``-> int``, ``-> None``, ``-> list[str]``), checked with
-    #: beartype after the call; ``_NO_HINT`` when there is none (unannotated, ``Any``, ``object``)
-    return_hint: Any = None
+    #: beartype after the call; ``NO_HINT`` when there is none (unannotated, ``Any``, ``object``)
+    return_hint: Any = inspect.Parameter.empty
 
     @property
     def config(self) -> Any:
@@ -486,7 +486,7 @@ def _read_params(qualname: str, sig: inspect.Signature, hints_map: Mapping[str, 
     return tensors, scalars, nested
 
 
-NO_HINT: Any = inspect.Parameter.empty  # no return annotation to check
+NO_HINT: Any = inspect.Parameter.empty  # no return annotation to check (ContractSpec.return_hint's default)
 
 
 def _plain_return(qualname: str, ret: Any) -> Any:
