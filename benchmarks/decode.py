@@ -171,7 +171,10 @@ def candidate_configs(layout: str, sdt: torch.dtype, batch: int, num_v_heads: in
     heads fastest, ``grp``: groups of 16 heads), cache hints (``qka``: q, k and the gate inputs kept in
     L2, not v; ``ka``: all activations; ``noev`` / ``ev1``: no hint / evict_first on the state;
     ``cg``: the state read through L2 only; ``cs``: streaming stores; ``se1``: evict_first on the state
-    store only) and for fp32 other tiles (``r4``, ``r8``, ``r16``, ``t2``: two pipelined 4-row tiles);
+    store only) and for fp32 other tiles (``r4``, ``r8``, ``r16``, ``t2``: two pipelined 4-row tiles;
+    ``r8-flat-br``: 8 rows, request-major, branch guard); ``fo``: the output summed from the decayed tile
+    (``fused_output``), on the picked shape or on 8 rows (``r8-fo``); ``el``: the state load issued before
+    the gate and norm math (``early_load``), ``el-fo`` both;
     for KV other tiles and the two-pass chunked tile (``ck``), the full-width one with no hint on its
     first pass (``fe0``; ``fe1``: evict_first) and variations of it (``se0``: no hint on the second
     pass, ``st0``: on its stores, ``ld0``: on its loads; ``ka``: q, k and the gate inputs kept in L2;
@@ -211,7 +214,7 @@ def candidate_configs(layout: str, sdt: torch.dtype, batch: int, num_v_heads: in
         shared = DecodeConfig(128, 2, kv_chunk=16, kv_shared=True, state_eviction="")
         out.update({"sh128-w2": shared, "sh64-w1": shared._replace(block_v=64, num_warps=1),
                     "sh128-w4": shared._replace(num_warps=4)})
-        return out
+        return {**out, **_tile_knobs(p)}
     rows = p.block_v
     mask = dict(guard="mask")
     if sdt.itemsize < 4:
@@ -243,11 +246,25 @@ def candidate_configs(layout: str, sdt: torch.dtype, batch: int, num_v_heads: in
                "br": p._replace(guard="branch"), "t2": p._replace(block_v=4, tiles=2, num_stages=2),
                "r4-vf-noev-ka": p._replace(block_v=4, grid="v_fastest", state_eviction="", act_eviction="evict_last"),
                "r8-vf": p._replace(block_v=8, grid="v_fastest"), "r16": p._replace(block_v=16),
-               "r16-vf": p._replace(block_v=16, grid="v_fastest"), "se1": p._replace(store_eviction="evict_first")}
+               "r16-vf": p._replace(block_v=16, grid="v_fastest"), "se1": p._replace(store_eviction="evict_first"),
+               "r8-flat-br": p._replace(block_v=8, grid="flat", guard="branch"),
+               "r8-flat-br-fo": p._replace(block_v=8, grid="flat", guard="branch", fused_output=True)}
         if grouped:
             out["grp"] = p._replace(grid="grouped")
+    out.update(_tile_knobs(p))
     unique: dict[Any, str] = {p: ""}
     return {name: c for name, c in out.items() if unique.setdefault(c, name) == name}
+
+
+def _tile_knobs(p: Any) -> dict[str, Any]:
+    """The picked shape with the output summed from the decayed tile (``fo``; ``r8-fo`` on 8 rows) and
+    with the state load issued before the gate and norm math (``el``, ``el-fo``), where they apply."""
+    if p.kv_shared or p.kv_chunk:
+        return {}
+    out = {"fo": p._replace(fused_output=True), "r8-fo": p._replace(block_v=8, fused_output=True)}
+    if p.tiles == 1:
+        out.update({"el": p._replace(early_load=True), "el-fo": p._replace(early_load=True, fused_output=True)})
+    return out
 
 
 SKIP: set[str] = set()  # backends left out (--skip)

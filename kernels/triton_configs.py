@@ -66,6 +66,15 @@ class DecodeConfig(NamedTuple):
     #: the activations' ``act_eviction``; ``tiles``, ``num_stages``, ``guard``, ``grid``, the cache
     #: modifiers, ``v_eviction``, ``kv_first_eviction`` and ``max_registers`` do not apply.
     kv_shared: bool = False
+    #: each tile's output rows from the decayed tile, ``h q + u (k . q)``, so the two sums over K read
+    #: the loaded tile side by side (otherwise the output is summed from the updated tile, after the
+    #: first sum and the update). Same result to rounding. Not for the chunked or shared-memory KV tiles,
+    #: which already work that way.
+    fused_output: bool = False
+    #: the state tile's load issued right after the slot index, before the gate and norm math (which
+    #: wait on the q, k and gate loads), so the two memory latencies overlap instead of adding up.
+    #: One tile per program only (``tiles`` 1); not for the chunked or shared-memory KV tiles.
+    early_load: bool = False
 
 
 def pick_config(
@@ -85,8 +94,15 @@ def pick_config(
     B * HV >= 16384, 0.5-1.3% at 8192, level at 4096); below 4096 the activations are kept in L2
     (evict_last), or at B * HV < 1024 with HV < 16 the state is read through L2 only (.cg).
     Measured per regime against sglang's Helion kernel: see docs/kernels.md and docs/benchmarks.md.
+    KDA with fp32 state sums each tile's output from the decayed tile (``fused_output``): side by
+    side on the H200 over the 30 fp32 VK rows (H 32/16/4, B 1-1024, hot and cold) against sglang's
+    Helion kernel, 0.977-1.254x -> 0.980-1.281x: +0-0.7 % at B >= 256 (H=16 B=256 0.989 -> 0.994),
+    +0-2.3 % at B = 1, -1.4 to +2.8 % at B = 8 and 64; with 16-bit state it lost up to 2.4 % at
+    B >= 256, so it is not taken there. GDN keeps the shapes it was measured with (no fused output).
     KV (contiguous along V): tiles of 16 to 64 V columns (whole lines per row), wider as the batch
-    grows; 16-bit state from B * HV = 1024 in two passes over 32-row chunks of a full-width
+    grows (KDA with fp32 state up to B * HV = 256 with ``fused_output``: KV / the same VK pick
+    0.83-1.00 -> 0.85-1.02 at B = 1, -0.7 to +2.8 % at B * HV 128-256; with 16-bit state it lost
+    10-15 %); 16-bit state from B * HV = 1024 in two passes over 32-row chunks of a full-width
     (V = 128: 256-byte) tile with no hint on the first pass's loads. Side by side on the H200 (bf16,
     three runs): from B * HV = 8192, 2-3.3% faster cold (0.7-2.7% hot) than the same tile with
     evict_last on the first pass (H=32 B=1024: 652-656 -> 639-640 µs; H=16 B=1024: 331-332 -> 322 µs);
@@ -139,9 +155,9 @@ def pick_config(
             else:
                 cfg = DecodeConfig(block_v=128, num_warps=2, kv_chunk=16, kv_shared=True, state_eviction="")
         elif work <= 32:
-            cfg = DecodeConfig(block_v=16, num_warps=1)
+            cfg = DecodeConfig(block_v=16, num_warps=1, fused_output=wide_state and not gdn)
         elif work <= 256:
-            cfg = DecodeConfig(block_v=32, num_warps=1)
+            cfg = DecodeConfig(block_v=32, num_warps=1, fused_output=wide_state and not gdn)
         elif wide_state:  # from 4096 request-heads the state load without a hint was 1-3% faster
             cfg = DecodeConfig(block_v=64, num_warps=4, state_eviction="" if work >= 4096 else "evict_first")
         elif work >= 1024 and not gdn:  # whole 256-byte rows in two passes of 32-row chunks, the first unhinted
@@ -152,9 +168,9 @@ def pick_config(
             cfg = DecodeConfig(block_v=64, num_warps=2)
     elif wide_state:
         if work < 4096:
-            cfg = DecodeConfig(block_v=4, num_warps=1, guard="mask", grid="v_fastest")
+            cfg = DecodeConfig(block_v=4, num_warps=1, guard="mask", grid="v_fastest", fused_output=not gdn)
         else:
-            cfg = DecodeConfig(8, 1, state_eviction="", act_eviction="evict_last", guard="mask")
+            cfg = DecodeConfig(8, 1, state_eviction="", act_eviction="evict_last", guard="mask", fused_output=not gdn)
     else:
         rows = 16
         while rows > 4 and work * -(-head_v_dim // rows) < 1024:

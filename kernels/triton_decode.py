@@ -116,6 +116,8 @@ if triton is not None:
         GATE_STRIDE: tl.constexpr,  # 1: KDA, a gate per key channel; 0: GDN, one per value head
         ROUND_BETA: tl.constexpr,  # round sigmoid(b) to b's dtype before use (GDN, as sglang does)
         KV_FIRST_EVICTION: tl.constexpr,  # chunked KV tile: hint of the first pass's loads
+        FUSED_OUTPUT: tl.constexpr,  # the output from the decayed tile: sum(h q) + u (k . q)
+        EARLY_LOAD: tl.constexpr,  # one tile, its state load issued before the gate and norm math
     ):
         # GRID 0: 1-D, request-major, then value head, then group of V tiles (a request's programs
         # are adjacent, and the grid has no 65535 limit on B). 1: 3-D (V group, head, request).
@@ -180,7 +182,7 @@ if triton is not None:
                 K, V, BV, STATE_KV, USE_L2NORM, BOUNDED_GATE, TILES, STAGES, STATE_EVICTION,
                 LOAD_CACHE, STORE_CACHE, ACT_EVICTION, STORE_EVICTION, MASK_ROWS, MASK_K,
                 row + i_h * K, row + (H + i_h) * K, x_row, bias_row, KV_CHUNK, V_EVICTION, GATE_STRIDE,
-                KV_FIRST_EVICTION,
+                KV_FIRST_EVICTION, FUSED_OUTPUT, EARLY_LOAD,
             )
         else:
             if valid:
@@ -191,7 +193,7 @@ if triton is not None:
                     K, V, BV, STATE_KV, USE_L2NORM, BOUNDED_GATE, TILES, STAGES, STATE_EVICTION,
                     LOAD_CACHE, STORE_CACHE, ACT_EVICTION, STORE_EVICTION, MASK_ROWS, MASK_K,
                     row + i_h * K, row + (H + i_h) * K, x_row, bias_row, KV_CHUNK, V_EVICTION, GATE_STRIDE,
-                    KV_FIRST_EVICTION,
+                    KV_FIRST_EVICTION, FUSED_OUTPUT, EARLY_LOAD,
                 )
             else:
                 # padding (< 0) or out of range (>= N): zero output, no pool access
@@ -245,6 +247,8 @@ if triton is not None:
         V_EVICTION: tl.constexpr,  # hint of the v loads (each v element is read by one program)
         GATE_STRIDE: tl.constexpr,
         KV_FIRST_EVICTION: tl.constexpr,  # hint of the chunked KV tile's first-pass loads
+        FUSED_OUTPUT: tl.constexpr,
+        EARLY_LOAD: tl.constexpr,  # (TILES == 1)
     ):
         if KV_CHUNK > 0:
             # KV in two passes over chunks of KV_CHUNK state rows (K): the full-width V tile gives
@@ -261,6 +265,30 @@ if triton is not None:
                 KV_FIRST_EVICTION,
             )
             return
+        if EARLY_LOAD:
+            # the state load goes out as soon as the slot is known, so its latency overlaps the
+            # activation loads' and the gate and norm math instead of following them
+            b_s, b_v = _load_tile(base, v_limit, v_row, i_v0, o_k, mask_k, K, V, BV, STATE_KV,
+                                  STATE_EVICTION, LOAD_CACHE, V_EVICTION, MASK_ROWS, MASK_K)
+            b_q, b_k, b_decay, kq = _tile_vectors(b_q, b_k, b_x, b_A, scale, lower_bound, USE_L2NORM,
+                                                  BOUNDED_GATE, FUSED_OUTPUT)
+            _update_tile(b_s, b_v, base, v_limit, o_row, i_v0, b_q, b_k, b_decay, b_beta, o_k,
+                         mask_k, K, V, BV, STATE_KV, STORE_CACHE, STORE_EVICTION, MASK_ROWS, MASK_K,
+                         FUSED_OUTPUT, kq)
+        else:
+            b_q, b_k, b_decay, kq = _tile_vectors(b_q, b_k, b_x, b_A, scale, lower_bound, USE_L2NORM,
+                                                  BOUNDED_GATE, FUSED_OUTPUT)
+            for t in tl.range(0, TILES, num_stages=STAGES):
+                b_s, b_v = _load_tile(base, v_limit, v_row, i_v0 + t, o_k, mask_k, K, V, BV, STATE_KV,
+                                      STATE_EVICTION, LOAD_CACHE, V_EVICTION, MASK_ROWS, MASK_K)
+                _update_tile(b_s, b_v, base, v_limit, o_row, i_v0 + t, b_q, b_k, b_decay, b_beta, o_k,
+                             mask_k, K, V, BV, STATE_KV, STORE_CACHE, STORE_EVICTION, MASK_ROWS, MASK_K,
+                             FUSED_OUTPUT, kq)
+
+    @triton.jit
+    def _tile_vectors(b_q, b_k, b_x, b_A, scale, lower_bound, USE_L2NORM: tl.constexpr,
+                      BOUNDED_GATE: tl.constexpr, FUSED_OUTPUT: tl.constexpr):
+        """Normalized, scaled q; normalized k; the decay; and k . q when FUSED_OUTPUT (else 0)."""
         if BOUNDED_GATE:
             b_g = lower_bound * tl.sigmoid(b_A * b_x)
         else:
@@ -270,12 +298,10 @@ if triton is not None:
             b_q = b_q * (1.0 / tl.sqrt(tl.sum(b_q * b_q) + 1e-6))
             b_k = b_k * (1.0 / tl.sqrt(tl.sum(b_k * b_k) + 1e-6))
         b_q = b_q * scale
-        b_decay = tl.exp(b_g)
-        for t in tl.range(0, TILES, num_stages=STAGES):
-            b_s, b_v = _load_tile(base, v_limit, v_row, i_v0 + t, o_k, mask_k, K, V, BV, STATE_KV,
-                                  STATE_EVICTION, LOAD_CACHE, V_EVICTION, MASK_ROWS, MASK_K)
-            _update_tile(b_s, b_v, base, v_limit, o_row, i_v0 + t, b_q, b_k, b_decay, b_beta, o_k,
-                         mask_k, K, V, BV, STATE_KV, STORE_CACHE, STORE_EVICTION, MASK_ROWS, MASK_K)
+        kq = 0.0
+        if FUSED_OUTPUT:
+            kq = tl.sum(b_q * b_k)
+        return b_q, b_k, tl.exp(b_g), kq
 
     @triton.jit
     def _chunk_vectors(q_row, k_row, x_row, bias_row, o_c, mask_c, r_q, r_k, b_A, lower_bound,
@@ -390,16 +416,24 @@ if triton is not None:
     def _update_tile(b_s, b_v, base, v_limit, o_row, i_v, b_q, b_k, b_decay, b_beta, o_k, mask_k,
                      K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr, STATE_KV: tl.constexpr,
                      STORE_CACHE: tl.constexpr, STORE_EVICTION: tl.constexpr, MASK_ROWS: tl.constexpr,
-                     MASK_K: tl.constexpr):
-        """The delta-rule step on one loaded tile: its output rows and the updated tile are stored."""
+                     MASK_K: tl.constexpr, FUSED_OUTPUT: tl.constexpr, kq):
+        """The delta-rule step on one loaded tile: its output rows and the updated tile are stored.
+        FUSED_OUTPUT: the output rows from the decayed tile, ``h q + u (k . q)`` with ``kq = k . q``,
+        so both sums read the loaded tile side by side instead of the second waiting for the update."""
         p_s, o_v = _tile_ptrs(base, i_v, o_k, K, V, BV, STATE_KV)
         mask_s = None
         if MASK_ROWS or MASK_K:
             mask_s = _tile_mask(o_v, v_limit, mask_k, MASK_ROWS, MASK_K)
         b_s = b_s.to(tl.float32) * b_decay[None, :]
-        b_u = b_beta * (b_v.to(tl.float32) - tl.sum(b_s * b_k[None, :], axis=1))
-        b_s = b_s + b_u[:, None] * b_k[None, :]
-        b_o = tl.sum(b_s * b_q[None, :], axis=1)
+        if FUSED_OUTPUT:
+            b_o = tl.sum(b_s * b_q[None, :], axis=1)
+            b_u = b_beta * (b_v.to(tl.float32) - tl.sum(b_s * b_k[None, :], axis=1))
+            b_o = b_o + b_u * kq
+            b_s = b_s + b_u[:, None] * b_k[None, :]
+        else:
+            b_u = b_beta * (b_v.to(tl.float32) - tl.sum(b_s * b_k[None, :], axis=1))
+            b_s = b_s + b_u[:, None] * b_k[None, :]
+            b_o = tl.sum(b_s * b_q[None, :], axis=1)
         if MASK_ROWS:
             b_o = tl.where(o_v < v_limit, b_o, 0.0)
         if MASK_ROWS or MASK_K:
@@ -542,6 +576,8 @@ def _plan(pkey: tuple) -> tuple:
             raise ValueError(f"{config} cannot run here: {why}")
         # auto: the shape picked where the shared-memory tile cannot run (or was not timed)
         cfg = pick_config(batch, num_v_heads, head_v_dim, state_dtype, state_layout, gdn=gdn, kv_shared=False)
+    if cfg.early_load and cfg.tiles != 1:
+        raise ValueError(f"{cfg}: early_load needs one tile per program (tiles=1)")
     span = cfg.block_v * cfg.tiles
     groups = -(-head_v_dim // span)
     grid_kind = {"flat": 0, "v_fastest": 1, "head_fastest": 2, "grouped": 3}[cfg.grid]
@@ -586,6 +622,8 @@ def _plan(pkey: tuple) -> tuple:
         0 if gdn else 1,  # GATE_STRIDE
         gdn,  # ROUND_BETA
         cfg.kv_first_eviction,  # KV_FIRST_EVICTION
+        cfg.fused_output and not (state_layout == "KV" and cfg.kv_chunk),  # FUSED_OUTPUT
+        cfg.early_load and not (state_layout == "KV" and cfg.kv_chunk),  # EARLY_LOAD
     )
     options = {"num_warps": cfg.num_warps}
     if cfg.max_registers is not None:
@@ -646,7 +684,7 @@ _plan_ids: dict[tuple, int] = {}
 # first call, or set KDA_TRITON_FAST_LAUNCH=0 (read at import) to always launch with kernel[grid].
 
 _N_RUNTIME_ARGS = 12
-_N_CONSTEXPRS = 31  # the Triton kernel's (the shared-memory KV kernel has its own count)
+_N_CONSTEXPRS = 33  # the Triton kernel's (the shared-memory KV kernel has its own count)
 _fast_launch: dict = {
     "enabled": os.environ.get("KDA_TRITON_FAST_LAUNCH", "1") not in ("", "0") and triton is not None,
     "cache": {},  # key -> (compiled kernel, launcher, function handle, packed metadata)

@@ -117,13 +117,46 @@ def test_matches_reference_when_dims_are_not_powers_of_two() -> None:
         DecodeConfig(block_v=8, num_warps=1, act_eviction="evict_last", store_eviction=""),
         DecodeConfig(block_v=16, num_warps=1, max_registers=96),
         DecodeConfig(block_v=4, num_warps=1, tiles=2, act_eviction="evict_last", v_eviction=""),
+        DecodeConfig(block_v=4, num_warps=1, guard="mask", grid="v_fastest", fused_output=True),
+        DecodeConfig(block_v=8, num_warps=2, tiles=2, num_stages=2, fused_output=True),
+        DecodeConfig(block_v=4, num_warps=1, early_load=True),
+        DecodeConfig(block_v=8, num_warps=1, guard="mask", grid="v_fastest", early_load=True, fused_output=True),
     ],
     ids=lambda c: f"bv{c.block_v}-t{c.tiles}-s{c.num_stages}-{c.guard}{c.load_cache}{c.store_cache}-{c.grid}"
-    f"{'-v' + str(c.v_eviction) if c.v_eviction is not None else ''}",
+    f"{'-v' + str(c.v_eviction) if c.v_eviction is not None else ''}{'-fused' if c.fused_output else ''}"
+    f"{'-early' if c.early_load else ''}",
 )
 def test_matches_reference_for_launch_configs(config: DecodeConfig) -> None:
     # V=16 split into several tiles and tile groups, including a group that runs past V.
     _assert_matches_reference(_case(head_v_dim=16, indices=[6, -1, 2]), config)
+
+
+@pytest.mark.parametrize("state_layout", ["VK", "KV"])
+@pytest.mark.parametrize("head_k_dim", [16, 12], ids=["K16", "K12"])
+@pytest.mark.parametrize("state_dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_fused_output_matches_reference(state_layout: str, head_k_dim: int, state_dtype: torch.dtype) -> None:
+    # the output summed from the decayed tile (h q + u k.q): K=12 pads the K vectors, V=20 leaves a
+    # partial tile; padding and an out-of-range index
+    case = _case(head_k_dim=head_k_dim, head_v_dim=20, state_layout=state_layout, state_dtype=state_dtype,
+                 indices=[6, -1, 2, 9])
+    _assert_matches_reference(case, DecodeConfig(block_v=8, num_warps=1, fused_output=True))
+    _assert_matches_reference(case, DecodeConfig(block_v=8, num_warps=1, guard="mask", early_load=True))
+
+
+def test_early_load_needs_one_tile_per_program() -> None:
+    case = _case(indices=[1, 0])
+    with pytest.raises(ValueError, match=r"early_load needs one tile per program \(tiles=1\)"):
+        _run_triton(case, DecodeConfig(block_v=4, num_warps=1, tiles=2, early_load=True))
+
+
+def test_fused_output_and_early_load_are_constexprs_of_the_tile_kernel_only() -> None:
+    # the chunked KV tile sums both from the decayed chunk already and has no single tile to load
+    # early: the knobs do not recompile it
+    cases = {(layout, ck): triton_decode._plan(
+        ((2, 1, 1, 16, 16, 8), 64, 16, 1, 256, torch.float32, layout, False, True, False, False, -1,
+         DecodeConfig(block_v=8, num_warps=1, kv_chunk=ck, fused_output=True, early_load=True)))[1][-2:]
+        for layout, ck in (("VK", 0), ("KV", 0), ("KV", 8))}
+    assert cases == {("VK", 0): (True, True), ("KV", 0): (True, True), ("KV", 8): (False, False)}
 
 
 @pytest.mark.parametrize(
