@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from .config_views import float_dim_violations
 from .constraints import Constraint
 from .dims import Broadcast, Expr, Sym, Variadic, broadcast_dim, broadcast_sizes, fits_variadic
 from .errors import ArgumentTypeError, DeviceError, DtypeError, LayoutError, ShapeError, Violation
@@ -114,6 +115,7 @@ class Explainer:
                 type(self.config).__name__, hint=f"{exc}"))
             self.config = None
             cfg_dims = {}
+        self.violations += float_dim_violations(spec, self.config)
         for sym in spec.symbols:
             if sym in cfg_dims:
                 self.dims[sym] = int(cfg_dims[sym])

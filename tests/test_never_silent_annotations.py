@@ -410,3 +410,60 @@ def test_a_return_beartype_decides_compiles_once_under_dynamic_shapes() -> None:
     for b in range(2, 26):
         assert compiled(torch.randn(b, 4)) == 1
     assert counts.frame_count <= 2, counts.frame_count
+
+
+# --- a config passed per call whose dim is a float ------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class FloatDims:
+    D: float
+    eps: float = 1e-5
+
+
+def test_a_per_call_config_whose_dim_is_a_float_is_refused_at_the_call() -> None:
+    @kc.contract(config_arg="cfg", register=False)
+    def f(x: Float[Tensor, "B D"], cfg: Any) -> None: ...
+
+    message = (r"(?s)f\(\): 1 contract violation\n  \[1\] cfg: ArgumentTypeError\n +expected D as an int \(a dim of "
+               r"the contract\)\n +got +D=3\.0, a float, which binds no dim\n +fix: make {}'s D an int: int\(\.\.\.\) "
+               r"it, or compute it with //")
+    # before: a float D bound nothing, so any width passed (the shape matched the float or not)
+    for cfg, kind in ((FloatDims(3.0), "FloatDims"), ({"D": 12 / 4}, "dict")):
+        for width in (3, 5):
+            with pytest.raises(kc.ArgumentTypeError, match=message.format(kind)):
+                f(torch.zeros(2, width), cfg)
+    _, violations = f.__kda_contract__.explain(torch.zeros(2, 5), FloatDims(3.0))  # the slow path says it too
+    assert [(v.argument, v.got) for v in violations] == [("cfg", "D=3.0, a float, which binds no dim")]
+    f(torch.zeros(2, 3), {"D": 12 // 4, "eps": 1e-5})  # an int dim binds; other floats are fine
+    with pytest.raises(kc.ShapeError):
+        f(torch.zeros(2, 5), {"D": 3, "eps": 1e-5})
+
+
+@pytest.mark.parametrize("fullgraph", [False, True], ids=["graph-breaks-allowed", "fullgraph"])
+def test_a_per_call_float_dim_is_refused_in_compiled_code_and_an_int_one_compiles_once(fullgraph: bool) -> None:
+    @kc.contract(config_arg="cfg", register=False)
+    def f(x: Float[Tensor, "B D"], cfg: Any) -> Float[Tensor, "B D"]:
+        return x * 2
+
+    import torch._dynamo.testing
+
+    good, bad = {"D": 3}, FloatDims(3.0)
+    counts = torch._dynamo.testing.CompileCounter()
+    compiled = torch.compile(lambda x, c: f(x, c), backend=counts, fullgraph=fullgraph, dynamic=True)
+    for b in range(2, 26):
+        assert compiled(torch.ones(b, 3), good).eq(2).all()
+    assert counts.frame_count <= 2, counts.frame_count
+    with pytest.raises(kc.ArgumentTypeError, match=r"cfg: ArgumentTypeError\n +expected D as an int"):
+        compiled(torch.ones(4, 3), bad)
+
+
+def test_an_op_with_a_per_call_config_whose_dim_is_a_float_is_refused() -> None:
+    @kc.op(name="never_silent_float_cfg_op", returns="out", config_arg="cfg")
+    def double(x: Float[Tensor, "B D"], out: Annotated[Float[Tensor, "B D"], kc.Spec(mutated=True)], cfg: Any) -> None:
+        out.copy_(x * 2)
+
+    x, out = torch.ones(2, 5), torch.zeros(2, 5)
+    with pytest.raises(kc.ArgumentTypeError, match=r"cfg: ArgumentTypeError\n +expected D as an int"):
+        double(x, out, FloatDims(3.0))
+    assert out.eq(0).all()
