@@ -411,6 +411,42 @@ def eager_value_checks(fn: Callable[..., Any], name: str) -> Callable[..., Any]:
     return run
 
 
+def _write_back(saved: list[tuple[torch.Tensor, torch.Tensor]] | None) -> None:
+    """Put back what a rejected strict call wrote (a tensor that cannot be written back whole, e.g.
+    an expanded one, is left as it is)."""
+    for t, copy in saved or ():
+        try:
+            with torch.no_grad():
+                t.copy_(copy)
+        except RuntimeError:
+            pass
+
+
+def _guarded(body: Callable[..., Any], is_async: bool) -> Callable[..., Any]:
+    """``body(dims, ...)`` that, given a strict-mode snapshot, writes it back when a contract check
+    in the body (``kc.check``, or a contracted call it makes) rejects the call, then re-raises."""
+    if is_async:
+        async def guarded_async(saved: Any, bound: tuple[Any, ...], *args: Any, **kwargs: Any) -> Any:
+            try:
+                return await body(bound, *args, **kwargs)
+            except ContractError:
+                _write_back(saved)
+                raise
+
+        return guarded_async
+
+    def guarded(saved: Any, bound: tuple[Any, ...], *args: Any, **kwargs: Any) -> Any:
+        if not saved:  # not strict, or under torch.compile (no snapshot there)
+            return body(bound, *args, **kwargs)
+        try:
+            return body(bound, *args, **kwargs)
+        except ContractError:
+            _write_back(saved)
+            raise
+
+    return guarded
+
+
 def _build_wrapper(c: Contract, fixed_mode: int | None) -> Callable[..., Any]:
     spec = c.spec
     names = c._param_names
@@ -425,12 +461,14 @@ def _build_wrapper(c: Contract, fixed_mode: int | None) -> Callable[..., Any]:
     def fail_types(*vals: Any) -> None:
         c.fail_types(as_values(*vals))
 
-    # (a `-> None` function is not snapshotted: that would copy every written tensor, a state pool
-    # among them, on each strict call, for a result only a slip in the function's code makes wrong)
+    # (a `-> None` function is not snapshotted for its result: that would copy every written tensor,
+    # a state pool among them, on each strict call, for a result only a slip in the function's code
+    # makes wrong; one whose body runs kc.check is, since a check there may reject the call midway)
     checks_a_value = c._check_return is not None or (c._check_plain_return is not None
                                                      and spec.return_hint is not NoneType)
+    body = body_uses_checks(c.fn)
     mutated = [i for i, p in enumerate(names) if p in spec.tensors and spec.tensors[p].spec.mutated] \
-        if checks_a_value else []
+        if checks_a_value or body else []
 
     def snap(*vals: Any) -> list[tuple[torch.Tensor, torch.Tensor]] | None:
         """Strict mode, before the function runs: a copy of each tensor it is declared to write
@@ -440,14 +478,7 @@ def _build_wrapper(c: Contract, fixed_mode: int | None) -> Callable[..., Any]:
         return [(t, t.clone()) for t in (vals[i] for i in mutated) if isinstance(t, torch.Tensor)]
 
     def fail_return(res: Any, saved: list[tuple[torch.Tensor, torch.Tensor]] | None, *vals: Any) -> None:
-        # (strict mode: a rejected call changes no tensor, so what the function wrote goes back first;
-        # a tensor that cannot be written back whole, e.g. an expanded one, is left as it is)
-        for t, copy in saved or ():
-            try:
-                with torch.no_grad():
-                    t.copy_(copy)
-            except RuntimeError:
-                pass
+        _write_back(saved)  # (strict mode: a rejected call changes no tensor)
         # the dims again, from the arguments: under torch.compile the traced ones may be symbolic
         dims = c._check(*vals, c._config_for(as_values(*vals)))
         if dims is not None:
@@ -480,8 +511,8 @@ def _build_wrapper(c: Contract, fixed_mode: int | None) -> Callable[..., Any]:
         if p.default is not inspect.Parameter.empty:
             ns[n("default", i)] = p.default
     is_async = inspect.iscoroutinefunction(c.fn)
-    body = body_uses_checks(c.fn)
     ns[n("body")] = runner(spec.name, spec.symbols, c.fn, is_async)
+    ns[n("guarded_body")] = _guarded(ns[n("body")], is_async)
     src = wrapper_source(spec, fn_name, n, has_return=(c._check_return or c._check_plain_return) is not None,
                          value_checks=spec.value_checks is not None, beartype_first=not c.types_in_checker,
                          body=body, is_async=is_async, saves=bool(mutated))

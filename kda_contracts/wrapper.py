@@ -99,9 +99,11 @@ def wrapper_source(spec: ContractSpec, fn_name: str, names: Names, *, has_return
         ]
     aw = "await " if is_async else ""
     saved = n("saved")
-    if has_return and saves:  # strict mode: what the function writes, put back if its result is rejected
+    if saves and (has_return or body):  # strict mode: what the function writes, put back if the call is rejected
         lines.append(f"        {saved} = {n('snap')}({plain}) if {mode} == 2 else None")
-    if body:  # the body runs with the call's dims in context (kc.check, kc.dims, isinstance)
+    if body and saves:  # the body runs with the call's dims in context, its rejections roll back
+        lines.append(f"        {res} = {aw}{n('guarded_body')}({saved}, {dims}, {', '.join(call)})")
+    elif body:  # the body runs with the call's dims in context (kc.check, kc.dims, isinstance)
         lines.append(f"        {res} = {aw}{n('body')}({dims}, {', '.join(call)})")
     elif has_return:
         lines.append(f"        {res} = {aw}{n('fn')}({', '.join(call)})")

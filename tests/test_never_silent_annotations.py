@@ -467,3 +467,74 @@ def test_an_op_with_a_per_call_config_whose_dim_is_a_float_is_refused() -> None:
     with pytest.raises(kc.ArgumentTypeError, match=r"cfg: ArgumentTypeError\n +expected D as an int"):
         double(x, out, FloatDims(3.0))
     assert out.eq(0).all()
+
+
+# --- strict mode: a kc.check in the body that rejects the call rolls back what the body wrote -----
+
+
+def _scale_then_check() -> Any:
+    @kc.contract(register=False)
+    def scale_(x: Annotated[Float[Tensor, "B D"], kc.Spec(mutated=True)], w: Float[Tensor, "D E"]) -> None:
+        x.mul_(2)
+        kc.check(x @ w, "B D", name="y")  # rejects when E != D, after x was written
+
+    return scale_
+
+
+def test_strict_mode_rolls_back_a_body_that_a_check_inside_it_rejects() -> None:
+    scale_ = _scale_then_check()
+    x, wrong = torch.ones(2, 3), torch.ones(3, 4)
+    with kc.mode("strict"), pytest.raises(kc.ShapeError, match=r"y: ShapeError"):
+        scale_(x, wrong)
+    assert x.eq(1).all()  # before: 2, the write kept although the call was rejected
+    with kc.mode("strict"):
+        scale_(x, torch.ones(3, 3))
+    assert x.eq(2).all()
+    with kc.mode("check"), pytest.raises(kc.ShapeError):  # check mode copies nothing: the write stays
+        scale_(x, wrong)
+    assert x.eq(4).all()
+
+
+def test_strict_mode_rolls_back_a_body_whose_inner_contracted_call_rejects() -> None:
+    @kc.contract(register=False)
+    def inner(y: Float[Tensor, "B 3"]) -> None: ...
+
+    @kc.contract(register=False)
+    def outer(x: Annotated[Float[Tensor, "B D"], kc.Spec(mutated=True)]) -> Float[Tensor, "B D"]:
+        x.add_(1)
+        inner(x)  # D != 3 rejects here
+        return isinstance(x, Float[Tensor, "B D"]) and x
+
+    x = torch.zeros(2, 4)
+    with kc.mode("strict"), pytest.raises(kc.ShapeError, match=r"inner\(\)"):
+        outer(x)
+    assert x.eq(0).all()
+
+
+def test_an_async_body_rejected_by_its_check_rolls_back_in_strict_mode() -> None:
+    import asyncio
+
+    @kc.contract(register=False)
+    async def scale_(x: Annotated[Float[Tensor, "B D"], kc.Spec(mutated=True)], w: Float[Tensor, "D E"]) -> None:
+        x.mul_(2)
+        kc.check(x @ w, "B D", name="y")
+
+    x = torch.ones(2, 3)
+    with kc.mode("strict"), pytest.raises(kc.ShapeError):
+        asyncio.run(scale_(x, torch.ones(3, 4)))
+    assert x.eq(1).all()
+
+
+@pytest.mark.parametrize("fullgraph", [False, True], ids=["graph-breaks-allowed", "fullgraph"])
+def test_a_body_check_with_written_tensors_compiles_once_in_strict_mode(fullgraph: bool) -> None:
+    import torch._dynamo.testing
+
+    scale_ = _scale_then_check()
+    counts = torch._dynamo.testing.CompileCounter()
+    compiled = torch.compile(scale_, backend=counts, fullgraph=fullgraph, dynamic=True)
+    with kc.mode("strict"):  # (no snapshot while tracing: the copy would join the graph)
+        for b in range(2, 26):
+            x = torch.ones(b, 3)
+            compiled(x, torch.ones(3, 3))
+            assert x.eq(2).all()
+    assert counts.frame_count <= 2, counts.frame_count
