@@ -116,9 +116,8 @@ class Contract:
             rns: dict[str, Any] = dict(rconsts)
             exec(compile(self.return_source, f"<kda_contracts return checker for {spec.name}>", "exec"), rns)
             self._check_return = rns["check_return"]
-        #: a return annotation without tensors (``-> int``, ``-> None``): beartype's verdict, checked by
-        #: the wrapper ``@kc.contract`` makes (an op returns what its backend returns, checked against
-        #: a tensor return annotation only)
+        #: a return annotation without tensors (``-> int``, ``-> None``): beartype's verdict (for an
+        #: op, on what its backend returns, when the op returns that)
         self._check_plain_return: Callable[..., bool] | None = None
         inner = inspect.unwrap(fn)
         made_by_wrapper = inner is not fn and _is_generator(inner) and not _is_generator(fn)
@@ -326,6 +325,11 @@ class Contract:
         """The generated fast checker on arguments given positionally: the bound dims in
         ``spec.symbols`` order, or None when the call breaks the contract (no report)."""
         return self._check(*vals, _cfg)
+
+    def result_checker(self) -> Callable[..., bool] | None:
+        """``check(result, dims, *checked arguments) -> bool`` for the return annotation (tensors or
+        not), or None when there is nothing to check."""
+        return self._check_return or self._check_plain_return
 
     def check_return(self, result: Any, dims: tuple[int, ...], *vals: Any) -> None:
         """Check a result against the return annotation (generated code), given the call's dims

@@ -414,9 +414,10 @@ class Op:
         """Strict mode, after the backend: the result against the return annotation, then the
         op's ``after`` checks (a check that raises is a BackendError, the call rolled back)."""
         c = self.contracts[variant]
-        if c._check_return is not None and self.returns is None:
+        check = c.result_checker()
+        if check is not None and self.returns is None:
             dims = tuple(ctx.dims[s] for s in c.spec.symbols)
-            if not c._check_return(res, dims, *(ctx.values.get(p) for p in c._param_names)):
+            if not check(res, dims, *(ctx.values.get(p) for p in c._param_names)):
                 found = explain_return(c.spec, res, dict(ctx.dims), ctx.values)
                 if found:
                     return found

@@ -109,9 +109,9 @@ def build_dispatcher(o: Op) -> Any:
         lines += ["    else:", f"        {dims} = None"]
     lines.append(f"    {chosen} = {n('select')}(({_key_source(o, layout, n, v, dims)}), backend)")
     lines += _run_lines(o, n, ns, call, plain, cfg)
-    if o.returns is None and any(vc._check_return is not None for vc in o.contracts.values()):
+    if o.returns is None and any(vc.result_checker() is not None for vc in o.contracts.values()):
         # check mode here; strict mode checks the result inside its transaction (rolled back)
-        ns[n("check_returns")] = {k: vc._check_return or _any_result for k, vc in o.contracts.items()}
+        ns[n("check_returns")] = {k: vc.result_checker() or _any_result for k, vc in o.contracts.items()}
         ns[n("fail_return")] = _outside_compile(
             lambda vk, r, *vc: o.contracts[vk].fail_return(r, o.contracts[vk]._check(*vc) or (),
                                                            dict(zip(o.contracts[vk]._param_names, vc, strict=False))))

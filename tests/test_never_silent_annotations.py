@@ -538,3 +538,47 @@ def test_a_body_check_with_written_tensors_compiles_once_in_strict_mode(fullgrap
             compiled(x, torch.ones(3, 3))
             assert x.eq(2).all()
     assert counts.frame_count <= 2, counts.frame_count
+
+
+# --- an op's return annotation without tensors is checked against what its backend returns -------
+
+
+def test_an_ops_plain_return_annotation_is_checked_against_its_backends_result() -> None:
+    import torch._dynamo.testing
+
+    @kc.op(name="never_silent_row_count")
+    def row_count(x: Float[Tensor, "B D"]) -> int:
+        return x.shape[0]
+
+    @row_count.backend("as-text", devices=("cpu",), priority=-1)
+    def as_text(x: Any) -> Any:
+        return str(x.shape[0])
+
+    assert row_count(torch.zeros(3, 2)) == 3
+    for mode in ("check", "strict"):
+        with kc.mode(mode), pytest.raises(kc.ArgumentTypeError, match=r"(?s)return: ArgumentTypeError\n +expected "
+                                                                         r"int\n +got +str"):
+            row_count(torch.zeros(3, 2), backend="as-text")  # before: '3' returned unchecked
+    counts = torch._dynamo.testing.CompileCounter()
+    compiled = torch.compile(lambda x: row_count(x) + 1, backend=counts, dynamic=True)
+    for b in range(2, 26):
+        assert compiled(torch.zeros(b, 2)) == b + 1
+    assert counts.frame_count <= 2, counts.frame_count
+    with pytest.raises(kc.ArgumentTypeError, match=r"return: ArgumentTypeError"):
+        torch.compile(lambda x: row_count(x, backend="as-text"), backend="eager")(torch.zeros(3, 2))
+
+
+def test_a_none_returning_op_whose_backend_returns_a_value_is_rejected() -> None:
+    @kc.op(name="never_silent_fill_op")
+    def fill_(out: Annotated[Float[Tensor, "B D"], kc.Spec(mutated=True)]) -> None:
+        out.fill_(1)
+
+    @fill_.backend("returns-out", devices=("cpu",), priority=-1)
+    def returns_out(out: Any) -> Any:
+        return out.fill_(2)
+
+    out = torch.zeros(2, 2)
+    assert fill_(out) is None and out.eq(1).all()
+    with kc.mode("strict"), pytest.raises(kc.ArgumentTypeError, match=r"return: ArgumentTypeError"):
+        fill_(out, backend="returns-out")
+    assert out.eq(1).all()  # strict mode: the rejected call is rolled back
