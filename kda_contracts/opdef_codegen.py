@@ -110,12 +110,15 @@ def build_dispatcher(o: Op) -> Any:
     lines.append(f"    {chosen} = {n('select')}(({_key_source(o, layout, n, v, dims)}), backend)")
     lines += _run_lines(o, n, ns, call, plain, cfg)
     if o.returns is None and any(vc.result_checker() is not None for vc in o.contracts.values()):
-        # check mode here; strict mode checks the result inside its transaction (rolled back)
+        # check mode here, and strict mode in compiled code (where its transaction runs the backend
+        # alone); eager strict mode checks the result inside its transaction (rolled back)
         ns[n("check_returns")] = {k: vc.result_checker() or _any_result for k, vc in o.contracts.items()}
+        ns[n("compiling")] = torch.compiler.is_compiling
         ns[n("fail_return")] = _outside_compile(
             lambda vk, r, *vc: o.contracts[vk].fail_return(r, o.contracts[vk]._check(*vc) or (),
                                                            dict(zip(o.contracts[vk]._param_names, vc, strict=False))))
-        lines += [f"    if {mode} == 1 and not {n('check_returns')}[{v}]({res}, {dims}{sep}{plain}):",
+        lines += [f"    if ({mode} == 1 or {mode} == 2 and {n('compiling')}()) and "
+                  f"not {n('check_returns')}[{v}]({res}, {dims}{sep}{plain}):",
                   f"        {n('fail_return')}({v}, {res}{sep}{plain}, {cfg})"]
     lines.append(f"    return {_returns_source(o.returns, res)}")
     src = "\n".join(lines) + "\n"

@@ -582,3 +582,20 @@ def test_a_none_returning_op_whose_backend_returns_a_value_is_rejected() -> None
     with kc.mode("strict"), pytest.raises(kc.ArgumentTypeError, match=r"return: ArgumentTypeError"):
         fill_(out, backend="returns-out")
     assert out.eq(1).all()  # strict mode: the rejected call is rolled back
+
+
+@pytest.mark.parametrize("mode", ["check", "strict"])
+def test_an_ops_result_is_checked_in_compiled_code_in_strict_mode_too(mode: str) -> None:
+    # strict mode's transaction runs the backend alone in compiled code: its result went unchecked
+    @kc.op(name=f"never_silent_scale_{mode}")
+    def scale(x: Float[Tensor, "B D"]) -> Float[Tensor, "B D"]:
+        return x * 2
+
+    @scale.backend("one-column", devices=("cpu",), priority=-1)
+    def one_column(x: Any) -> Any:
+        return x[:, :1] * 2
+
+    with kc.mode(mode):
+        assert torch.compile(scale, backend="eager")(torch.ones(3, 2)).eq(2).all()
+        with pytest.raises(kc.ShapeError, match=r"return: ShapeError"):
+            torch.compile(lambda x: scale(x, backend="one-column"), backend="eager")(torch.ones(3, 2))
