@@ -359,8 +359,10 @@ def checker_names(spec: ContractSpec) -> Names:
 
 
 def checked_parameters(spec: ContractSpec) -> list[str]:
-    """The parameters the checker takes, in signature order (``*args``/``**kwargs`` pass through)."""
-    return [p.name for p in spec.signature.parameters.values() if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+    """The parameters the checker takes, in signature order: ``*args``/``**kwargs`` only when annotated
+    (as the tuple or dict they collect; unannotated ones pass through)."""
+    return [p.name for p in spec.signature.parameters.values()
+            if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD) or p.name in spec.nested or p.name in spec.scalars]
 
 
 def generate_return_checker(spec: ContractSpec) -> tuple[str, dict[str, Any]]:

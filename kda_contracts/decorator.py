@@ -52,7 +52,7 @@ from .modes import made_in_trace
 from .nested import Plain
 from .snippets import Names
 from .spec import NO_HINT, CallContext, ContractOptions, ContractSpec, Dims, build_spec
-from .type_trees import read_types, traced_type_check, type_mismatch
+from .type_trees import every_item_checker, read_types, traced_type_check, type_mismatch
 from .wrapper import wrapper_source
 
 __all__ = ["Contract", "contract", "register_contract", "registered_contracts"]
@@ -132,7 +132,9 @@ class Contract:
         shim.__annotations__ = _strip_for_beartype(spec)
         shim.__qualname__ = spec.name  # beartype names the shim in its own messages
         self._type_annotations = shim.__annotations__
-        self.check_types: Callable[..., None] = beartype(conf=_BEARTYPE_CONF)(shim)
+        # beartype's shim, then every item of a container argument (beartype samples one per call)
+        self.check_types: Callable[..., None] = every_item_checker(beartype(conf=_BEARTYPE_CONF)(shim),
+                                                                   self._param_names, shim.__annotations__)
         self._provenance: dict[Any, Any] = {}
         # Usage counters (for the pytest plugin's summary): checked calls and rejected calls.
         # Under torch.compile ``calls`` counts traces: each is advanced by code dynamo runs at

@@ -265,9 +265,13 @@ class Plain(Node):
         return getattr(self.hint, "__name__", str(self.hint))
 
     def match(self, value: Any, env: dict[str, Any], path: str) -> Problem | None:
-        if self.hint is Any or is_bearable(value, self.hint, conf=BEARTYPE_CONF):
+        if self.hint is Any:
             return None
-        return ArgumentTypeError, f"{path}: expected {self}, got {type(value).__name__}"
+        if self.types is not None:  # every item of a container (beartype samples one)
+            return self.types.match(value, env, path)
+        from .type_trees import deep_problem  # (type_trees builds on this module)
+
+        return deep_problem(value, self.hint, path)
 
     @mark_constant_result
     def bearable(self, value: Any) -> bool:

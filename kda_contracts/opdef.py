@@ -137,6 +137,7 @@ class Op:
         self._params = tuple(self.signature.parameters.values())
         if "backend" in self.signature.parameters:
             raise AnnotationError(f"{self.name}: an op parameter cannot be named 'backend' (the op's own keyword)")
+        self._refuse_annotated_star_params(fn)
         self.contracts = self._build_contracts(fn, options, variants, variant)
         self.contract: Contract = next(iter(self.contracts.values()))
         self.variant_of = variant
@@ -168,6 +169,20 @@ class Op:
             self.table.register(b, replace=replace)
 
     # -- building --------------------------------------------------------------------------------
+    def _refuse_annotated_star_params(self, fn: Callable[..., Any]) -> None:
+        """An op's ``*args``/``**kwargs`` may pass through unannotated; annotated, they would be checked
+        as one container, which its backends and torch.library cannot take by name."""
+        try:
+            annotations = typing.get_type_hints(fn, include_extras=True)
+        except Exception:  # (unresolvable annotations are reported where the contract reads them)
+            annotations = {}
+        for p in self._params:
+            if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) and annotations.get(p.name, Any) not in (Any, object):
+                star = "*" if p.kind is p.VAR_POSITIONAL else "**"
+                raise AnnotationError(f"{self.name}: {star}{p.name}: an op takes named parameters (its backends and "
+                                      "torch.library see them by name); take a list or tuple of them, or leave "
+                                      f"{star}{p.name} unannotated")
+
     def _build_contracts(self, fn: Callable[..., Any], options: ContractOptions,
                          variants: Mapping[str, Any] | None,
                          variant: Callable[..., str] | None) -> dict[str | None, Contract]:

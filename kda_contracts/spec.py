@@ -467,16 +467,17 @@ def _read_params(qualname: str, sig: inspect.Signature, hints_map: Mapping[str, 
     scalars: dict[str, ScalarParam] = {}
     nested: dict[str, NestedParam] = {}
     for p in sig.parameters.values():
-        if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):  # passed through unchecked: so never annotated
-            hint = hints_map.get(p.name, inspect.Parameter.empty)
-            if hint not in (inspect.Parameter.empty, Any, object):
-                star = "*" if p.kind is p.VAR_POSITIONAL else "**"
-                raise AnnotationError(f"{qualname}: argument {star}{p.name}: annotations on *args and **kwargs are "
-                                      f"not checked ({_hint_text(hint)}); give the values named parameters, take a "
-                                      f"list or dict of them ({p.name}: list[Float[Tensor, '...']]), or leave "
-                                      f"{star}{p.name} unannotated")
-            continue
-        read = _read_param(p.name, hints_map.get(p.name, inspect.Parameter.empty), f"{qualname}: argument {p.name!r}")
+        hint = hints_map.get(p.name, inspect.Parameter.empty)
+        where = f"{qualname}: argument {p.name!r}"
+        if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
+            if hint in (inspect.Parameter.empty, Any, object):  # passed through unchecked
+                continue
+            # each value the parameter collects is checked against its annotation, as the items of the
+            # tuple (*args) or the values of the dict (**kwargs) Python hands the function
+            star = "*" if p.kind is p.VAR_POSITIONAL else "**"
+            where = f"{qualname}: argument {star}{p.name}"
+            hint = tuple[hint, ...] if p.kind is p.VAR_POSITIONAL else dict[str, hint]  # type: ignore[valid-type]
+        read = _read_param(p.name, hint, where)
         if isinstance(read, TensorParam):
             tensors[p.name] = read
         elif isinstance(read, ScalarParam):

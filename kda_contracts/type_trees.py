@@ -8,7 +8,7 @@ object or size would be traced again (a fresh ``Tag`` per call, ``tuple(x.shape)
 ``list``/``tuple``/``dict``/``Sequence``/``Mapping`` of those) is read here into a
 :class:`~kda_contracts.nested.Node` tree of ``isinstance`` tests, which dynamo traces as guards on
 the types of the values and the lengths of the containers. Every item is checked, where beartype
-samples one per call: compiled code is the stricter.
+samples one per call; eager calls check every item too (:func:`every_item_checker`).
 
 Example::
 
@@ -19,6 +19,8 @@ Example::
 from __future__ import annotations
 
 import abc
+import collections
+import collections.abc as cabc
 import typing
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -26,6 +28,7 @@ from types import NoneType, UnionType
 from typing import Any
 
 from beartype.door import is_bearable
+from beartype.roar import BeartypeCallHintParamViolation
 
 from .errors import ArgumentTypeError
 from .nested import (
@@ -42,7 +45,8 @@ from .nested import (
     words,
 )
 
-__all__ = ["InstanceOf", "read_types", "traced_type_check", "type_mismatch"]
+__all__ = ["InstanceOf", "ItemTypeViolation", "deep_problem", "every_item_checker", "read_types", "traced_type_check",
+           "type_mismatch"]
 
 
 @dataclass(frozen=True)
@@ -124,7 +128,7 @@ def type_mismatch(name: str, node: Plain, value: Any) -> tuple[str, str] | None:
         # ("list[Tag]", "list (tags[1]: expected Tag, got int)")
     """
     hint, tree = node.hint, node.types
-    problem = tree.match(value, {}, name) if tree is not None else None
+    problem = tree.match(value, {}, name) if tree is not None else _items_problem(value, hint, name)
     if problem is None and is_bearable(value, hint, conf=BEARTYPE_CONF):
         return None
     if isinstance(hint, type):
@@ -132,9 +136,104 @@ def type_mismatch(name: str, node: Plain, value: Any) -> tuple[str, str] | None:
     else:
         expected = str(tree) if tree is not None else str(hint).replace("torch.", "")
     got = type(value).__name__
-    if problem is not None and problem[1].startswith((f"{name}[", f"{name} key")):
+    if problem is not None and not problem[1].startswith((f"{name}[", f"{name} key", f"{name} item")):
+        problem = _items_problem(value, hint, name) or problem  # (a union's tree does not say which item)
+    if problem is not None and problem[1].startswith((f"{name}[", f"{name} key", f"{name} item")):
         got += f" ({problem[1]})"  # the item that breaks it
     return expected, got
+
+
+# containers whose items can be read without consuming anything (not Iterable, Iterator, Generator)
+_ITEMS = (list, tuple, set, frozenset, cabc.Sequence, cabc.MutableSequence, cabc.Set, cabc.MutableSet,
+          cabc.Collection, collections.deque)
+_PAIRS = (dict, cabc.Mapping, cabc.MutableMapping, collections.OrderedDict, collections.defaultdict)
+
+
+def deep_problem(value: Any, hint: Any, path: str) -> Problem | None:
+    """beartype's verdict on ``value`` and on every item of every container in it (beartype checks
+    one item per container per call, picked at random), as a :data:`Problem` naming the first item
+    that breaks it; None when it fits.
+
+    Example::
+
+        deep_problem([1, 2, "3"], list[int], "ks")   # (ArgumentTypeError, "ks[2]: expected int, got str")
+    """
+    if not is_bearable(value, hint, conf=BEARTYPE_CONF):
+        return ArgumentTypeError, f"{path}: expected {_words(hint)}, got {type(value).__name__}"
+    return _items_problem(value, hint, path)
+
+
+def _items_problem(value: Any, hint: Any, path: str) -> Problem | None:
+    """The items' side of :func:`deep_problem`, for a value beartype accepted as a whole."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin is typing.Annotated:  # (beartype checked the metadata on the value itself)
+        return _items_problem(value, args[0], path)
+    if origin in (typing.Union, UnionType):  # it must fit one member wholly
+        first: Problem | None = None
+        for member in args:
+            if is_bearable(value, member, conf=BEARTYPE_CONF):
+                problem = _items_problem(value, member, path)
+                if problem is None:
+                    return None
+                first = first or problem
+        return first
+    if not args or isinstance(value, (str, bytes)):
+        return None
+    if origin is tuple:
+        pairs = [(f"{path}[{i}]", v, args[0] if args[-1] is Ellipsis else args[i]) for i, v in enumerate(value)]
+    elif origin in _PAIRS and len(args) == 2:
+        pairs = [p for k, v in value.items()
+                 for p in ((f"{path} key {k!r}", k, args[0]), (f"{path}[{k!r}]", v, args[1]))]
+    elif origin in _ITEMS and len(args) == 1:
+        ordered = isinstance(value, cabc.Sequence)
+        pairs = [(f"{path}[{i}]" if ordered else f"{path} item {v!r}", v, args[0]) for i, v in enumerate(value)]
+    else:
+        return None
+    for where, item, item_hint in pairs:
+        problem = deep_problem(item, item_hint, where)
+        if problem is not None:
+            return problem
+    return None
+
+
+def _words(hint: Any) -> str:
+    return hint.__name__ if isinstance(hint, type) else str(hint).replace("typing.", "").replace("torch.", "")
+
+
+def _has_items(hint: Any) -> bool:
+    """Whether a hint has a container with typed items anywhere (beartype samples those)."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin is typing.Annotated:
+        return _has_items(args[0])
+    if origin in (typing.Union, UnionType):
+        return any(_has_items(a) for a in args)
+    return bool(args) and (origin is tuple or origin in _ITEMS or origin in _PAIRS)
+
+
+class ItemTypeViolation(BeartypeCallHintParamViolation):
+    """An item of a container argument that beartype's sample did not look at breaks its hint
+    (caught wherever beartype's own violation is: the call then takes the slow path)."""
+
+
+def every_item_checker(check_types: Callable[..., None], params: Sequence[str],
+                       hints: Mapping[str, Any]) -> Callable[..., None]:
+    """``check_types`` (beartype's shim over ``params``), then every item of each container argument
+    against its hint (a type tree where types alone decide, else beartype item by item); raises
+    :class:`ItemTypeViolation`. ``check_types`` itself when no hint has a container."""
+    deep = [(i, name, hints[name], read_types(hints[name])) for i, name in enumerate(params)
+            if name in hints and _has_items(hints[name])]
+    if not deep:
+        return check_types
+
+    def check_every_item(*vals: Any) -> None:
+        check_types(*vals)
+        for i, name, hint, tree in deep:
+            value = vals[i]
+            problem = tree.match(value, {}, name) if tree is not None else _items_problem(value, hint, name)
+            if problem is not None:
+                raise ItemTypeViolation(problem[1], culprits=(value,))
+
+    return check_every_item
 
 
 _TRACED_TYPES = compile('''
