@@ -146,7 +146,10 @@ def _remember_or_raise(entries: dict[Any, tuple[Any, ...]], seen: dict[Any, int]
         if type(v) not in _PLAIN:
             return
     for t, opt in zip(tensors, optional, strict=True):
-        if type(t) is not torch.Tensor and not (opt and t is None):
+        if t is None and opt:
+            continue
+        # (a guard reads strides: a sparse compressed tensor has none, and asking aborts the process)
+        if type(t) is not torch.Tensor or t.layout is not torch.strided:
             return
     if cfg is None:
         ref: Callable[[], Any] = _no_config

@@ -20,6 +20,7 @@ import math
 import os
 import subprocess
 import sys
+import warnings
 import weakref
 from collections import Counter
 from typing import Annotated
@@ -433,3 +434,22 @@ def test_after_a_run_of_calls_it_never_answers_the_cache_stands_aside_then_comes
     for _ in range(20):
         assert check(*args, cfg) is not None
     assert calls["checker"] == before and check.__kda_state__[0] == 0
+
+
+@pytest.mark.parametrize("layout", ["csr", "csc", "bsr", "coo"])
+def test_sparse_tensors_are_never_cached_and_a_repeat_call_survives(layout):
+    # a guard reads strides: building one for a sparse compressed tensor aborted the process on the
+    # second accepted call (a C++ error, uncatchable)
+    @kc.contract(register=False)
+    def f(x: Float[Tensor, "B D"], w: Float[Tensor, "D"]) -> None: ...
+
+    dense = torch.eye(4)[:2]
+    x = {"csr": dense.to_sparse_csr, "csc": dense.to_sparse_csc, "bsr": lambda: dense.to_sparse_bsr((1, 1)),
+         "coo": dense.to_sparse}[layout]()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # (sparse support in beta)
+        for _ in range(5):
+            f(x, torch.ones(4))
+        with pytest.raises(kc.ShapeError, match=r"w: ShapeError"):
+            f(x, torch.ones(3))
+    assert not f.__kda_contract__._check.__kda_entries__
