@@ -40,6 +40,7 @@ from .errors import (
     ArgumentTypeError,
     ContractError,
     Violation,
+    hook_violations,
     passthrough_for_compile,
     raise_violations,
     tracing,
@@ -295,7 +296,7 @@ class Contract:
         if self.spec.value_checks is None:
             return {}
         ctx = CallContext(self.spec, values, config, dims, prov)
-        violations = self.spec.value_checks(ctx)
+        violations = hook_violations(self.spec.value_checks(ctx), f"{self.name}: value_checks")
         if violations:
             self.rejections += 1
             with dumps.saving_rejection(self, values, config, stage="value checks"):

@@ -12,7 +12,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import ClassVar, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 _F = TypeVar("_F")
 
@@ -144,6 +144,29 @@ class Violation:
     def fact(self, kind: type[_F]) -> _F | None:
         """The first fact of type ``kind`` this violation carries, or None."""
         return next((f for f in self.facts if isinstance(f, kind)), None)
+
+
+def hook_violations(result: Any, who: str) -> list[Violation]:
+    """What a contract's check hook (``value_checks=``, ``after=``) returned, as a list of
+    :class:`Violation`; anything else is the contract's mistake, an AnnotationError naming the hook
+    (a hook that found nothing returns ``[]``; ``None`` is refused, since a missing ``return`` looks
+    the same).
+
+    Example::
+
+        hook_violations(value_checks(ctx), "f: value_checks")   # [] or [Violation(...), ...]
+    """
+    items = None if isinstance(result, (Violation, str, bytes)) or result is None else result
+    try:
+        found = list(items) if items is not None else None
+    except TypeError:
+        found = None
+    if found is None or not all(isinstance(v, Violation) for v in found):
+        what = type(result).__name__ if found is None else \
+            f"a {type(result).__name__} holding {type(next(v for v in found if not isinstance(v, Violation))).__name__}"
+        raise AnnotationError(f"{who} returned {what}; it must return a list of kc.Violation ([] when the call "
+                              "is fine)")
+    return found
 
 
 def uninspectable(exc: Exception) -> Violation:

@@ -42,7 +42,7 @@ from .backends import Backend, BackendError, BackendTable, CallInfo, Chosen, _ru
 from .body import body_uses_checks, runner
 from .decorator import Contract, register_contract
 from .dumps import saving_rejection
-from .errors import AnnotationError, ArgumentTypeError, ContractError, Violation, raise_violations
+from .errors import AnnotationError, ArgumentTypeError, ContractError, Violation, hook_violations, raise_violations
 from .explain import explain_return
 from .markers import Where
 from .memory import without_data
@@ -439,7 +439,7 @@ class Op:
         if self.after is None:
             return []
         try:
-            return list(self.after(ctx, chosen.name))
+            found = self.after(ctx, chosen.name)
         except Exception as exc:
             restore(saved)
             raise_violations(self.name, [Violation(
@@ -448,6 +448,11 @@ class Op:
                 hint="strict mode restored every tensor the op writes" if saved is not None else None)],
                 {}, {}, cause=exc)
             raise  # unreachable
+        try:
+            return hook_violations(found, f"{self.name}: after")
+        except AnnotationError:
+            restore(saved)  # (the contract's mistake: the call changes nothing either way)
+            raise
 
     def _failed(self, backend: str, exc: BaseException, *, rolled_back: bool = False) -> None:
         """A backend raised: a BackendError naming it, the original as its cause."""

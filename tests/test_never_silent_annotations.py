@@ -686,3 +686,43 @@ def test_an_ops_result_is_checked_in_compiled_code_in_strict_mode_too(mode: str)
         assert torch.compile(scale, backend="eager")(torch.ones(3, 2)).eq(2).all()
         with pytest.raises(kc.ShapeError, match=r"return: ShapeError"):
             torch.compile(lambda x: scale(x, backend="one-column"), backend="eager")(torch.ones(3, 2))
+
+
+# --- check hooks that return something other than a list of violations --------------------------
+
+
+def test_an_after_hook_returning_strings_is_an_annotation_error_and_the_call_is_rolled_back() -> None:
+    def after(ctx: Any, backend: str) -> Any:
+        return [] if bool(torch.isfinite(ctx.values["out"]).all()) else ["out is not finite"]
+
+    @kc.op(name="never_silent_log_after", returns="out", after=after)
+    def lg(x: Float[Tensor, "B D"], out: Annotated[Float[Tensor, "B D"], kc.Spec(mutated=True)]) -> None:
+        torch.log(x, out=out)
+
+    out = torch.zeros(2, 3)
+    with kc.mode("strict"), pytest.raises(kc.AnnotationError, match=r"never_silent_log_after: after returned a list "
+                                                                     r"holding str; it must return a list of "
+                                                                     r"kc.Violation \(\[\] when the call is fine\)"):
+        lg(-torch.ones(2, 3), out)  # before: a raw AttributeError, and out left NaN
+    assert out.eq(0).all()
+
+
+@pytest.mark.parametrize("returned,words", [("violation", "Violation"), ("strings", "a list holding str"),
+                                            ("none", "NoneType"), ("number", "int")])
+def test_value_checks_must_return_a_list_of_violations(returned: str, words: str) -> None:
+    v = kc.Violation(kc.ValueRangeError, "x", "> 0", "<= 0")
+    result = {"violation": v, "strings": ["bad"], "none": None, "number": 3}[returned]
+
+    @kc.contract(value_checks=lambda ctx: result, register=False)
+    def f(x: Float[Tensor, "B D"]) -> Float[Tensor, "B D"]:
+        return x
+
+    with kc.mode("strict"), pytest.raises(kc.AnnotationError, match=rf"value_checks returned {words}; it must "):
+        f(torch.ones(2, 3))
+
+    @kc.contract(value_checks=lambda ctx: iter([v]), register=False)  # any iterable of violations is fine
+    def g(x: Float[Tensor, "B D"]) -> Float[Tensor, "B D"]:
+        return x
+
+    with kc.mode("strict"), pytest.raises(kc.ValueRangeError):
+        g(torch.ones(2, 3))
