@@ -33,6 +33,7 @@ import functools
 import inspect
 import typing
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from types import NoneType
 from typing import Any
 
 import torch
@@ -48,7 +49,7 @@ from .markers import Where
 from .memory import without_data
 from .nested import mentions_array
 from .opdef_codegen import bootstrap, build_dispatcher
-from .spec import CallContext, ContractOptions, Dims, build_spec
+from .spec import NO_HINT, CallContext, ContractOptions, Dims, build_spec
 from .transact import ROLLED_BACK, Saved, restore, snapshot, written_parts
 
 __all__ = ["Op", "op", "ops"]
@@ -58,6 +59,10 @@ PLUGIN_GROUP = "kda_contracts.backends"
 _PLUGIN_ERRORS: dict[str, str] = {}  # entry point -> why it failed to load
 _PENDING: dict[str, list[tuple[Backend, bool]]] = {}  # op name -> plug-in backends waiting for it
 _plugins_loaded = False
+
+
+def _hint_words(hint: Any) -> str:
+    return "-> " + (hint.__name__ if isinstance(hint, type) else str(hint).replace("typing.", ""))
 
 
 def ops() -> dict[str, Op]:
@@ -230,6 +235,16 @@ class Op:
         if self.contract.spec.returns is not None:
             raise AnnotationError(f"{self.name}: returns= (the op returns its own arguments) and a tensor return "
                                   "annotation cannot both describe the result")
+        for c in self.contracts.values():
+            if c.spec.return_hint not in (NO_HINT, NoneType):  # (-> int would never be checked)
+                raise AnnotationError(f"{self.name}: returns= (the op returns its own arguments) and a return "
+                                      f"annotation ({_hint_words(c.spec.return_hint)}) cannot both describe the "
+                                      "result: annotate the function -> None")
+            # what the op returns it writes: strict mode snapshots (and torch.library declares) only those marked
+            unmarked = [n for n in names if n not in c.spec.tensors or not c.spec.tensors[n].spec.mutated]
+            if unmarked:
+                raise AnnotationError(f"{self.name}: returns= {', '.join(unmarked)}, which the op must then write: "
+                                      "mark them kc.Spec(mutated=True)")
         return names[0] if isinstance(returns, str) else names
 
     def _load_plugins(self) -> None:

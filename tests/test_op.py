@@ -371,14 +371,22 @@ def test_a_mutating_custom_op_declares_what_it_writes_and_a_bad_compiled_call_is
         compiled(x, w[:4], out)
 
 
-def test_returns_must_be_marked_mutated_for_a_custom_op():
-    @kc.op(returns="out", namespace="kc_test_ops")
-    def unmarked(x: Float[Tensor, "B"], out: Float[Tensor, "B"]) -> None:
-        out.copy_(x)
-
-    with pytest.raises(kc.AnnotationError, match=r"returns= out, which the op must then write: mark them "
+def test_returns_must_be_marked_mutated_at_decoration():
+    # (refused only by op.torch_op before: strict mode did not snapshot it, so a rejected call kept the write)
+    with pytest.raises(kc.AnnotationError, match=r"unmarked: returns= out, which the op must then write: mark them "
                                                  r"kc.Spec\(mutated=True\)"):
-        unmarked.torch_op  # noqa: B018
+        @kc.op(returns="out", namespace="kc_test_ops")
+        def unmarked(x: Float[Tensor, "B"], out: Float[Tensor, "B"]) -> None:
+            out.copy_(x)
+
+
+def test_returns_with_a_plain_return_annotation_is_refused():
+    with pytest.raises(kc.AnnotationError, match=r"counted: returns= \(the op returns its own arguments\) and a "
+                                                 r"return annotation \(-> int\) cannot both describe the result"):
+        @kc.op(returns="out", namespace="kc_test_ops")
+        def counted(x: Float[Tensor, "B"], out: Annotated[Float[Tensor, "B"], kc.Spec(mutated=True)]) -> int:
+            out.copy_(x)
+            return 1
 
 
 def test_a_required_keyword_only_output_after_defaults_becomes_an_optional_custom_op_argument():
