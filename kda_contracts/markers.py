@@ -13,10 +13,12 @@ Example::
 from __future__ import annotations
 
 import dataclasses
+import enum
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import cached_property
+from types import NoneType
 from typing import Any
 
 import torch
@@ -227,14 +229,35 @@ def config_float_fields(config: Any) -> dict[str, float]:
     return {k: v for k, v in items if isinstance(k, str) and isinstance(v, float)}
 
 
-def config_is_frozen(config: Any) -> bool:
-    """Whether what a config fixes cannot change (a frozen pydantic model or dataclass): only
-    then may it be cached between calls."""
+def config_is_frozen(config: Any, _depth: int = 0) -> bool:
+    """Whether what a config fixes cannot change: a frozen pydantic model or dataclass whose fields
+    hold only immutable values (numbers, strings, dtypes, enums, tuples of those, frozen models
+    or dataclasses likewise). Only then may it be cached between calls: a frozen model holding a
+    mutable one (``cfg.heads.D = 5``) is read afresh, like a mutable config."""
     model_config = getattr(type(config), "model_config", None)
     if isinstance(model_config, Mapping):
-        return bool(model_config.get("frozen"))
-    params = getattr(type(config), "__dataclass_params__", None)
-    return bool(params is not None and params.frozen)
+        frozen = bool(model_config.get("frozen"))
+    else:
+        params = getattr(type(config), "__dataclass_params__", None)
+        frozen = bool(params is not None and params.frozen)
+    if not frozen or _depth > 8:
+        return False
+    try:
+        items = list(_plain_config_items(config))
+    except ConfigKindError:
+        return False
+    return all(_immutable(v, _depth + 1) for _, v in items) and not getattr(config, "__pydantic_extra__", None)
+
+
+_IMMUTABLE = (int, float, complex, str, bytes, NoneType, torch.dtype, torch.device, enum.Enum, type)
+
+
+def _immutable(value: Any, depth: int) -> bool:
+    if isinstance(value, _IMMUTABLE):
+        return True
+    if isinstance(value, (tuple, frozenset)):
+        return all(_immutable(v, depth + 1) for v in value)
+    return config_is_frozen(value, depth)
 
 
 def config_dim_source(config: Any, sym: str) -> str:

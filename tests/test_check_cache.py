@@ -453,3 +453,40 @@ def test_sparse_tensors_are_never_cached_and_a_repeat_call_survives(layout):
         with pytest.raises(kc.ShapeError, match=r"w: ShapeError"):
             f(x, torch.ones(3))
     assert not f.__kda_contract__._check.__kda_entries__
+
+
+def test_a_frozen_config_holding_a_mutable_model_is_read_afresh():
+    # frozen=True is shallow: cfg.heads.D could change under a cached view, which then accepted the
+    # old width
+    import pydantic
+
+    class Heads(pydantic.BaseModel):
+        D: int
+
+    class Cfg(pydantic.BaseModel):
+        model_config = pydantic.ConfigDict(frozen=True)
+        heads: Heads
+
+        def contract_dims(self):
+            return {"D": self.heads.D}
+
+    @kc.contract(config_arg="cfg", register=False)
+    def f(x: Float[Tensor, "B D"], cfg: object) -> None: ...
+
+    x, cfg = torch.zeros(2, 4), Cfg(heads=Heads(D=4))
+    for _ in range(3):
+        f(x, cfg)
+    cfg.heads.D = 5
+    with pytest.raises(kc.ShapeError, match=r"x: ShapeError"):
+        f(x, cfg)
+
+    class Frozen(pydantic.BaseModel):
+        model_config = pydantic.ConfigDict(frozen=True, arbitrary_types_allowed=True)
+        D: int
+        names: tuple[str, ...] = ("a",)
+        dtype: torch.dtype = torch.float32
+
+    from kda_contracts.markers import config_is_frozen
+
+    assert config_is_frozen(Frozen(D=3)) and not config_is_frozen(cfg)
+    assert config_is_frozen(kc.KDAConfig.preset("kimi-linear-48b-a3b"))
