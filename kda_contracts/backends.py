@@ -226,6 +226,8 @@ class BackendTable:
         self.dims_types: dict[str | None, type] = {
             v: namedtuple("BoundDims", s, rename=True) for v, s in symbols.items()}  # type: ignore[misc]
         self.floating = tuple(floating)
+        #: arguments holding tensors inside containers (dtypes= cannot judge those)
+        self.contained: tuple[str, ...] = ()
         self.on_change = on_change
         self.registry: dict[str, Backend] = {}
         self.runners: dict[str, Callable[..., Any]] = {}
@@ -249,6 +251,19 @@ class BackendTable:
         if unknown:
             raise TypeError(f"{self.op_name}: backend {backend.name!r}: dtypes= names {', '.join(sorted(unknown))}, "
                             f"not parameters of the op")
+        # never silent: dtypes= is read from top-level tensors; tensors inside containers would be skipped
+        contained = set(self.contained) & (set(backend.dtypes) if isinstance(backend.dtypes, Mapping) else
+                                           set(self.contained) if backend.dtypes is not None else set())
+        if contained:
+            raise AnnotationError(f"{self.op_name}: backend {backend.name!r}: dtypes= cannot judge tensors inside "
+                                  f"a container ({', '.join(sorted(contained))}); name the top-level tensors it "
+                                  "applies to (dtypes={'x': (...)}) and check the others in the kernel")
+        variants = {v for v in self.dims_types if v is not None}
+        stray = set(backend.variants or ()) - variants
+        if stray:  # never silent: a typo would leave the backend unchosen forever
+            raise AnnotationError(f"{self.op_name}: backend {backend.name!r}: variants= names "
+                                  f"{', '.join(sorted(stray))}, not a variant of the op "
+                                  f"({'its variants: ' + ', '.join(sorted(variants)) if variants else 'it has none'})")
         known = {s for t in self.dims_types.values() for s in t._fields}  # type: ignore[attr-defined]
         for c in backend._constraints:
             if not c.symbols() <= known:  # never silent: a typo would skip the constraint forever
@@ -293,7 +308,7 @@ class BackendTable:
         self.load_plugins()
         try:
             return self.registry[name]
-        except KeyError:
+        except (KeyError, TypeError):  # (TypeError: an unhashable name, e.g. backend=["torch"])
             raise BackendError(f"{self.op_name}: unknown backend {name!r}; registered: "
                                f"{', '.join(self.names())} (or 'auto')", function=self.op_name) from None
 

@@ -155,6 +155,7 @@ class Op:
         floating = [n for n, tp in spec.tensors.items() if any(d.is_floating_point for d in tp.dtypes)]
         symbols = {v: c.spec.symbols for v, c in self.contracts.items()}
         self.table = BackendTable(self.name, self._params, symbols, floating, self._rebuild)
+        self.table.contained = tuple(sorted({n for c in self.contracts.values() for n in c.spec.nested}))
         self.table.plugin_loader = self._load_plugins
         self._torch_op: Any = None
         self._dispatch: Callable[..., Any] | None = None

@@ -148,6 +148,7 @@ def _check_lines(o: Op, n: Names, ns: dict[str, Any], fixed: int | None, plain: 
             n("TypeViolation"): BeartypeCallHintParamViolation,
         })
         ns[n("badv")] = _outside_compile(o._bad_variant)
+        ns[n("variant")] = _hashable_variant(o.variant_of, ns[n("badv")])
         lines += [f"    {v} = {n('variant')}({', '.join(o._variant_params)})",
                   f"    {n('enter')} = {n('enters')}.get({v})", f"    if {n('enter')} is None:",
                   f"        {n('badv')}({v})", f"    {mode} = {n('enter')}()", f"    if {mode}:"]
@@ -202,6 +203,21 @@ def _run_lines(o: Op, n: Names, ns: dict[str, Any], call: list[str], plain: str,
             f"                {res} = {extras}",
             f"        except {n('ContractError')}:", "            raise",
             f"        except Exception as {n('exc')}:", f"            {n('failed')}({chosen}.name, {n('exc')})"]
+
+
+def _hashable_variant(variant: Callable[..., Any], bad: Callable[[Any], Any]) -> Callable[..., Any]:
+    """``variant`` whose result, when it cannot be a variant's key (unhashable: ``layout=["BDL"]``),
+    is refused as naming no variant instead of raising TypeError from the lookup."""
+    def key_of(*args: Any) -> Any:
+        key = variant(*args)
+        if key.__class__ is not str:  # (every key of variants= is a str)
+            try:
+                hash(key)
+            except TypeError:
+                bad(key)
+        return key
+
+    return key_of
 
 
 def _any_result(result: Any, dims: Any, *args: Any) -> bool:
@@ -284,7 +300,11 @@ def make_select(o: Op) -> Callable[[tuple[Any, ...], str], Chosen]:
         return table.select_cached(key, backend, lambda: info_of(key))
 
     def select(key: tuple[Any, ...], backend: str) -> Chosen:
-        hit = lookup(key)  # (no closure over key here: that would make it a cell on every call)
+        try:
+            hit = lookup(key)  # (no closure over key here: that would make it a cell on every call)
+        except TypeError:  # an unhashable backend= (or key part): chosen, refused with the reason, not cached
+            b = table.choose(backend, info_of(key))
+            return Chosen(b.name, table.runner(b), b.name in table.direct)
         return hit if hit is not None else miss(key, backend)
 
     def static(key: tuple[Any, ...], backend: str) -> str:  # (the key without its dims)

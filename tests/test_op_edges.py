@@ -147,3 +147,44 @@ def test_the_older_adapters_group_is_read_on_the_first_dispatch(tmp_path, monkey
         assert "old-style" in kc.adapters.names()
     finally:
         table.unregister("old-style")
+
+
+def test_unhashable_variant_keys_and_backend_names_are_contract_errors():
+    def _ld(x: Float[Tensor, "B L D"], layout: str = "BLD") -> Float[Tensor, "B D"]: ...
+
+    def _dl(x: Float[Tensor, "B D L"], layout: str = "BLD") -> Float[Tensor, "B D"]: ...
+
+    @kc.op(variants={"BLD": _ld, "BDL": _dl}, variant=lambda layout: layout)
+    def unhashable_variant_op(x, layout: str = "BLD"):
+        return x.sum(1 if layout == "BLD" else 2)
+
+    x = torch.ones(2, 3, 5)
+    with pytest.raises(kc.ArgumentTypeError, match=r"layout: ArgumentTypeError\n +expected arguments naming one of "
+                                                   r"the variants 'BLD', 'BDL'"):
+        unhashable_variant_op(x, layout=["BDL"])  # before: a raw TypeError (unhashable type: 'list')
+    with pytest.raises(kc.BackendError, match=r"unknown backend \['torch'\]"):
+        unhashable_variant_op(x, layout="BDL", backend=["torch"])
+    assert unhashable_variant_op(x, layout="BDL").shape == (2, 3)
+
+
+def test_a_backend_naming_no_variant_or_dtypes_for_contained_tensors_is_refused():
+    def _ld(x: Float[Tensor, "B L D"], layout: str = "BLD") -> Float[Tensor, "B D"]: ...
+
+    def _dl(x: Float[Tensor, "B D L"], layout: str = "BLD") -> Float[Tensor, "B D"]: ...
+
+    @kc.op(variants={"BLD": _ld, "BDL": _dl}, variant=lambda layout: layout)
+    def typo_variant_op(x, layout: str = "BLD"):
+        return x.sum(1 if layout == "BLD" else 2)
+
+    with pytest.raises(kc.AnnotationError, match=r"typo_variant_op: backend 'fast': variants= names BDl, not a "
+                                                 r"variant of the op \(its variants: BDL, BLD\)"):
+        typo_variant_op.backend("fast", devices=("cpu",), variants=("BDl",))(lambda x, layout="BLD": x.sum(2))
+
+    @kc.op
+    def contained_total(xs: list[Float[Tensor, "B D"]]) -> Float[Tensor, "B D"]:
+        return sum(xs)
+
+    # before: chosen for float32 lists, the fp16-only kernel handed float32 tensors
+    with pytest.raises(kc.AnnotationError, match=r"contained_total: backend 'fp16': dtypes= cannot judge tensors "
+                                                 r"inside a container \(xs\)"):
+        contained_total.backend("fp16", devices=("cpu",), dtypes=(torch.float16,))(lambda xs: sum(xs))
