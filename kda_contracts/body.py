@@ -57,9 +57,21 @@ class _Call:
 _CURRENT: ContextVar[_Call | None] = ContextVar("kda_contracts_call", default=None)
 
 
-@mark_constant_result  # dynamo cannot trace ContextVar.get: it reads the call when tracing (None
-def _current() -> _Call | None:  # there: traced bodies check standalone, see runner)
+@mark_constant_result  # dynamo cannot trace ContextVar.get (compiled bodies use _TRACED instead)
+def _current_eager() -> _Call | None:
     return _CURRENT.get()
+
+
+# The calls whose bodies torch.compile is tracing, innermost last: a plain list, which dynamo traces
+# (its appends and pops are side effects it replays), holding the call's dims as traced values, so
+# that kc.check in a compiled body compares against the call's dims (guards, not constants).
+_TRACED: list[_Call] = []
+
+
+def _current() -> _Call | None:
+    if torch.compiler.is_compiling():  # (a constant under dynamo: the branch is not traced)
+        return _TRACED[-1] if _TRACED else None
+    return _current_eager()
 
 
 def _code_names(code: types.CodeType) -> Iterator[str]:
@@ -117,8 +129,12 @@ def runner(name: str, symbols: tuple[str, ...], fn: Callable[..., Any], is_async
 
     @functools.wraps(fn)
     def run(bound: tuple[Any, ...], *args: Any, **kwargs: Any) -> Any:
-        if torch.compiler.is_compiling():  # traced bodies check standalone (nothing dynamo guards on)
-            return fn(*args, **kwargs)
+        if torch.compiler.is_compiling():  # the dims as traced values, on a list dynamo traces
+            _TRACED.append(_Call(name, dict(zip(symbols, bound, strict=True))))
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                _TRACED.pop()
         with in_body(name, dict(zip(symbols, bound, strict=True))):
             return fn(*args, **kwargs)
 

@@ -16,6 +16,7 @@ from typing import Annotated, Any, Literal, NamedTuple
 
 import pytest
 import torch
+import torch._dynamo.testing
 from kda_oracle import assert_close_to_oracle
 from pydantic import BaseModel, ConfigDict
 from torch._dynamo.utils import counters
@@ -280,7 +281,7 @@ def test_config_views_used_eagerly_meanwhile_do_not_recompile():
 def test_a_body_with_kc_check_compiles_once_per_shape_class_and_still_rejects():
     @kc.contract(register=False)
     def f(x: Float[Tensor, "B D"], w: Float[Tensor, "D E"]) -> Float[Tensor, "B E"]:
-        return kc.check(x @ w, "B 5", name="y")  # standalone under compile: B binds from y
+        return kc.check(x @ w, "B 5", name="y")  # against the call's B, compiled as eagerly
 
     cf = compile_as(f, "automatic")
     assert graphs_over_sizes(cf, lambda b: (torch.randn(b, 4), W)) == GRAPHS["automatic"]
@@ -814,3 +815,23 @@ def test_a_backend_with_dim_constraints_is_never_judged_on_one_traced_size():
             compile_as(forced, "automatic")(small_call())
     finally:
         kc.packed_decode.unregister_backend("even")
+
+
+@pytest.mark.filterwarnings("ignore:Dynamo detected a call to a `functools.lru_cache`")  # kc.check's parser
+@pytest.mark.parametrize("fullgraph", [False, True], ids=["graph-breaks-allowed", "fullgraph"])
+def test_a_compiled_body_checks_against_the_calls_dims(fullgraph):
+    # kc.check and kc.dims() in a compiled body saw no call (they checked standalone): a check that
+    # only the call's D decides passed compiled and failed eagerly
+    @kc.contract(register=False)
+    def head(x: Float[Tensor, "B D"]) -> Float[Tensor, "B D"]:
+        kc.check(x[:, :2], "B D", name="head")  # holds only when D == 2
+        return x * kc.dims()["D"]
+
+    counts = torch._dynamo.testing.CompileCounter()
+    cf = torch.compile(head, backend=counts, fullgraph=fullgraph, dynamic=True)
+    for b in range(2, 26):
+        assert cf(torch.ones(b, 2)).eq(2).all()
+    assert counts.frame_count <= 2, counts.frame_count
+    for call in (head, cf):
+        with pytest.raises(kc.ShapeError, match=r"\[1\] head: ShapeError\n +expected \[B D\]\n +got +\[5, 2\]"):
+            call(torch.zeros(5, 3))
