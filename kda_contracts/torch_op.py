@@ -170,10 +170,12 @@ def make_torch_op(o: Op) -> Any:
         try:
             _, c = o.contract_for(values)
             config = c._config_for(values)
-            c.validate_values(values, config)
+            # the generated checker: its dims stay symbolic under torch.compile (the full explain
+            # reads every size as an int, which specialised the batch: one graph per size)
+            dims = c.run_checks(tuple(values.get(p) for p in c._param_names), config)
             if not outs:
                 return None
-            env, _, _ = c.spec.explain(values, config)
+            env = dict(zip(c.spec.symbols, dims, strict=True))
         except ContractError as err:  # torch would wrap it in a TorchRuntimeError: let it through as itself
             if not outs and not _FAKE_ERRORS_PASS and tracing():
                 # torch < 2.13's dynamo wraps anything a fake kernel raises. An op that only writes

@@ -835,3 +835,20 @@ def test_a_compiled_body_checks_against_the_calls_dims(fullgraph):
     for call in (head, cf):
         with pytest.raises(kc.ShapeError, match=r"\[1\] head: ShapeError\n +expected \[B D\]\n +got +\[5, 2\]"):
             call(torch.zeros(5, 3))
+
+
+def test_an_ops_custom_op_returning_a_tensor_compiles_once_over_batch_sizes():
+    # its fake kernel shaped the output from the full explain, which read every size as an int:
+    # one graph per batch size under dynamic=True
+    @kc.op(namespace="kc_compile_ops")
+    def add_row(x: Float[Tensor, "*batch D"], w: Float[Tensor, "D"]) -> Float[Tensor, "*batch D"]:
+        return x + w
+
+    top = add_row.torch_op
+    counts = torch._dynamo.testing.CompileCounter()
+    cf = torch.compile(lambda x, w: top(x, w), backend=counts, dynamic=True)
+    for b in range(2, 26):
+        assert cf(torch.ones(b, 3, 8), torch.ones(8)).shape == (b, 3, 8)
+    assert counts.frame_count <= 2, counts.frame_count
+    with pytest.raises(kc.ShapeError, match=r"w: ShapeError"):
+        cf(torch.ones(4, 3, 8), torch.ones(7))
