@@ -63,6 +63,7 @@ def _appearances(spec: ContractSpec, sym: str) -> list[str]:
         for axis, d in tp.fixed_axes():  # counted from the back after a variadic dim
             if isinstance(d, Expr) and sym in d.symbols():
                 out.append(f"{tp.name}.shape[{axis}]" + ("" if str(d) == sym else f" ({d})"))
+    out += [f"every tensor inside {n}" for n, p in spec.nested.items() if sym in p.node.symbols()]
     return out
 
 
@@ -144,6 +145,7 @@ def describe_contract(key: str, c: Contract, doc_config: Any) -> dict[str, Any]:
     cfg_dtypes = cfg.contract_dtypes() if cfg is not None and hasattr(cfg, "contract_dtypes") else {}
     args = [_describe_tensor(tp, env, cfg_dtypes) for tp in spec.tensors.values()]
     args += [_describe_scalar(sp, cfg) for sp in spec.scalars.values() if sp.name != spec.config_arg]
+    args += [{"name": n, "kind": "container", "optional": False, "shape": str(p.node)} for n, p in spec.nested.items()]
     returns = None
     if spec.returns is not None:
         returns = [{"name": r.name, "shape": r.symbolic(),
@@ -219,6 +221,12 @@ def _argument_tables(c: Mapping[str, Any]) -> list[str]:
         out += ["| argument | type | rule | config value |", "|---|---|---|---|"]
         for a in scalars:
             out.append(f"| `{a['name']}` | `{cell(a['type'])}` | {cell(a['doc'])} | {_scalar_value(a)} |")
+        out.append("")
+    containers = [a for a in c["arguments"] if a["kind"] == "container"]
+    if containers:
+        out += ["| argument | holds | checked |", "|---|---|---|"]
+        for a in containers:
+            out.append(f"| `{a['name']}` | `{cell(a['shape'])}` | every tensor inside, against the call's dims |")
         out.append("")
     return out
 

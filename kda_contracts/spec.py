@@ -201,6 +201,9 @@ class ContractSpec:
             elif self.sources.get(sym):
                 src = self.sources[sym][0]
                 prov[sym] = f"from {src.param}.shape[{src.axis}]"
+            elif sym in self.nested_only:  # bound by the first tensor inside a container that carries it
+                holders = [n for n, p in self.nested.items() if sym in p.node.symbols()]
+                prov[sym] = f"from the tensors inside {', '.join(holders)}"
             else:
                 for s in self.steps:
                     if s.symbol == sym:

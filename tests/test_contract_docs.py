@@ -234,3 +234,16 @@ def test_a_value_naming_neither_on_nor_off_is_a_warning_not_silence():
     assert done.stdout.split() == ["False", "False", "False"]
     assert ("RuntimeWarning: KDA_CONTRACTS_DOC='maybe' is neither on (1, true, yes, on) nor off (empty, 0, false, "
             "no, off); contracts get no shape table in their docstrings") in done.stderr
+
+
+def test_container_arguments_are_documented_and_the_dims_they_bind_have_a_source():
+    # they were left out: the table listed bias only, and B had no source and appeared nowhere
+    @kc.contract(doc=True, register=False)
+    def stack_heads(heads: list[Float[Tensor, "B D"]], bias: Float[Tensor, "D"]) -> Float[Tensor, "B D"]:
+        """Sum the heads and add a bias."""
+        return sum(heads) + bias
+
+    doc = stack_heads.__doc__
+    assert "| `heads` | `list[Tensor[B D]]` | every tensor inside, against the call's dims |" in doc
+    assert "| `B` | per call | from the tensors inside heads | — | every tensor inside heads |" in doc
+    assert "| `D` | per call | from bias.shape[0] | — | bias.shape[0], every tensor inside heads |" in doc
