@@ -17,6 +17,7 @@ Example::
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -78,10 +79,18 @@ def snapshot(op: Op, ctx: CallContext, parts: Mapping[str, Any] | None = None) -
 
 
 def restore(saved: Saved | None) -> None:
-    """Put every saved element back (bit for bit)."""
+    """Put every saved element back (bit for bit). A tensor the backend resized gets its shape back
+    first; one that cannot be written back is reported in a RuntimeWarning, never in place of the
+    call's own report."""
     with torch.no_grad():  # a leaf that requires grad (autograd=True) may be written back too
         for t, rows, copy in saved or ():
-            if rows is None:
-                t.copy_(copy)
-            else:
-                t.index_copy_(0, rows, copy)
+            try:
+                if rows is None:
+                    if t.shape != copy.shape:  # (a backend that called resize_)
+                        t.resize_(copy.shape)
+                    t.copy_(copy)
+                else:
+                    t.index_copy_(0, rows, copy)
+            except RuntimeError as exc:
+                warnings.warn(f"kda_contracts: strict mode could not roll a {tuple(t.shape)} tensor back: {exc}",
+                              RuntimeWarning, stacklevel=2)

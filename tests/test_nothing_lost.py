@@ -2,12 +2,15 @@
 refuses before any write what a kernel could not write safely (a tensor requiring grad, an
 inference tensor outside inference mode), and a few small gaps closed (issue 13, items 1, 2, 5)."""
 
+from typing import Annotated
+
 import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import kda_contracts as kc
+from kda_contracts import Float, Tensor
 from kda_contracts.backends import BackendError
 from kda_contracts.testing import make_decode_call
 
@@ -250,3 +253,20 @@ def test_the_same_holds_for_our_kernels_on_the_cpu(backend):
         _rejections_leave_everything_bit_identical(data, mode, batch, seed, backend)
 
     prop()
+
+
+def test_a_backend_that_resizes_an_output_then_fails_is_rolled_back_shape_and_all():
+    # the write-back raised a raw RuntimeError (shape mismatch), which replaced the call's report
+    @kc.op(name="nothing_lost_resizer_op", returns="out")
+    def cp(x: Float[Tensor, "B D"], out: Annotated[Float[Tensor, "B D"], kc.Spec(mutated=True)]) -> None:
+        out.copy_(x)
+
+    @cp.backend("resizer", devices=("cpu",), priority=-1)
+    def _(x, out):
+        out.resize_(7, 7)
+        raise RuntimeError("kernel failed")
+
+    out = torch.zeros(2, 3)
+    with kc.mode("strict"), pytest.raises(kc.BackendError, match=r"backend 'resizer'"):
+        cp(torch.ones(2, 3), out, backend="resizer")
+    assert out.shape == (2, 3) and out.eq(0).all()
