@@ -491,9 +491,18 @@ def _build_wrapper(c: Contract, fixed_mode: int | None) -> Callable[..., Any]:
         if dims is not None:
             c.fail_return(res, dims, as_values(*vals))
 
+    written = [p for p in names if p in spec.tensors and spec.tensors[p].spec.mutated]
+
     def strict(dims: tuple[int, ...], *vals: Any) -> None:
         values = as_values(*vals)
         config = c._config_for(values)
+        if written:  # what the function writes shares no byte with another argument (as an op's call)
+            from .memory import alias_violations, without_data
+
+            found = [] if without_data(values) else alias_violations(values, written, function=c.name)
+            if found:
+                c.rejections += 1
+                raise_violations(c.name, found, dict(zip(spec.symbols, dims, strict=True)), c.provenance(config))
         c.run_value_checks(values, config, dict(zip(spec.symbols, dims, strict=True)), c.provenance(config))
 
     fn_name = getattr(c.fn, "__name__", "wrapper")
@@ -521,7 +530,8 @@ def _build_wrapper(c: Contract, fixed_mode: int | None) -> Callable[..., Any]:
     ns[n("body")] = runner(spec.name, spec.symbols, c.fn, is_async)
     ns[n("guarded_body")] = _guarded(ns[n("body")], is_async)
     src = wrapper_source(spec, fn_name, n, has_return=(c._check_return or c._check_plain_return) is not None,
-                         value_checks=spec.value_checks is not None, beartype_first=not c.types_in_checker,
+                         value_checks=spec.value_checks is not None or bool(written),
+                         beartype_first=not c.types_in_checker,
                          body=body, is_async=is_async, saves=bool(mutated))
     exec(compile(src, f"<kda_contracts wrapper for {spec.name} #{next(_ids)}>", "exec"), ns)
     wrapper = ns[fn_name]

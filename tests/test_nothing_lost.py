@@ -270,3 +270,18 @@ def test_a_backend_that_resizes_an_output_then_fails_is_rolled_back_shape_and_al
     with kc.mode("strict"), pytest.raises(kc.BackendError, match=r"backend 'resizer'"):
         cp(torch.ones(2, 3), out, backend="resizer")
     assert out.shape == (2, 3) and out.eq(0).all()
+
+
+def test_a_contracted_function_writing_into_another_argument_is_refused_in_strict_mode():
+    # an op's call was refused; the same call to a @kc.contract function ran and wrote through x
+    @kc.contract(register=False)
+    def add_(x: Float[Tensor, "B D"], out: Annotated[Float[Tensor, "B D"], kc.Spec(mutated=True)]) -> None:
+        out.add_(x)
+
+    x = torch.ones(4, 3)
+    with kc.mode("strict"), pytest.raises(kc.ValueRangeError, match=r"out: ValueRangeError\n +expected memory of its "
+                                                                     r"own \(out is written: no byte shared with x\)"):
+        add_(x, x[:, :])
+    assert x.eq(1).all()
+    with kc.mode("strict"):
+        add_(torch.ones(4, 3), torch.zeros(4, 3))
