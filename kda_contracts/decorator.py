@@ -30,7 +30,7 @@ from beartype.door import is_bearable
 from beartype.roar import BeartypeCallHintParamViolation
 
 from . import dumps, modes
-from .body import body_uses_checks, runner
+from .body import body_calls_check, body_uses_checks, runner
 from .check_cache import cached_checker
 from .codegen import bool_for_float, checked_parameters, checker_names, generate_checker, generate_return_checker
 from .config_views import ConfigViews, refuse_built_in_trace, walked_built_in_trace
@@ -419,14 +419,11 @@ def eager_value_checks(fn: Callable[..., Any], name: str) -> Callable[..., Any]:
 
 
 def _write_back(saved: list[tuple[torch.Tensor, torch.Tensor]] | None) -> None:
-    """Put back what a rejected strict call wrote (a tensor that cannot be written back whole, e.g.
-    an expanded one, is left as it is)."""
-    for t, copy in saved or ():
-        try:
-            with torch.no_grad():
-                t.copy_(copy)
-        except RuntimeError:
-            pass
+    """Put back what a rejected strict call wrote, as an op's rollback does (a resized tensor gets
+    its shape back; one that cannot be written back whole is named in a RuntimeWarning)."""
+    from .transact import restore
+
+    restore([(t, None, copy) for t, copy in saved or ()])
 
 
 def _guarded(body: Callable[..., Any], is_async: bool) -> Callable[..., Any]:
@@ -474,8 +471,9 @@ def _build_wrapper(c: Contract, fixed_mode: int | None) -> Callable[..., Any]:
     checks_a_value = c._check_return is not None or (c._check_plain_return is not None
                                                      and spec.return_hint is not NoneType)
     body = body_uses_checks(c.fn)
+    # (only a body that runs kc.check can be rejected midway by it; isinstance and kc.dims never raise)
     mutated = [i for i, p in enumerate(names) if p in spec.tensors and spec.tensors[p].spec.mutated] \
-        if checks_a_value or body else []
+        if checks_a_value or (body and body_calls_check(c.fn)) else []
 
     def snap(*vals: Any) -> list[tuple[torch.Tensor, torch.Tensor]] | None:
         """Strict mode, before the function runs: a copy of each tensor it is declared to write

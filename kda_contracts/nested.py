@@ -253,6 +253,14 @@ def _unworded(template: str, *values: Any) -> str:
 words._torchdynamo_inline = _unworded  # type: ignore[attr-defined]  # what dynamo traces instead
 
 
+def safe_repr(value: Any) -> str:
+    """``repr(value)`` for a report, or its type's name when its repr raises."""
+    try:
+        return repr(value)
+    except Exception:
+        return f"<{type(value).__name__}>"
+
+
 @dataclass(frozen=True)
 class Plain(Node):
     """A non-tensor part of a container annotation (checked with beartype's verdict; under
@@ -316,6 +324,13 @@ class SequenceOf(Node):
     def match(self, value: Any, env: dict[str, Any], path: str) -> Problem | None:
         if not isinstance(value, self.kind) or (isinstance(value, (str, bytes)) and not self.text_ok):
             return ArgumentTypeError, f"{path}: expected a {self.kind.__name__}, got {type(value).__name__}"
+        classes = getattr(self.item, "by_type", None)
+        if classes is not None:  # items a type decides: each distinct type once (C loops), no path per item
+            items: Any = value
+            if all(issubclass(t, classes) for t in set(map(type, items))):
+                return None
+            i, item = next((i, v) for i, v in enumerate(items) if not isinstance(v, classes))
+            return self.item.match(item, env, f"{path}[{i}]")
         for i, item in enumerate(value):  # type: ignore[var-annotated, arg-type]
             problem = self.item.match(item, env, f"{path}[{i}]")
             if problem is not None:
@@ -370,10 +385,20 @@ class MappingOf(Node):
         if not isinstance(value, self.kind):
             what = "mapping" if self.kind is cabc.Mapping else self.kind.__name__
             return ArgumentTypeError, f"{path}: expected a {what}, got {type(value).__name__}"
+        kc_, vc_ = getattr(self.key, "by_type", None), getattr(self.value, "by_type", None)
+        if kc_ is not None and vc_ is not None:  # keys and values a type decides: each distinct type once
+            pairs: Any = value
+            if all(issubclass(t, kc_) for t in set(map(type, pairs))) and \
+                    all(issubclass(t, vc_) for t in set(map(type, pairs.values()))):
+                return None
         for k, v in value.items():  # type: ignore[attr-defined]  # (a Mapping: self.kind is one)
-            problem = self.key.match(k, env, f"{path} key {k!r}") or self.value.match(v, env, f"{path}[{k!r}]")
+            # (the path is worded only for an item that fails: a key's repr may be costly, or raise)
+            problem = self.key.match(k, env, path)
             if problem is not None:
-                return problem
+                return self.key.match(k, env, f"{path} key {safe_repr(k)}")
+            problem = self.value.match(v, env, path)
+            if problem is not None:
+                return self.value.match(v, env, f"{path}[{safe_repr(k)}]")
         return None
 
 

@@ -148,6 +148,10 @@ class Op:
         self.variant_of = variant
         self._variant_params = tuple(inspect.signature(variant).parameters) if variant is not None else ()
         self.returns = self._read_returns(returns)
+        #: an op annotated ``-> None`` (without ``returns=``) returns None, whatever its backend returns
+        #: (an in-place kernel that returns its output, as fla's do, is not wrong for it)
+        self.returns_none = self.returns is None and all(c.spec.return_hint is NoneType
+                                                         for c in self.contracts.values())
         self.after = after
         self.written = written
         self.unchecked_dims = unchecked_dims
@@ -446,7 +450,7 @@ class Op:
         op's ``after`` checks (a check that raises is a BackendError, the call rolled back)."""
         c = self.contracts[variant]
         check = c.result_checker()
-        if check is not None and self.returns is None:
+        if check is not None and self.returns is None and not self.returns_none:
             dims = tuple(ctx.dims[s] for s in c.spec.symbols)
             if not check(res, dims, *(ctx.values.get(p) for p in c._param_names)):
                 found = explain_return(c.spec, res, dict(ctx.dims), ctx.values)

@@ -109,7 +109,7 @@ def build_dispatcher(o: Op) -> Any:
         lines += ["    else:", f"        {dims} = None"]
     lines.append(f"    {chosen} = {n('select')}(({_key_source(o, layout, n, v, dims)}), backend)")
     lines += _run_lines(o, n, ns, call, plain, cfg)
-    if o.returns is None and any(vc.result_checker() is not None for vc in o.contracts.values()):
+    if o.returns is None and not o.returns_none and any(vc.result_checker() is not None for vc in o.contracts.values()):
         # check mode here, and strict mode in compiled code (where its transaction runs the backend
         # alone); eager strict mode checks the result inside its transaction (rolled back)
         ns[n("check_returns")] = {k: vc.result_checker() or _any_result for k, vc in o.contracts.items()}
@@ -120,7 +120,7 @@ def build_dispatcher(o: Op) -> Any:
         lines += [f"    if ({mode} == 1 or {mode} == 2 and {n('compiling')}()) and "
                   f"not {n('check_returns')}[{v}]({res}, {dims}{sep}{plain}):",
                   f"        {n('fail_return')}({v}, {res}{sep}{plain}, {cfg})"]
-    lines.append(f"    return {_returns_source(o.returns, res)}")
+    lines.append(f"    return {'None' if o.returns_none else _returns_source(o.returns, res)}")
     src = "\n".join(lines) + "\n"
     exec(compile(src, f"<kda_contracts op {o.name}>", "exec"), ns)  # our own source
     fn = ns["__call__"]

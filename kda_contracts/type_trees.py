@@ -22,7 +22,7 @@ import abc
 import collections
 import collections.abc as cabc
 import typing
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from types import NoneType, UnionType
 from typing import Any
@@ -42,6 +42,7 @@ from .nested import (
     Problem,
     SequenceOf,
     TupleOf,
+    safe_repr,
     words,
 )
 
@@ -56,6 +57,11 @@ class InstanceOf(Node):
 
     hint: Any
     classes: tuple[type, ...]
+
+    @property
+    def by_type(self) -> tuple[type, ...]:
+        """What a container checks each distinct item type against (the type alone decides)."""
+        return self.classes
 
     def __str__(self) -> str:
         return getattr(self.hint, "__name__", str(self.hint))
@@ -179,21 +185,32 @@ def _items_problem(value: Any, hint: Any, path: str) -> Problem | None:
         return first
     if not args or isinstance(value, (str, bytes)):
         return None
+    # (item, its hint, how its path is worded: only for an item that fails, as a repr may be costly or raise)
+    pairs: Iterable[tuple[Any, Any, Callable[[], str]]]
     if origin is tuple:
-        pairs = [(f"{path}[{i}]", v, args[0] if args[-1] is Ellipsis else args[i]) for i, v in enumerate(value)]
+        pairs = ((v, args[0] if args[-1] is Ellipsis else args[i], lambda i=i: f"{path}[{i}]")  # type: ignore[misc]
+                 for i, v in enumerate(value))
     elif origin in _PAIRS and len(args) == 2:
-        pairs = [p for k, v in value.items()
-                 for p in ((f"{path} key {k!r}", k, args[0]), (f"{path}[{k!r}]", v, args[1]))]
+        pairs = (p for k, v in value.items()
+                 for p in ((k, args[0], lambda k=k: f"{path} key {safe_repr(k)}"),
+                           (v, args[1], lambda k=k: f"{path}[{safe_repr(k)}]")))
     elif origin in _ITEMS and len(args) == 1:
         ordered = isinstance(value, cabc.Sequence)
-        pairs = [(f"{path}[{i}]" if ordered else f"{path} item {v!r}", v, args[0]) for i, v in enumerate(value)]
+        pairs = ((v, args[0], _index_path(path, i) if ordered else _item_path(path, v)) for i, v in enumerate(value))
     else:
         return None
-    for where, item, item_hint in pairs:
-        problem = deep_problem(item, item_hint, where)
-        if problem is not None:
-            return problem
+    for item, item_hint, where in pairs:
+        if deep_problem(item, item_hint, path) is not None:
+            return deep_problem(item, item_hint, where())
     return None
+
+
+def _index_path(path: str, i: int) -> Callable[[], str]:
+    return lambda: f"{path}[{i}]"
+
+
+def _item_path(path: str, v: Any) -> Callable[[], str]:
+    return lambda: f"{path} item {safe_repr(v)}"
 
 
 def _words(hint: Any) -> str:
@@ -226,7 +243,12 @@ def every_item_checker(check_types: Callable[..., None], params: Sequence[str],
         return check_types
 
     def check_every_item(*vals: Any) -> None:
-        check_types(*vals)
+        try:
+            check_types(*vals)
+        except BeartypeCallHintParamViolation:
+            raise
+        except Exception as exc:  # beartype wording its report (an item's repr that raises): the slow path words it
+            raise ItemTypeViolation(f"{type(exc).__name__} while checking the types", culprits=(exc,)) from None
         for i, name, hint, tree in deep:
             value = vals[i]
             problem = tree.match(value, {}, name) if tree is not None else _items_problem(value, hint, name)
