@@ -230,10 +230,12 @@ def config_float_fields(config: Any) -> dict[str, float]:
 
 
 def config_is_frozen(config: Any, _depth: int = 0) -> bool:
-    """Whether what a config fixes cannot change: a frozen pydantic model or dataclass whose fields
-    hold only immutable values (numbers, strings, dtypes, enums, tuples of those, frozen models
-    or dataclasses likewise). Only then may it be cached between calls: a frozen model holding a
-    mutable one (``cfg.heads.D = 5``) is read afresh, like a mutable config."""
+    """Whether what a config fixes cannot change: a frozen pydantic model or dataclass; one whose
+    ``contract_dims()``/``contract_dtypes()`` may read anything must also hold only immutable values
+    (numbers, strings, dtypes, enums, tuples of those, frozen models or dataclasses likewise). Only
+    then may it be cached between calls: a frozen model holding a mutable one that its
+    ``contract_dims()`` reads (``cfg.heads.D = 5``) is read afresh, like a mutable config. A plain
+    config (its top-level int fields are what binds) needs only the frozen flag."""
     model_config = getattr(type(config), "model_config", None)
     if isinstance(model_config, Mapping):
         frozen = bool(model_config.get("frozen"))
@@ -242,6 +244,8 @@ def config_is_frozen(config: Any, _depth: int = 0) -> bool:
         frozen = bool(params is not None and params.frozen)
     if not frozen or _depth > 8:
         return False
+    if _depth == 0 and not (hasattr(config, "contract_dims") or hasattr(config, "contract_dtypes")):
+        return True  # a plain config: only its top-level fields are read, and frozen keeps those
     try:
         items = list(_plain_config_items(config))
     except ConfigKindError:

@@ -490,3 +490,10 @@ def test_a_frozen_config_holding_a_mutable_model_is_read_afresh():
 
     assert config_is_frozen(Frozen(D=3)) and not config_is_frozen(cfg)
     assert config_is_frozen(kc.KDAConfig.preset("kimi-linear-48b-a3b"))
+
+    class Plain(pydantic.BaseModel):  # no contract_dims(): only its top-level ints bind, frozen keeps them
+        model_config = pydantic.ConfigDict(frozen=True)
+        D: int
+        layer_types: list[str] = ["a"]
+
+    assert config_is_frozen(Plain(D=3))
