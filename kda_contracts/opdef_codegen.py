@@ -210,7 +210,7 @@ def _hashable_variant(variant: Callable[..., Any], bad: Callable[[Any], Any]) ->
     is refused as naming no variant instead of raising TypeError from the lookup."""
     def key_of(*args: Any) -> Any:
         key = variant(*args)
-        if key.__class__ is not str:  # (every key of variants= is a str)
+        if not isinstance(key, str) and not torch.compiler.is_compiling():  # (every key of variants= is a str)
             try:
                 hash(key)
             except TypeError:
