@@ -49,7 +49,7 @@ from .markers import Where
 from .memory import without_data
 from .nested import mentions_array
 from .opdef_codegen import bootstrap, build_dispatcher
-from .spec import NO_HINT, CallContext, ContractOptions, Dims, build_spec
+from .spec import NO_HINT, CallContext, ContractOptions, Dims, _hint_text, build_spec
 from .transact import ROLLED_BACK, Saved, restore, snapshot, written_parts
 
 __all__ = ["Op", "op", "ops"]
@@ -59,10 +59,6 @@ PLUGIN_GROUP = "kda_contracts.backends"
 _PLUGIN_ERRORS: dict[str, str] = {}  # entry point -> why it failed to load
 _PENDING: dict[str, list[tuple[Backend, bool]]] = {}  # op name -> plug-in backends waiting for it
 _plugins_loaded = False
-
-
-def _hint_words(hint: Any) -> str:
-    return "-> " + (hint.__name__ if isinstance(hint, type) else str(hint).replace("typing.", ""))
 
 
 def ops() -> dict[str, Op]:
@@ -243,7 +239,7 @@ class Op:
         for c in self.contracts.values():
             if c.spec.return_hint not in (NO_HINT, NoneType):  # (-> int would never be checked)
                 raise AnnotationError(f"{self.name}: returns= (the op returns its own arguments) and a return "
-                                      f"annotation ({_hint_words(c.spec.return_hint)}) cannot both describe the "
+                                      f"annotation (-> {_hint_text(c.spec.return_hint)}) cannot both describe the "
                                       "result: annotate the function -> None")
             # what the op returns it writes: strict mode snapshots (and torch.library declares) only those marked
             unmarked = [n for n in names if n not in c.spec.tensors or not c.spec.tensors[n].spec.mutated]

@@ -578,6 +578,9 @@ def _read_returns(qualname: str, ret: Any) -> tuple[tuple[TensorParam, ...] | No
 
 
 def _hint_text(tp: Any) -> str:
+    """A hint as a report words it: a class by its name, anything else without module prefixes."""
+    if isinstance(tp, type):
+        return tp.__name__
     return str(tp).replace("jaxtyping.", "").replace("typing.", "").replace("torch.", "")
 
 

@@ -45,6 +45,7 @@ from .nested import (
     safe_repr,
     words,
 )
+from .spec import _hint_text
 
 __all__ = ["InstanceOf", "ItemTypeViolation", "deep_problem", "every_item_checker", "read_types", "traced_type_check",
            "type_mismatch"]
@@ -165,7 +166,7 @@ def deep_problem(value: Any, hint: Any, path: str) -> Problem | None:
         deep_problem([1, 2, "3"], list[int], "ks")   # (ArgumentTypeError, "ks[2]: expected int, got str")
     """
     if not is_bearable(value, hint, conf=BEARTYPE_CONF):
-        return ArgumentTypeError, f"{path}: expected {_words(hint)}, got {type(value).__name__}"
+        return ArgumentTypeError, f"{path}: expected {_hint_text(hint)}, got {type(value).__name__}"
     return _items_problem(value, hint, path)
 
 
@@ -211,10 +212,6 @@ def _index_path(path: str, i: int) -> Callable[[], str]:
 
 def _item_path(path: str, v: Any) -> Callable[[], str]:
     return lambda: f"{path} item {safe_repr(v)}"
-
-
-def _words(hint: Any) -> str:
-    return hint.__name__ if isinstance(hint, type) else str(hint).replace("typing.", "").replace("torch.", "")
 
 
 def _has_items(hint: Any) -> bool:
