@@ -337,7 +337,7 @@ class Contract:
     def check_return(self, result: Any, dims: tuple[int, ...], *vals: Any) -> None:
         """Check a result against the return annotation (generated code), given the call's dims
         and its checked arguments positionally; raise the report."""
-        check = self._check_return or self._check_plain_return
+        check = self.result_checker()
         if check is not None and not check(result, dims, *vals):
             self.fail_return(result, dims, dict(zip(self._param_names, vals, strict=False)))
 
@@ -428,9 +428,11 @@ def _write_back(saved: list[tuple[torch.Tensor, torch.Tensor]] | None) -> None:
 
 def _guarded(body: Callable[..., Any], is_async: bool) -> Callable[..., Any]:
     """``body(dims, ...)`` that, given a strict-mode snapshot, writes it back when a contract check
-    in the body (``kc.check``, or a contracted call it makes) rejects the call, then re-raises."""
+    raised in the body (its ``kc.check``) rejects the call, then re-raises."""
     if is_async:
         async def guarded_async(saved: Any, bound: tuple[Any, ...], *args: Any, **kwargs: Any) -> Any:
+            if not saved:  # not strict, or under torch.compile (no snapshot there)
+                return await body(bound, *args, **kwargs)
             try:
                 return await body(bound, *args, **kwargs)
             except ContractError:
@@ -471,9 +473,9 @@ def _build_wrapper(c: Contract, fixed_mode: int | None) -> Callable[..., Any]:
     checks_a_value = c._check_return is not None or (c._check_plain_return is not None
                                                      and spec.return_hint is not NoneType)
     body = body_uses_checks(c.fn)
+    writes = [i for i, p in enumerate(names) if p in spec.tensors and spec.tensors[p].spec.mutated]
     # (only a body that runs kc.check can be rejected midway by it; isinstance and kc.dims never raise)
-    mutated = [i for i, p in enumerate(names) if p in spec.tensors and spec.tensors[p].spec.mutated] \
-        if checks_a_value or (body and body_calls_check(c.fn)) else []
+    mutated = writes if checks_a_value or (body and body_calls_check(c.fn)) else []
 
     def snap(*vals: Any) -> list[tuple[torch.Tensor, torch.Tensor]] | None:
         """Strict mode, before the function runs: a copy of each tensor it is declared to write
@@ -489,7 +491,7 @@ def _build_wrapper(c: Contract, fixed_mode: int | None) -> Callable[..., Any]:
         if dims is not None:
             c.fail_return(res, dims, as_values(*vals))
 
-    written = [p for p in names if p in spec.tensors and spec.tensors[p].spec.mutated]
+    written = [names[i] for i in writes]
 
     def strict(dims: tuple[int, ...], *vals: Any) -> None:
         values = as_values(*vals)
@@ -516,7 +518,7 @@ def _build_wrapper(c: Contract, fixed_mode: int | None) -> Callable[..., Any]:
         n("fail"): _outside_compile(fail),
         n("strict"): eager_value_checks(strict, c.name),
         n("fn"): c.fn,
-        n("check_return"): c._check_return or c._check_plain_return,
+        n("check_return"): c.result_checker(),
         n("fail_return"): _outside_compile(fail_return),
         n("snap"): snap,
         n("static_cfg"): spec.config,
@@ -527,7 +529,7 @@ def _build_wrapper(c: Contract, fixed_mode: int | None) -> Callable[..., Any]:
     is_async = inspect.iscoroutinefunction(c.fn)
     ns[n("body")] = runner(spec.name, spec.symbols, c.fn, is_async)
     ns[n("guarded_body")] = _guarded(ns[n("body")], is_async)
-    src = wrapper_source(spec, fn_name, n, has_return=(c._check_return or c._check_plain_return) is not None,
+    src = wrapper_source(spec, fn_name, n, has_return=c.result_checker() is not None,
                          value_checks=spec.value_checks is not None or bool(written),
                          beartype_first=not c.types_in_checker,
                          body=body, is_async=is_async, saves=bool(mutated))
