@@ -173,7 +173,8 @@ def candidate_configs(layout: str, sdt: torch.dtype, batch: int, num_v_heads: in
     ``cg``: the state read through L2 only; ``cs``: streaming stores; ``se1``: evict_first on the state
     store only) and for fp32 other tiles (``r4``, ``r8``, ``r16``, ``t2``: two pipelined 4-row tiles;
     ``r8-flat-br``: 8 rows, request-major, branch guard); ``fo``: the output summed from the decayed tile
-    (``fused_output``), on the picked shape or on 8 rows (``r8-fo``); ``el``: the state load issued before
+    (``fused_output``), on the picked shape or on 8 rows (``r8-fo``), ``nofo`` the picked shape without it;
+    ``el``: the state load issued before
     the gate and norm math (``early_load``), ``el-fo`` both;
     for KV other tiles and the two-pass chunked tile (``ck``), the full-width one with no hint on its
     first pass (``fe0``; ``fe1``: evict_first) and variations of it (``se0``: no hint on the second
@@ -182,7 +183,8 @@ def candidate_configs(layout: str, sdt: torch.dtype, batch: int, num_v_heads: in
     most N registers; ``ck32-el``: evict_last on the first pass, the shape picked before from
     B·HV = 8192), 64 columns on two warps (``bv64-w2``, the one picked before at 1024-4096), and the
     shared-memory tile (``sh128-w2``, ``sh64-w1``: auto's shapes from B·HV = 2048 / 4096, for GDN
-    from 1024 / 2048; ``sh128-w4``)."""
+    from 1024 / 2048; ``sh128-w4``), and the register tile (``rgN``: N columns, ``-wW``: W warps,
+    ``-ev0``: no hint on the state, ``-ka``: q, k and the gate inputs kept in L2)."""
     from kda_kernels.triton_decode import DecodeConfig, pick_config
 
     gdn = {"gdn": True} if OP.name == "gdn" and "gdn" in inspect.signature(pick_config).parameters else {}
@@ -214,6 +216,13 @@ def candidate_configs(layout: str, sdt: torch.dtype, batch: int, num_v_heads: in
         shared = DecodeConfig(128, 2, kv_chunk=16, kv_shared=True, state_eviction="")
         out.update({"sh128-w2": shared, "sh64-w1": shared._replace(block_v=64, num_warps=1),
                     "sh128-w4": shared._replace(num_warps=4)})
+        # the register tile (Gluon, CUDA): 16 to 64 columns on one to four warps
+        regs = DecodeConfig(16, 1, kv_registers=True)
+        out.update({"rg16": regs, "rg16-ev0": regs._replace(state_eviction=""), "rg16-w2": regs._replace(num_warps=2),
+                    "rg32": regs._replace(block_v=32), "rg32-w2": regs._replace(block_v=32, num_warps=2),
+                    "rg32-ka": regs._replace(block_v=32, act_eviction="evict_last"),
+                    "rg64-w2": regs._replace(block_v=64, num_warps=2),
+                    "rg64-w4": regs._replace(block_v=64, num_warps=4)})
         return {**out, **_tile_knobs(p)}
     rows = p.block_v
     mask = dict(guard="mask")
@@ -257,11 +266,13 @@ def candidate_configs(layout: str, sdt: torch.dtype, batch: int, num_v_heads: in
 
 
 def _tile_knobs(p: Any) -> dict[str, Any]:
-    """The picked shape with the output summed from the decayed tile (``fo``; ``r8-fo`` on 8 rows) and
+    """The picked shape with the output summed from the decayed tile (``fo``; ``r8-fo`` on 8 rows; ``nofo``:
+    without it) and
     with the state load issued before the gate and norm math (``el``, ``el-fo``), where they apply."""
     if p.kv_shared or p.kv_chunk:
         return {}
-    out = {"fo": p._replace(fused_output=True), "r8-fo": p._replace(block_v=8, fused_output=True)}
+    out = {"fo": p._replace(fused_output=True), "r8-fo": p._replace(block_v=8, fused_output=True),
+           "nofo": p._replace(fused_output=False)}
     if p.tiles == 1:
         out.update({"el": p._replace(early_load=True), "el-fo": p._replace(early_load=True, fused_output=True)})
     return out

@@ -66,10 +66,21 @@ class DecodeConfig(NamedTuple):
     #: the activations' ``act_eviction``; ``tiles``, ``num_stages``, ``guard``, ``grid``, the cache
     #: modifiers, ``v_eviction``, ``kv_first_eviction`` and ``max_registers`` do not apply.
     kv_shared: bool = False
+    #: KV layout only: the whole ``[K, block_v]`` tile held in registers by the Gluon kernel of
+    #: ``kv_shared`` (no shared memory): each lane holds a run of adjacent K rows and loads the q, k and
+    #: gate values of those rows itself, so the two sums over K need no layout conversion (a Triton
+    #: kernel moves those K-vectors between lanes through shared memory, with barriers). Sums side by
+    #: side, as ``fused_output``. CUDA only, not under the Triton interpreter; the hints are as for
+    #: ``kv_shared`` (``state_eviction``, ``store_eviction``, ``act_eviction``), the rest do not apply.
+    #: Not with ``kv_shared``. Measured and not picked: on the H200 at B <= 64, the best of seven shapes
+    #: per row against the Triton KV pick, 2.4 % faster in 1 of 36 rows, level to 26 % slower in the
+    #: rest (docs/benchmarks.md).
+    kv_registers: bool = False
     #: each tile's output rows from the decayed tile, ``h q + u (k . q)``, so the two sums over K read
     #: the loaded tile side by side (otherwise the output is summed from the updated tile, after the
-    #: first sum and the update). Same result to rounding. Not for the chunked or shared-memory KV tiles,
-    #: which already work that way.
+    #: first sum and the update). Same result to rounding. The updated tile is then stored before the
+    #: output rows, so its stores go out while the output's sum is still reduced across lanes. Not for
+    #: the chunked or shared-memory KV tiles, which already work that way.
     fused_output: bool = False
     #: the state tile's load issued right after the slot index, before the gate and norm math (which
     #: wait on the q, k and gate loads), so the two memory latencies overlap instead of adding up.
@@ -86,7 +97,12 @@ def pick_config(
     VK: one-warp programs won at every batch size: a single warp keeps every reduction in shuffles
     (no shared-memory round trips or barriers), and many small programs keep enough loads in
     flight. fp32 state: 4 rows (2 KB) while B * HV < 4096, then 8 rows with no hint on the state and
-    evict_last on the activations. 16-bit state: 16 rows (4 KB); when that leaves fewer than ~1024
+    evict_last on the activations; KDA from B * HV = 128 to 1024 8 rows, request-major, branch guard,
+    fused output (its tile stored before the output rows, so the stores need not wait for the
+    output's sum): side by side on the H200 against sglang's Helion kernel, hot / cold, H=4 B=64
+    0.966 / 0.991 -> 1.147 / 1.018, H=32 B=8 0.985 / 1.000 -> 1.184 / 1.009, H=16 B=8 1.027 / 1.043
+    -> 1.172 / 1.061, H=4 B=256 1.016 / 1.008 -> 1.022 / 1.016; at 2048 and at 32 it lost.
+    16-bit state: 16 rows (4 KB); when that leaves fewer than ~1024
     programs (B * HV < 128 at V = 128) the tile shrinks to 8 or 4 rows so that small batches still
     spread over all 132 SMs; from B * HV = 4096 the masked guard, no hint on the state, q, k and the
     gate inputs kept in L2 (evict_last; not v, each v element is read once), request-major order
@@ -98,7 +114,9 @@ def pick_config(
     side on the H200 over the 30 fp32 VK rows (H 32/16/4, B 1-1024, hot and cold) against sglang's
     Helion kernel, 0.977-1.254x -> 0.980-1.281x: +0-0.7 % at B >= 256 (H=16 B=256 0.989 -> 0.994),
     +0-2.3 % at B = 1, -1.4 to +2.8 % at B = 8 and 64; with 16-bit state it lost up to 2.4 % at
-    B >= 256, so it is not taken there. GDN keeps the shapes it was measured with (no fused output).
+    B >= 256, and with the tile stored first it is level with the unfused shape (side by side, 18
+    rows at B <= 64: +0-2.6 % hot, -0.5 to -2.5 % cold), so it is not taken there. GDN keeps the
+    shapes it was measured with (no fused output).
     KV (contiguous along V): tiles of 16 to 64 V columns (whole lines per row), wider as the batch
     grows (KDA with fp32 state up to B * HV = 256 with ``fused_output``: KV / the same VK pick
     0.83-1.00 -> 0.85-1.02 at B = 1, -0.7 to +2.8 % at B * HV 128-256; with 16-bit state it lost
@@ -167,7 +185,9 @@ def pick_config(
         else:
             cfg = DecodeConfig(block_v=64, num_warps=2)
     elif wide_state:
-        if work < 4096:
+        if not gdn and 128 <= work <= 1024:  # 8 rows, request-major, branch guard, tile stored first
+            cfg = DecodeConfig(block_v=8, num_warps=1, fused_output=True)
+        elif work < 4096:
             cfg = DecodeConfig(block_v=4, num_warps=1, guard="mask", grid="v_fastest", fused_output=not gdn)
         else:
             cfg = DecodeConfig(8, 1, state_eviction="", act_eviction="evict_last", guard="mask", fused_output=not gdn)

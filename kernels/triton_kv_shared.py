@@ -60,7 +60,7 @@ def _build(gluon: Any, gl: Any, cp: Any, async_load: Any, barrier: Any) -> Any:
         HAS_COUNTER: gl.constexpr, GATE_STRIDE: gl.constexpr, ROUND_BETA: gl.constexpr,
         LOAD_EVICTION: gl.constexpr, STORE_EVICTION: gl.constexpr, ACT_EVICTION: gl.constexpr,
         WIDE: gl.constexpr, ACC2D: gl.constexpr, L2D: gl.constexpr, L1: gl.constexpr, SMEM: gl.constexpr,
-        SMEM1: gl.constexpr,
+        SMEM1: gl.constexpr, REGS: gl.constexpr,
     ):
         # 1-D grid, request-major, then value head, then V block
         NV: gl.constexpr = V // BV
@@ -79,12 +79,16 @@ def _build(gluon: Any, gl: Any, cp: Any, async_load: Any, barrier: Any) -> Any:
         o_row = out + (i_b * HV + i_hv) * V
         if valid:
             base = state + slot * stride_state + i_hv * (K * V)
-            tile = gl.allocate_shared_memory(state.dtype.element_ty, [K, BV], SMEM)
-            for j in gl.static_range(K // CK):
-                o_c = j * CK + gl.arange(0, CK, LK)
-                p_s = base + gl.expand_dims(o_c, 1) * V + gl.expand_dims(o_v, 0)
-                async_load(tile.slice(j * CK, CK), p_s, eviction_policy=LOAD_EVICTION)
-            cp.commit_group()
+            if REGS:  # the whole tile into registers (L1 is LK here: the K-vectors need no conversion)
+                p_t = base + gl.expand_dims(gl.arange(0, K, LK), 1) * V + gl.expand_dims(o_v, 0)
+                regs = gl.load(p_t, eviction_policy=LOAD_EVICTION)
+            else:
+                tile = gl.allocate_shared_memory(state.dtype.element_ty, [K, BV], SMEM)
+                for j in gl.static_range(K // CK):
+                    o_c = j * CK + gl.arange(0, CK, LK)
+                    p_s = base + gl.expand_dims(o_c, 1) * V + gl.expand_dims(o_v, 0)
+                    async_load(tile.slice(j * CK, CK), p_s, eviction_policy=LOAD_EVICTION)
+                cp.commit_group()
             # while the tile is in flight: the K-vectors of this head
             row = qkv + i_b * stride_qkv
             o_k = gl.arange(0, K, L1)
@@ -113,38 +117,48 @@ def _build(gluon: Any, gl: Any, cp: Any, async_load: Any, barrier: Any) -> Any:
             kq = gl.sum(b_q * b_k, axis=0) * (r_q * r_k)
             b_d = gl.exp(b_g)
             b_kn = b_k * r_k
-            v_dk = gl.allocate_shared_memory(gl.float32, [K], SMEM1, b_d * b_kn)
-            v_dq = gl.allocate_shared_memory(gl.float32, [K], SMEM1, b_d * (b_q * r_q))
-            v_d = gl.allocate_shared_memory(gl.float32, [K], SMEM1, b_d)
-            v_k = gl.allocate_shared_memory(gl.float32, [K], SMEM1, b_kn)
-            b_v = gl.load(row + 2 * H * K + i_hv * V + o_v, eviction_policy=ACT_EVICTION).to(gl.float32)
-            cp.wait_group(0)
-            barrier()
-            if ACC2D:  # each thread sums its products over every chunk; one cross-lane reduction
-                a2k = gl.zeros([CK, BV], gl.float32, L2D)
-                a2q = gl.zeros([CK, BV], gl.float32, L2D)
-                for j in gl.static_range(K // CK):
-                    s = tile.slice(j * CK, CK).load(L2D).to(gl.float32)
-                    a2k += s * gl.expand_dims(v_dk.slice(j * CK, CK).load(LK), 1)
-                    a2q += s * gl.expand_dims(v_dq.slice(j * CK, CK).load(LK), 1)
-                acc_k = gl.sum(a2k, axis=0)
-                acc_q = gl.sum(a2q, axis=0)
+            if REGS:  # both sums straight from the registers (the K-vectors are in the rows' layout)
+                h = regs.to(gl.float32) * gl.expand_dims(b_d, 1)
+                acc_k = gl.sum(h * gl.expand_dims(b_kn, 1), axis=0)
+                acc_q = gl.sum(h * gl.expand_dims(b_q * r_q, 1), axis=0)
+                b_v = gl.load(row + 2 * H * K + i_hv * V + o_v, eviction_policy=ACT_EVICTION).to(gl.float32)
             else:
-                acc_k = gl.zeros([BV], gl.float32, LV)
-                acc_q = gl.zeros([BV], gl.float32, LV)
-                for j in gl.static_range(K // CK):
-                    s = tile.slice(j * CK, CK).load(L2D).to(gl.float32)
-                    acc_k += gl.sum(s * gl.expand_dims(v_dk.slice(j * CK, CK).load(LK), 1), axis=0)
-                    acc_q += gl.sum(s * gl.expand_dims(v_dq.slice(j * CK, CK).load(LK), 1), axis=0)
+                v_dk = gl.allocate_shared_memory(gl.float32, [K], SMEM1, b_d * b_kn)
+                v_dq = gl.allocate_shared_memory(gl.float32, [K], SMEM1, b_d * (b_q * r_q))
+                v_d = gl.allocate_shared_memory(gl.float32, [K], SMEM1, b_d)
+                v_k = gl.allocate_shared_memory(gl.float32, [K], SMEM1, b_kn)
+                b_v = gl.load(row + 2 * H * K + i_hv * V + o_v, eviction_policy=ACT_EVICTION).to(gl.float32)
+                cp.wait_group(0)
+                barrier()
+                if ACC2D:  # each thread sums its products over every chunk; one cross-lane reduction
+                    a2k = gl.zeros([CK, BV], gl.float32, L2D)
+                    a2q = gl.zeros([CK, BV], gl.float32, L2D)
+                    for j in gl.static_range(K // CK):
+                        s = tile.slice(j * CK, CK).load(L2D).to(gl.float32)
+                        a2k += s * gl.expand_dims(v_dk.slice(j * CK, CK).load(LK), 1)
+                        a2q += s * gl.expand_dims(v_dq.slice(j * CK, CK).load(LK), 1)
+                    acc_k = gl.sum(a2k, axis=0)
+                    acc_q = gl.sum(a2q, axis=0)
+                else:
+                    acc_k = gl.zeros([BV], gl.float32, LV)
+                    acc_q = gl.zeros([BV], gl.float32, LV)
+                    for j in gl.static_range(K // CK):
+                        s = tile.slice(j * CK, CK).load(L2D).to(gl.float32)
+                        acc_k += gl.sum(s * gl.expand_dims(v_dk.slice(j * CK, CK).load(LK), 1), axis=0)
+                        acc_q += gl.sum(s * gl.expand_dims(v_dq.slice(j * CK, CK).load(LK), 1), axis=0)
             b_u = b_beta * (b_v - acc_k)
+            if REGS:  # the tile first: its stores need not wait for the output's sum
+                h = h + gl.expand_dims(b_kn, 1) * gl.expand_dims(b_u, 0)
+                gl.store(p_t, h.to(state.dtype.element_ty), eviction_policy=STORE_EVICTION)
             gl.store(o_row + o_v, (acc_q + b_u * kq).to(out.dtype.element_ty))
-            for j in gl.static_range(K // CK):
-                o_c = j * CK + gl.arange(0, CK, LK)
-                s = tile.slice(j * CK, CK).load(L2D).to(gl.float32)
-                s = s * gl.expand_dims(v_d.slice(j * CK, CK).load(LK), 1) + \
-                    gl.expand_dims(v_k.slice(j * CK, CK).load(LK), 1) * gl.expand_dims(b_u, 0)
-                p_s = base + gl.expand_dims(o_c, 1) * V + gl.expand_dims(o_v, 0)
-                gl.store(p_s, s.to(state.dtype.element_ty), eviction_policy=STORE_EVICTION)
+            if not REGS:
+                for j in gl.static_range(K // CK):
+                    o_c = j * CK + gl.arange(0, CK, LK)
+                    s = tile.slice(j * CK, CK).load(L2D).to(gl.float32)
+                    s = s * gl.expand_dims(v_d.slice(j * CK, CK).load(LK), 1) + \
+                        gl.expand_dims(v_k.slice(j * CK, CK).load(LK), 1) * gl.expand_dims(b_u, 0)
+                    p_s = base + gl.expand_dims(o_c, 1) * V + gl.expand_dims(o_v, 0)
+                    gl.store(p_s, s.to(state.dtype.element_ty), eviction_policy=STORE_EVICTION)
         else:  # padding (< 0) or out of range (>= N): zero output, no pool access
             gl.store(o_row + o_v, gl.zeros([BV], out.dtype.element_ty, LV))
         if HAS_COUNTER:
@@ -155,10 +169,12 @@ def _build(gluon: Any, gl: Any, cp: Any, async_load: Any, barrier: Any) -> Any:
 
 
 def unsupported(head_k_dim: int, head_v_dim: int, state_dtype: torch.dtype, block_v: int, num_warps: int,
-                chunk: int, device: torch.device | None = None, slot_stride: int | None = None) -> str | None:
+                chunk: int, device: torch.device | None = None, slot_stride: int | None = None,
+                registers: bool = False) -> str | None:
     """Why the shared-memory KV kernel cannot run this shape here (on ``device``, for a pool whose
     slots are ``slot_stride`` elements apart), or None when it can. The pool's base address must
-    also be 16-byte aligned (:func:`misaligned`, per call)."""
+    also be 16-byte aligned (:func:`misaligned`, per call). ``registers``: the tile held in registers
+    (``chunk`` is then K): no shared memory, no ``cp.async``, any alignment."""
     if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
         return "the Triton interpreter (TRITON_INTERPRET) does not run Gluon kernels"
     if torch.version.hip is not None:
@@ -179,6 +195,8 @@ def unsupported(head_k_dim: int, head_v_dim: int, state_dtype: torch.dtype, bloc
     rows = 32 // _lanes_v(block_v, vec, num_warps)  # K rows one warp's lanes cover in a chunk (see layouts)
     if chunk < rows:
         return f"kv_chunk = {chunk} rows is fewer than a warp's rows of the chunk layout ({rows})"
+    if registers:
+        return None
     if slot_stride is not None and slot_stride * state_dtype.itemsize % 16:
         return (f"the pool's slots are {slot_stride} elements apart, not a multiple of 16 bytes (the tile is "
                 "copied in 16-byte vectors)")
@@ -224,15 +242,20 @@ def shared_bytes(head_k_dim: int, block_v: int, state_dtype: torch.dtype) -> int
     return head_k_dim * block_v * state_dtype.itemsize + 4 * head_k_dim * 4
 
 
-def layouts(block_v: int, itemsize: int, num_warps: int) -> tuple[Any, Any, Any, Any]:
+def layouts(block_v: int, itemsize: int, num_warps: int, head_k_dim: int = 0) -> tuple[Any, Any, Any, Any]:
     """The register layout of a ``[CK, block_v]`` chunk (16-byte vectors along V, warps side by side
-    along V), of the K-vectors, and the shared layouts of the tile and of the K-vectors."""
+    along V), of the K-vectors, and the shared layouts of the tile and of the K-vectors.
+
+    With ``head_k_dim`` (the register tile): the layout of the whole ``[K, block_v]`` tile, each
+    lane holding a run of adjacent K rows, and the K-vectors in its row slice, so each lane loads
+    the q, k and gate values of its own rows and no value changes lanes before the sums."""
     from triton.experimental.gluon import language as gl
 
     vec = 16 // itemsize
     lanes_v = _lanes_v(block_v, vec, num_warps)
-    chunk = gl.BlockedLayout([1, vec], [32 // lanes_v, lanes_v], [1, num_warps], [1, 0])
-    vectors = gl.BlockedLayout([1], [32], [num_warps], [0])
+    rows = max(head_k_dim // (32 // lanes_v), 1)
+    chunk = gl.BlockedLayout([rows, vec], [32 // lanes_v, lanes_v], [1, num_warps], [1, 0])
+    vectors = gl.SliceLayout(1, chunk) if head_k_dim else gl.BlockedLayout([1], [32], [num_warps], [0])
     return chunk, vectors, gl.SwizzledSharedLayout(1, 1, 1, [1, 0]), gl.SwizzledSharedLayout(1, 1, 1, [0])
 
 

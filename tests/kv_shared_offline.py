@@ -6,7 +6,8 @@ calls, are interpreted functions a compiled kernel cannot call). Reads a JSON li
 argv[1] (``{"config": DecodeConfig fields, "dtype": "bfloat16", "gdn": bool, "bounded": bool,
 "counted": bool}``), compiles each as ``triton_decode._plan_kv_shared`` would launch it (K = V = 128,
 H = HV = 32) and prints one JSON object per case: registers, stack and local bytes per thread (from
-``cuobjdump -res-usage``), shared memory, and the number of ``cp.async`` copies in the PTX.
+``cuobjdump -res-usage``), shared memory, the number of ``cp.async`` copies and of barriers in the
+PTX, and the layout conversions in the Triton GPU IR.
 
     TRITON_INTERPRET=0 python tests/kv_shared_offline.py '[{"config": {"block_v": 128, "num_warps": 2,
         "kv_chunk": 16, "kv_shared": true}, "dtype": "bfloat16"}]'
@@ -61,8 +62,11 @@ def compile_case(case: dict) -> dict:
     if found is None:
         raise RuntimeError(f"no resource usage in cuobjdump's output: {usage!r}")
     registers, stack, local = map(int, found.groups())
+    ptx = compiled.asm["ptx"]
     return dict(registers=registers, stack=stack, local=local, shared=compiled.metadata.shared,
-                cp_async=len(re.findall(r"cp\.async\.c[ag]\.shared\.global", compiled.asm["ptx"])))
+                cp_async=len(re.findall(r"cp\.async\.c[ag]\.shared\.global", ptx)),
+                barriers=len(re.findall(r"\bbar\.sync\b", ptx)),
+                conversions=compiled.asm["ttgir"].count("ttg.convert_layout"))
 
 
 if __name__ == "__main__":

@@ -198,6 +198,21 @@ def test_16bit_kv_state_takes_the_chunked_tile_with_an_unhinted_first_pass_from_
     assert pick_config(256, 32, 128, torch.bfloat16, "KV", gdn=True, kv_shared=False).kv_first_eviction == "evict_last"
 
 
+def test_fp32_vk_state_takes_8_row_tiles_stored_before_the_output_from_128_to_1024_request_heads() -> None:
+    # measured on an H200 (pick_config's docstring): 8 rows, request-major, branch guard, fused output
+    # (whose tile is stored before the output rows); 4 masked rows below, 8 with no state hint from 4096
+    r8 = DecodeConfig(block_v=8, num_warps=1, fused_output=True)
+    for batch, hv in ((8, 16), (8, 32), (64, 4), (64, 16), (256, 4)):
+        assert pick_config(batch, hv, 128, torch.float32, "VK") == r8
+    r4 = DecodeConfig(block_v=4, num_warps=1, guard="mask", grid="v_fastest", fused_output=True)
+    assert pick_config(8, 4, 128, torch.float32, "VK") == r4  # 32 request-heads
+    assert pick_config(64, 32, 128, torch.float32, "VK") == r4  # 2048
+    assert pick_config(256, 16, 128, torch.float32, "VK").state_eviction == ""  # 4096
+    # GDN keeps the shapes it was measured with (no fused output); 16-bit state is not fused
+    assert pick_config(64, 4, 128, torch.float32, "VK", gdn=True) == r4._replace(fused_output=False)
+    assert not any(pick_config(b, 32, 128, torch.bfloat16, "VK").fused_output for b in (1, 8, 64, 256, 1024))
+
+
 @pytest.mark.parametrize("lower_bound", [None, -5.0], ids=["softplus", "bounded"])
 @pytest.mark.parametrize("use_qk_l2norm", [True, False], ids=["l2norm", "raw"])
 def test_chunked_kv_tiles_match_reference_for_gates_and_norms(lower_bound: float | None, use_qk_l2norm: bool) -> None:

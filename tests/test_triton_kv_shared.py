@@ -151,7 +151,62 @@ def compiled() -> dict[str, dict]:
     pick = pick_config(1024, 32, 128, torch.bfloat16, "KV")
     cases["gdn"] = _case(pick, torch.bfloat16, gdn=True)
     cases["bounded-counted"] = _case(pick, torch.bfloat16, bounded=True, counted=True)
+    for cfg, dt, flags in REGISTER_CASES:
+        cases[_register_name(cfg, dt, flags)] = _case(cfg, dt, **flags)
     return dict(zip(cases, _compile_for_sm90(list(cases.values())), strict=True))
+
+
+# the register tile (DecodeConfig.kv_registers): measured, not picked by auto (docs/benchmarks.md)
+REGISTER_CASES = [
+    (DecodeConfig(block_v=16, num_warps=1, kv_registers=True), torch.float32, {}),
+    (DecodeConfig(block_v=16, num_warps=1, kv_registers=True), torch.bfloat16, {"counted": True}),
+    (DecodeConfig(block_v=32, num_warps=2, kv_registers=True), torch.bfloat16, {"gdn": True}),
+    (DecodeConfig(block_v=64, num_warps=2, kv_registers=True), torch.float32, {"bounded": True}),
+]
+
+
+def _register_name(cfg: DecodeConfig, dtype: torch.dtype, flags: dict) -> str:
+    return f"regs-{cfg.block_v}-{cfg.num_warps}-{dtype}-" + "-".join(sorted(flags))
+
+
+@pytest.mark.parametrize("cfg,dtype,flags", REGISTER_CASES,
+                         ids=lambda x: x if isinstance(x, str) else None)
+def test_the_register_tile_compiles_for_sm90_with_no_shared_memory_barriers_or_layout_conversions(
+        cfg: DecodeConfig, dtype: torch.dtype, flags: dict, compiled: dict[str, dict]) -> None:
+    usage = compiled[_register_name(cfg, dtype, flags)]
+    # the K-vectors are loaded in the tile's row layout: nothing moves between lanes through shared memory
+    assert usage["shared"] == 0 and usage["cp_async"] == 0 and usage["conversions"] == 0, usage
+    assert usage["local"] == 0, usage
+    if not flags.get("counted"):  # (the counter's atomic, on the out-of-range path only, brings barriers)
+        assert usage["barriers"] == 0, usage
+
+
+def test_the_register_tile_and_the_shared_tile_exclude_each_other() -> None:
+    cfg = DecodeConfig(block_v=16, num_warps=1, kv_chunk=16, kv_shared=True, kv_registers=True)
+    with pytest.raises(ValueError, match=re.escape(f"{cfg}: kv_shared and kv_registers exclude each other")):
+        _plan(8, 32, 128, 128, torch.float32, cfg)
+
+
+def test_the_register_tile_needs_no_shared_memory_or_aligned_slots(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    # a tile too large for shared memory, and slots 5 elements off 16 bytes: fine in registers
+    assert triton_kv_shared.unsupported(256, 256, torch.float32, 256, 2, 256, registers=True) is None
+    assert triton_kv_shared.unsupported(128, 128, torch.bfloat16, 16, 1, 128, slot_stride=128 * 128 + 5,
+                                        registers=True) is None
+    # the layout's own limits still hold
+    assert triton_kv_shared.unsupported(96, 128, torch.bfloat16, 16, 1, 96, registers=True) == \
+        "K = 96 is not a power of two"
+    assert triton_kv_shared.unsupported(128, 128, torch.float32, 4, 2, 128, registers=True) == \
+        "block_v = 4 is narrower than 2 warps of 16-byte vectors (8 columns)"
+
+
+@pytest.mark.skipif(CUDA, reason="checks the refusal where Gluon cannot run (the interpreter)")
+def test_an_explicit_register_tile_says_why_it_cannot_run_under_the_interpreter() -> None:
+    cfg = DecodeConfig(block_v=16, num_warps=1, kv_registers=True)
+    with pytest.raises(ValueError, match=re.escape(f"{cfg} cannot run here: the Triton interpreter (TRITON_INTERPRET) "
+                                                   "does not run Gluon kernels")):
+        _plan(8, 32, 128, 128, torch.float32, cfg)
+    assert not any(c.kv_registers for c in picked_configs())  # measured, not picked
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=str)
@@ -191,7 +246,7 @@ def test_the_plan_is_the_pools_gpus_on_a_machine_with_two_kinds_of_gpu(monkeypat
     # for its pool's GPU and kept under it, so the first GPU's decision is not reused on the other
     seen = []
 
-    def unsupported(*args: object) -> str | None:
+    def unsupported(*args: object, **kwargs: object) -> str | None:
         seen.append(args[-2])
         return "cp.async needs sm_80 or later" if args[-2] == torch.device("cuda", 1) else None
 
@@ -228,8 +283,10 @@ def test_the_plan_is_the_pools_gpus_on_a_machine_with_two_kinds_of_gpu(monkeypat
         (128, 128, DecodeConfig(block_v=128, num_warps=4, kv_chunk=32, kv_shared=True)),
         (64, 128, DecodeConfig(block_v=32, num_warps=1, kv_chunk=8, kv_shared=True, act_eviction="evict_last")),
         (128, 64, DecodeConfig(block_v=64, num_warps=2, kv_chunk=64, kv_shared=True, store_eviction="evict_first")),
+        (128, 128, DecodeConfig(block_v=16, num_warps=1, kv_registers=True)),
+        (64, 128, DecodeConfig(block_v=32, num_warps=2, kv_registers=True, act_eviction="evict_last")),
     ],
-    ids=["bf16-pick", "fp32-pick", "w4-ck32", "K64-bv32-ck8", "V64-ck64"],
+    ids=["bf16-pick", "fp32-pick", "w4-ck32", "K64-bv32-ck8", "V64-ck64", "regs-bv16", "regs-K64-bv32-w2"],
 )
 @pytest.mark.parametrize("lower_bound", [None, -5.0], ids=["softplus", "bounded"])
 def test_on_cuda_the_shared_tile_matches_the_reference_with_padding_and_out_of_range_indices(
@@ -294,6 +351,27 @@ def test_on_cuda_a_pool_the_tile_cannot_copy_takes_the_chunked_tile_with_auto(mi
     with pytest.raises(ValueError, match="cannot run here: the pool's"):
         triton_decode.packed_decode(*args, pool, out, case.indices, **kw,
                                     config=pick_config(64, 32, 128, torch.bfloat16, "KV"))
+
+
+@pytest.mark.skipif(not CUDA, reason="the Gluon kernel runs on a CUDA device only")
+def test_on_cuda_the_register_tile_runs_on_a_pool_off_16_bytes() -> None:
+    # no cp.async: a pool whose base address is off 16 bytes runs (the loads narrow)
+    case = make_decode_case(batch=5, num_heads=2, num_v_heads=4, head_k_dim=128, head_v_dim=128,
+                            state_dtype=torch.float32, act_dtype=torch.bfloat16, state_layout="KV", device="cuda",
+                            indices=[3, -1, 0, 9, 5], num_slots=8)
+    buf = torch.empty(case.state.numel() + 1, dtype=case.state.dtype, device="cuda")
+    pool = buf[1:].view(case.state.shape).copy_(case.state)
+    assert triton_kv_shared.misaligned(pool) is not None
+    before = buf.clone()[1:].view(case.state.shape)  # the same storage layout, for the untouched check
+    ref_pool, out, ref_out = pool.clone(), case.new_out(), case.new_out()
+    args = (case.mixed_qkv, case.a, case.b, case.A_log, case.dt_bias, case.scale)
+    kw = dict(num_heads=2, use_qk_l2norm=True, lower_bound=None, state_layout="KV")
+    triton_decode.packed_decode(*args, pool, out, case.indices, **kw,
+                                config=DecodeConfig(block_v=16, num_warps=1, kv_registers=True))
+    reference.packed_decode(*args, ref_pool, ref_out, case.indices, **kw)
+    assert_close_to_oracle(out, ref_out)
+    assert_close_to_oracle(pool, ref_pool)
+    assert_pool_untouched_except(before, pool, [3, 0, 5])
 
 
 @pytest.mark.skipif(not CUDA, reason="the Gluon kernel runs on a CUDA device only")
