@@ -172,7 +172,8 @@ def candidate_configs(layout: str, sdt: torch.dtype, batch: int, num_v_heads: in
     L2, not v; ``ka``: all activations; ``noev`` / ``ev1``: no hint / evict_first on the state;
     ``cg``: the state read through L2 only; ``cs``: streaming stores; ``se1``: evict_first on the state
     store only) and for fp32 other tiles (``r4``, ``r8``, ``r16``, ``t2``: two pipelined 4-row tiles;
-    ``r8-flat-br``: 8 rows, request-major, branch guard); ``fo``: the output summed from the decayed tile
+    ``r8-flat-br``: 8 rows, request-major, branch guard; ``r4-m-vf``: 4 rows, masked guard, V tiles
+    fastest); ``fo``: the output summed from the decayed tile
     (``fused_output``), on the picked shape or on 8 rows (``r8-fo``), ``nofo`` the picked shape without it;
     ``el``: the state load issued before
     the gate and norm math (``early_load``), ``el-fo`` both;
@@ -223,7 +224,7 @@ def candidate_configs(layout: str, sdt: torch.dtype, batch: int, num_v_heads: in
                     "rg32-ka": regs._replace(block_v=32, act_eviction="evict_last"),
                     "rg64-w2": regs._replace(block_v=64, num_warps=2),
                     "rg64-w4": regs._replace(block_v=64, num_warps=4)})
-        return {**out, **_tile_knobs(p)}
+        return _unique(p, {**out, **_tile_knobs(p)})
     rows = p.block_v
     mask = dict(guard="mask")
     if sdt.itemsize < 4:
@@ -257,12 +258,18 @@ def candidate_configs(layout: str, sdt: torch.dtype, batch: int, num_v_heads: in
                "r8-vf": p._replace(block_v=8, grid="v_fastest"), "r16": p._replace(block_v=16),
                "r16-vf": p._replace(block_v=16, grid="v_fastest"), "se1": p._replace(store_eviction="evict_first"),
                "r8-flat-br": p._replace(block_v=8, grid="flat", guard="branch"),
+               "r4-m-vf": p._replace(block_v=4, grid="v_fastest", guard="mask"),
                "r8-flat-br-fo": p._replace(block_v=8, grid="flat", guard="branch", fused_output=True)}
         if grouped:
             out["grp"] = p._replace(grid="grouped")
     out.update(_tile_knobs(p))
-    unique: dict[Any, str] = {p: ""}
-    return {name: c for name, c in out.items() if unique.setdefault(c, name) == name}
+    return _unique(p, out)
+
+
+def _unique(pick: Any, candidates: dict[str, Any]) -> dict[str, Any]:
+    """The candidates without the pick and without repeats (the first name of a shape is kept)."""
+    unique: dict[Any, str] = {pick: ""}
+    return {name: c for name, c in candidates.items() if unique.setdefault(c, name) == name}
 
 
 def _tile_knobs(p: Any) -> dict[str, Any]:

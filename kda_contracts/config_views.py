@@ -9,6 +9,7 @@ Example::
 from __future__ import annotations
 
 import functools
+import threading
 import weakref
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -68,6 +69,7 @@ class ConfigViews:
         self.spec = spec
         self.roles, self.matches = config_view_layout(spec)
         self._views: dict[int, tuple[Any, ...]] = {}
+        self._lock = threading.Lock()  # the bound holds under threads (two misses at MAX - 1 grew it past)
 
     @mark_constant_result
     def get(self, key: int) -> tuple[Any, ...] | None:
@@ -91,9 +93,10 @@ class ConfigViews:
         )
         if not config_is_frozen(cfg):
             return view  # a mutable config is read fresh on every call
-        if len(self._views) >= self.MAX:
-            self._views.clear()
-        self._views[id(cfg)] = view
+        with self._lock:
+            if len(self._views) >= self.MAX:
+                self._views.clear()
+            self._views[id(cfg)] = view
         return view
 
 

@@ -66,16 +66,6 @@ class DecodeConfig(NamedTuple):
     #: the activations' ``act_eviction``; ``tiles``, ``num_stages``, ``guard``, ``grid``, the cache
     #: modifiers, ``v_eviction``, ``kv_first_eviction`` and ``max_registers`` do not apply.
     kv_shared: bool = False
-    #: KV layout only: the whole ``[K, block_v]`` tile held in registers by the Gluon kernel of
-    #: ``kv_shared`` (no shared memory): each lane holds a run of adjacent K rows and loads the q, k and
-    #: gate values of those rows itself, so the two sums over K need no layout conversion (a Triton
-    #: kernel moves those K-vectors between lanes through shared memory, with barriers). Sums side by
-    #: side, as ``fused_output``. CUDA only, not under the Triton interpreter; the hints are as for
-    #: ``kv_shared`` (``state_eviction``, ``store_eviction``, ``act_eviction``), the rest do not apply.
-    #: Not with ``kv_shared``. Measured and not picked: on the H200 at B <= 64, the best of seven shapes
-    #: per row against the Triton KV pick, 2.4 % faster in 1 of 36 rows, level to 26 % slower in the
-    #: rest (docs/benchmarks.md).
-    kv_registers: bool = False
     #: each tile's output rows from the decayed tile, ``h q + u (k . q)``, so the two sums over K read
     #: the loaded tile side by side (otherwise the output is summed from the updated tile, after the
     #: first sum and the update). Same result to rounding. The updated tile is then stored before the
@@ -86,6 +76,17 @@ class DecodeConfig(NamedTuple):
     #: wait on the q, k and gate loads), so the two memory latencies overlap instead of adding up.
     #: One tile per program only (``tiles`` 1); not for the chunked or shared-memory KV tiles.
     early_load: bool = False
+    #: KV layout only: the whole ``[K, block_v]`` tile held in registers by the Gluon kernel of
+    #: ``kv_shared`` (no shared memory): each lane holds a run of adjacent K rows and loads the q, k and
+    #: gate values of those rows itself, so the two sums over K need no layout conversion (a Triton
+    #: kernel moves those K-vectors between lanes through shared memory, with barriers). Sums side by
+    #: side, as ``fused_output``. CUDA only, not under the Triton interpreter, and at most 128 state
+    #: elements per thread (``K * block_v / (32 * num_warps)``; more would spill); the hints are as for
+    #: ``kv_shared`` (``state_eviction``, ``store_eviction``, ``act_eviction``), the rest do not apply.
+    #: Not with ``kv_shared``. Measured and not picked: on the H200 at B <= 64, the best of seven shapes
+    #: per row against the Triton KV pick, 2.4 % faster in 1 of 36 rows, level to 26 % slower in the
+    #: rest (docs/benchmarks.md).
+    kv_registers: bool = False
 
 
 def pick_config(

@@ -668,10 +668,7 @@ def _plan_kv_shared(pkey: tuple, cfg: DecodeConfig) -> tuple:
         *triton_kv_shared.layouts(cfg.block_v, state_dtype.itemsize, cfg.num_warps, head_k_dim if regs else 0),
         regs,  # REGS
     )
-    plan = _keep(pkey, grid, constexprs, {"num_warps": cfg.num_warps}, triton_kv_shared.kernel())
-    if not regs:
-        _copies_tile.add(plan[3])
-    return plan
+    return _keep(pkey, grid, constexprs, {"num_warps": cfg.num_warps}, triton_kv_shared.kernel(), copies_tile=not regs)
 
 
 def _wide(pkey: tuple) -> bool:
@@ -680,11 +677,15 @@ def _wide(pkey: tuple) -> bool:
     return dims[0] * max(s_qkv, s_a, s_b, dims[2] * dims[4]) >= 2**31 - 1
 
 
-def _keep(pkey: tuple, grid: tuple, constexprs: tuple, options: dict, kernel: object) -> tuple:
+def _keep(pkey: tuple, grid: tuple, constexprs: tuple, options: dict, kernel: object,
+          copies_tile: bool = False) -> tuple:
     """Store and return a plan; plans that compile alike share an id (the fast launch's key holds
-    the id, not the tuples)."""
+    the id, not the tuples). ``copies_tile``: the kernel copies the pool in 16-byte vectors (its id
+    goes into ``_copies_tile`` before the plan is published, so no launch sees the plan without it)."""
     same = (kernel, constexprs, options.get("num_warps"), options.get("maxnreg"))
     plan_id = _plan_ids.setdefault(same, len(_plan_ids))
+    if copies_tile:
+        _copies_tile.add(plan_id)
     if len(_plans) >= _MAX_PLANS:  # a bounded cache: shapes churn (e.g. every batch size once)
         _plans.clear()
     plan = _plans[pkey] = (grid, constexprs, options, plan_id, kernel)

@@ -31,6 +31,9 @@ from typing import Any
 import torch
 
 SHARED_MEMORY_LIMIT = 227 * 1024  # bytes of shared memory a program may use on sm_90 (when no device is named)
+# state elements per thread the register tile may hold: 128 compile to 224-242 registers and no spills
+# (offline for sm_90, fp32 and bf16, one and two warps), 256 spill (bf16 [128, 64] on one warp: 720 bytes)
+REGISTER_TILE_LIMIT = 128
 
 
 @functools.cache
@@ -194,8 +197,13 @@ def unsupported(head_k_dim: int, head_v_dim: int, state_dtype: torch.dtype, bloc
         return f"block_v = {block_v} is narrower than {num_warps} warps of 16-byte vectors ({vec * num_warps} columns)"
     rows = 32 // _lanes_v(block_v, vec, num_warps)  # K rows one warp's lanes cover in a chunk (see layouts)
     if chunk < rows:
-        return f"kv_chunk = {chunk} rows is fewer than a warp's rows of the chunk layout ({rows})"
+        what = f"K = {chunk}" if registers else f"kv_chunk = {chunk}"
+        return f"{what} rows is fewer than a warp's rows of the chunk layout ({rows})"
     if registers:
+        held = head_k_dim * block_v // (32 * num_warps)
+        if held > REGISTER_TILE_LIMIT:
+            return (f"a [{head_k_dim}, {block_v}] tile on {num_warps} warp(s) holds {held} state elements per thread, "
+                    f"more than the {REGISTER_TILE_LIMIT} that fit in registers without spilling")
         return None
     if slot_stride is not None and slot_stride * state_dtype.itemsize % 16:
         return (f"the pool's slots are {slot_stride} elements apart, not a multiple of 16 bytes (the tile is "

@@ -153,7 +153,32 @@ def compiled() -> dict[str, dict]:
     cases["bounded-counted"] = _case(pick, torch.bfloat16, bounded=True, counted=True)
     for cfg, dt, flags in REGISTER_CASES:
         cases[_register_name(cfg, dt, flags)] = _case(cfg, dt, **flags)
+    for name, (cfg, dt, layout) in STORE_ORDER_CASES.items():  # the Triton kernel (test_triton_decode.py's)
+        cases[name] = _case(cfg, dt, triton=True) | {"layout": layout}
     return dict(zip(cases, _compile_for_sm90(list(cases.values())), strict=True))
+
+
+# the Triton kernel's global stores in program order ("tile": the pool, "row": the output rows; the
+# last "row" is the zero output of a padding or out-of-range index)
+STORE_ORDER_CASES = {
+    "fused-VK": (pick_config(64, 4, 128, torch.float32, "VK"), torch.float32, "VK"),
+    "fused-VK-masked": (DecodeConfig(4, 1, guard="mask", grid="v_fastest", fused_output=True), torch.float32, "VK"),
+    "fused-KV": (pick_config(8, 32, 128, torch.float32, "KV"), torch.float32, "KV"),
+    "unfused-VK": (pick_config(64, 32, 128, torch.bfloat16, "VK"), torch.bfloat16, "VK"),
+    "unfused-KV": (DecodeConfig(32, 1), torch.bfloat16, "KV"),
+}
+
+
+@pytest.mark.parametrize("name", list(STORE_ORDER_CASES))
+def test_with_the_fused_output_the_tile_is_stored_before_the_output_rows(name: str,
+                                                                         compiled: dict[str, dict]) -> None:
+    # the compiler keeps global stores in program order: the tile first lets its stores go out while
+    # the output's sum is still reduced across lanes; unfused, the output (summed from the updated
+    # tile) goes first, as measured
+    cfg = STORE_ORDER_CASES[name][0]
+    assert cfg.fused_output == name.startswith("fused")
+    first = ["tile", "row"] if cfg.fused_output else ["row", "tile"]
+    assert compiled[name]["stores"][:2] == first, compiled[name]
 
 
 # the register tile (DecodeConfig.kv_registers): measured, not picked by auto (docs/benchmarks.md)
@@ -162,6 +187,7 @@ REGISTER_CASES = [
     (DecodeConfig(block_v=16, num_warps=1, kv_registers=True), torch.bfloat16, {"counted": True}),
     (DecodeConfig(block_v=32, num_warps=2, kv_registers=True), torch.bfloat16, {"gdn": True}),
     (DecodeConfig(block_v=64, num_warps=2, kv_registers=True), torch.float32, {"bounded": True}),
+    (DecodeConfig(block_v=32, num_warps=1, kv_registers=True), torch.float32, {}),  # 128 per thread: the limit
 ]
 
 
@@ -176,9 +202,10 @@ def test_the_register_tile_compiles_for_sm90_with_no_shared_memory_barriers_or_l
     usage = compiled[_register_name(cfg, dtype, flags)]
     # the K-vectors are loaded in the tile's row layout: nothing moves between lanes through shared memory
     assert usage["shared"] == 0 and usage["cp_async"] == 0 and usage["conversions"] == 0, usage
-    assert usage["local"] == 0, usage
-    if not flags.get("counted"):  # (the counter's atomic, on the out-of-range path only, brings barriers)
+    assert usage["stack"] == 0 and usage["local"] == 0, usage  # no spills (ptxas reports them as stack)
+    if not flags.get("counted"):  # (the counter's atomic, on the out-of-range path only, may bring barriers)
         assert usage["barriers"] == 0, usage
+    assert usage["stores"][0] == "tile", usage  # the tile before the output rows
 
 
 def test_the_register_tile_and_the_shared_tile_exclude_each_other() -> None:
@@ -187,17 +214,37 @@ def test_the_register_tile_and_the_shared_tile_exclude_each_other() -> None:
         _plan(8, 32, 128, 128, torch.float32, cfg)
 
 
-def test_the_register_tile_needs_no_shared_memory_or_aligned_slots(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_register_tile_needs_no_shared_memory_or_aligned_slots_but_must_fit_in_registers(
+        monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TRITON_INTERPRET", "0")
-    # a tile too large for shared memory, and slots 5 elements off 16 bytes: fine in registers
-    assert triton_kv_shared.unsupported(256, 256, torch.float32, 256, 2, 256, registers=True) is None
+    # slots 5 elements off 16 bytes, and a tile the shared-memory kernel could not take: fine in registers
     assert triton_kv_shared.unsupported(128, 128, torch.bfloat16, 16, 1, 128, slot_stride=128 * 128 + 5,
                                         registers=True) is None
-    # the layout's own limits still hold
+    assert triton_kv_shared.unsupported(256, 256, torch.float32, 256, 16, 256) is not None  # shared memory
+    assert triton_kv_shared.unsupported(256, 256, torch.float32, 256, 16, 256, registers=True) is None  # 128 each
+    # ... but not more state elements per thread than fit in registers (more spill)
+    assert triton_kv_shared.unsupported(256, 256, torch.float32, 256, 2, 256, registers=True) == (
+        "a [256, 256] tile on 2 warp(s) holds 1024 state elements per thread, more than the 128 that fit in "
+        "registers without spilling")
+    assert triton_kv_shared.unsupported(128, 128, torch.bfloat16, 64, 1, 128, registers=True).startswith(
+        "a [128, 64] tile on 1 warp(s) holds 256 state elements per thread")
+    # the layout's own limits still hold, worded for the register tile
     assert triton_kv_shared.unsupported(96, 128, torch.bfloat16, 16, 1, 96, registers=True) == \
         "K = 96 is not a power of two"
     assert triton_kv_shared.unsupported(128, 128, torch.float32, 4, 2, 128, registers=True) == \
         "block_v = 4 is narrower than 2 warps of 16-byte vectors (8 columns)"
+    assert triton_kv_shared.unsupported(4, 16, torch.float32, 16, 1, 4, registers=True) == \
+        "K = 4 rows is fewer than a warp's rows of the chunk layout (8)"
+
+
+def test_only_plans_that_copy_the_tile_need_an_aligned_pool(monkeypatch: pytest.MonkeyPatch) -> None:
+    # _launch sends a pool off 16 bytes elsewhere only for plans in _copies_tile (the cp.async copy)
+    monkeypatch.setattr(triton_kv_shared, "unsupported", lambda *a, **k: None)
+    monkeypatch.setattr(triton_decode, "_plans", {})
+    shared = _plan(64, 32, 128, 128, torch.bfloat16, DecodeConfig(128, 2, kv_chunk=16, kv_shared=True))
+    regs = _plan(64, 32, 128, 128, torch.bfloat16, DecodeConfig(16, 1, kv_registers=True))
+    assert shared[4] is regs[4] is triton_kv_shared.kernel() and shared[3] != regs[3]
+    assert shared[3] in triton_decode._copies_tile and regs[3] not in triton_decode._copies_tile
 
 
 @pytest.mark.skipif(CUDA, reason="checks the refusal where Gluon cannot run (the interpreter)")
