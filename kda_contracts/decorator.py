@@ -173,7 +173,11 @@ class Contract:
         the call when ``KDA_CONTRACTS_DUMP_DIR`` asks for it)."""
         self.rejections += 1
         with dumps.saving_rejection(self, values, self._config_for(values)):
-            raise_violations(self.name, self.type_violations(values), {}, {})
+            violations = self.type_violations(values)
+            if not violations:  # the type check rejected what the explanation cannot name (not expected)
+                violations = [Violation(ArgumentTypeError, "(arguments)", "types that fit the annotations",
+                                        "rejected by the type check, which named no argument")]
+            raise_violations(self.name, violations, {}, {})
 
     def type_violations(self, values: Mapping[str, Any]) -> list[Violation]:
         out = []

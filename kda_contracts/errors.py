@@ -187,6 +187,8 @@ def error_class_for(kinds: Sequence[type[ContractError]]) -> type[ContractError]
     for k in kinds:
         if k not in distinct:
             distinct.append(k)
+    if not distinct:  # (no violation to report: the caller's inconsistency, still a ContractError)
+        return ContractError
     if len(distinct) == 1:
         return distinct[0]
     key = tuple(distinct)

@@ -165,27 +165,49 @@ def deep_problem(value: Any, hint: Any, path: str) -> Problem | None:
 
         deep_problem([1, 2, "3"], list[int], "ks")   # (ArgumentTypeError, "ks[2]: expected int, got str")
     """
+    # the items first: beartype's verdict on a container rests on one sampled item, so its rejection
+    # would name the container where the items can name the item
+    if typing.get_origin(hint) is not None and _has_items(hint) and _outer_fits(value, hint):
+        problem = _items_problem(value, hint, path)
+        if problem is not None:
+            return problem
     if not is_bearable(value, hint, conf=BEARTYPE_CONF):
         return ArgumentTypeError, f"{path}: expected {_hint_text(hint)}, got {type(value).__name__}"
-    return _items_problem(value, hint, path)
+    return None
+
+
+def _outer_fits(value: Any, hint: Any) -> bool:
+    """Whether ``value`` is the kind of container ``hint`` asks for (its items unread; beartype's
+    verdict for any other hint). Deterministic where beartype samples: it never depends on which
+    item beartype happens to look at."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin is typing.Annotated:  # (the metadata is beartype's to check, on the value)
+        return _outer_fits(value, args[0]) and is_bearable(value, hint, conf=BEARTYPE_CONF)
+    if origin in (typing.Union, UnionType):
+        return any(_outer_fits(value, member) for member in args)
+    if args and (origin is tuple or origin in _ITEMS or origin in _PAIRS):
+        if not isinstance(value, origin):
+            return False
+        return origin is not tuple or args[-1] is Ellipsis or len(value) == len(args)
+    return is_bearable(value, hint, conf=BEARTYPE_CONF)
 
 
 def _items_problem(value: Any, hint: Any, path: str) -> Problem | None:
-    """The items' side of :func:`deep_problem`, for a value beartype accepted as a whole."""
+    """The items' side of :func:`deep_problem`, for a value whose outer kind fits (:func:`_outer_fits`)."""
     origin, args = typing.get_origin(hint), typing.get_args(hint)
     if origin is typing.Annotated:  # (beartype checked the metadata on the value itself)
         return _items_problem(value, args[0], path)
     if origin in (typing.Union, UnionType):  # it must fit one member wholly
         first: Problem | None = None
         for member in args:
-            if is_bearable(value, member, conf=BEARTYPE_CONF):
+            if _outer_fits(value, member):
                 problem = _items_problem(value, member, path)
                 if problem is None:
                     return None
                 first = first or problem
         return first
-    if not args or isinstance(value, (str, bytes)):
-        return None
+    if not args or isinstance(value, (str, bytes)) or not _outer_fits(value, hint):
+        return None  # (a value of another kind, or a tuple of another length: not an item's problem)
     # (item, its hint, how its path is worded: only for an item that fails, as a repr may be costly or raise)
     pairs: Iterable[tuple[Any, Any, Callable[[], str]]]
     if origin is tuple:

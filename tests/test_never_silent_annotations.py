@@ -114,9 +114,44 @@ def test_every_item_of_a_container_argument_is_checked_not_a_sample() -> None:
             f(x, [1], {}, modes)
     with pytest.raises(kc.ArgumentTypeError, match=r"by_name\['z'\]: expected float, got str"):
         f(x, [1], {f"k{i}": 1.0 for i in range(30)} | {"z": "no"}, [])
-    with pytest.raises(kc.ArgumentTypeError, match=r"nested\[7\]: expected tuple\[int, str\], got tuple"):
+    with pytest.raises(kc.ArgumentTypeError, match=r"nested\[7\]\[1\]: expected str, got int"):
         f(x, [1], {}, [], [(1, "a")] * 7 + [(1, 2)] + [(1, "a")] * 7)
     f(x, [1] * 40, {"a": 1, "b": 2.5}, ["a", "b"] * 20, [(1, "a")] * 10)  # (an int stands for a float)
+
+
+def test_a_bad_item_of_a_union_container_is_named_on_every_call() -> None:
+    # beartype's verdict on a container rests on one sampled item: the explanation (and, for a hint
+    # without a type tree, the item check itself) must not depend on which item that was. A 1-in-15
+    # draw named the list instead of the item, and with a validator inside the union the explanation
+    # came out empty and a raw TypeError escaped
+    from beartype.vale import Is
+
+    positive = Annotated[int, Is[lambda v: v > 0]]
+
+    @kc.contract(register=False)
+    def f(x: Float[Tensor, "B"], pairs: list[tuple[int, str]] | None = None,
+          ks: list[positive] | None = None) -> None: ...  # type: ignore[valid-type]
+
+    x = torch.ones(2)
+    for _ in range(150):
+        with pytest.raises(kc.ArgumentTypeError, match=r"got +list \(pairs\[7\]\[1\]: expected str, got int\)"):
+            f(x, [(1, "a")] * 7 + [(1, 2)] + [(1, "a")] * 7)
+        with pytest.raises(kc.ArgumentTypeError, match=r"got +list \(ks\[7\]: expected Annotated\[int, "):
+            f(x, None, [1] * 7 + [-1] + [1] * 7)
+    f(x, [(1, "a")] * 15, [1] * 15)
+
+
+def test_a_type_rejection_the_explanation_cannot_name_is_still_an_argument_type_error(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from kda_contracts.decorator import Contract
+
+    @kc.contract(register=False)
+    def f(x: Float[Tensor, "B"], ks: list[int]) -> None: ...
+
+    monkeypatch.setattr(Contract, "type_violations", lambda self, values: [])
+    with pytest.raises(kc.ArgumentTypeError, match=r"\(arguments\): ArgumentTypeError\n +expected types that fit "
+                                                   r"the annotations\n +got +rejected by the type check"):
+        f(torch.ones(2), ["no"])
 
 
 def test_every_item_of_a_plain_part_of_a_tensor_container_is_checked() -> None:
