@@ -162,10 +162,8 @@ def compiled() -> dict[str, dict]:
 # last "row" is the zero output of a padding or out-of-range index)
 STORE_ORDER_CASES = {
     "fused-VK": (pick_config(64, 4, 128, torch.float32, "VK"), torch.float32, "VK"),
-    "fused-VK-masked": (DecodeConfig(4, 1, guard="mask", grid="v_fastest", fused_output=True), torch.float32, "VK"),
     "fused-KV": (pick_config(8, 32, 128, torch.float32, "KV"), torch.float32, "KV"),
     "unfused-VK": (pick_config(64, 32, 128, torch.bfloat16, "VK"), torch.bfloat16, "VK"),
-    "unfused-KV": (DecodeConfig(32, 1), torch.bfloat16, "KV"),
 }
 
 
@@ -183,7 +181,6 @@ def test_with_the_fused_output_the_tile_is_stored_before_the_output_rows(name: s
 
 # the register tile (DecodeConfig.kv_registers): measured, not picked by auto (docs/benchmarks.md)
 REGISTER_CASES = [
-    (DecodeConfig(block_v=16, num_warps=1, kv_registers=True), torch.float32, {}),
     (DecodeConfig(block_v=16, num_warps=1, kv_registers=True), torch.bfloat16, {"counted": True}),
     (DecodeConfig(block_v=32, num_warps=2, kv_registers=True), torch.bfloat16, {"gdn": True}),
     (DecodeConfig(block_v=64, num_warps=2, kv_registers=True), torch.float32, {"bounded": True}),
