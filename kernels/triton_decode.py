@@ -437,9 +437,9 @@ if triton is not None:
         # FUSED_OUTPUT: the tile is stored before the output rows. Stores leave in program order (the
         # compiler cannot tell that the two do not overlap), so the tile's stores go out while the
         # output's sum over K is still being reduced across lanes, instead of after it: on the H200,
-        # 8-row fp32 tiles 15-17% faster with L2-resident state (B*HV = 256), 16-bit state 1-5% at
-        # B >= 256. Without the fused output the updated tile feeds the output's sum, and the output
-        # goes first (the other order measured up to 5% slower with 16-bit state at B = 1024).
+        # 8-row fp32 tiles 15-18% faster with L2-resident state (B*HV = 256). Without the fused output
+        # the updated tile feeds the output's sum, and the output goes first (the other order measured
+        # up to 5% slower with 16-bit state at B = 1024).
         if FUSED_OUTPUT:
             _store_tile(p_s, b_s, mask_s, base, STORE_CACHE, STORE_EVICTION)
         if MASK_ROWS:
