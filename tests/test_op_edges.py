@@ -149,12 +149,17 @@ def test_the_older_adapters_group_is_read_on_the_first_dispatch(tmp_path, monkey
         table.unregister("old-style")
 
 
+def _ld(x: Float[Tensor, "B L D"], layout: str = "BLD") -> Float[Tensor, "B D"]: ...
+
+
+def _dl(x: Float[Tensor, "B D L"], layout: str = "BLD") -> Float[Tensor, "B D"]: ...
+
+
+LAYOUTS = {"BLD": _ld, "BDL": _dl}  # the two variants of the ops below
+
+
 def test_unhashable_variant_keys_and_backend_names_are_contract_errors():
-    def _ld(x: Float[Tensor, "B L D"], layout: str = "BLD") -> Float[Tensor, "B D"]: ...
-
-    def _dl(x: Float[Tensor, "B D L"], layout: str = "BLD") -> Float[Tensor, "B D"]: ...
-
-    @kc.op(variants={"BLD": _ld, "BDL": _dl}, variant=lambda layout: layout)
+    @kc.op(variants=LAYOUTS, variant=lambda layout: layout)
     def unhashable_variant_op(x, layout: str = "BLD"):
         return x.sum(1 if layout == "BLD" else 2)
 
@@ -168,11 +173,7 @@ def test_unhashable_variant_keys_and_backend_names_are_contract_errors():
 
 
 def test_a_backend_naming_no_variant_or_dtypes_for_contained_tensors_is_refused():
-    def _ld(x: Float[Tensor, "B L D"], layout: str = "BLD") -> Float[Tensor, "B D"]: ...
-
-    def _dl(x: Float[Tensor, "B D L"], layout: str = "BLD") -> Float[Tensor, "B D"]: ...
-
-    @kc.op(variants={"BLD": _ld, "BDL": _dl}, variant=lambda layout: layout)
+    @kc.op(variants=LAYOUTS, variant=lambda layout: layout)
     def typo_variant_op(x, layout: str = "BLD"):
         return x.sum(1 if layout == "BLD" else 2)
 
