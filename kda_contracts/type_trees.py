@@ -185,7 +185,7 @@ def _outer_fits(value: Any, hint: Any) -> bool:
         return _outer_fits(value, args[0]) and is_bearable(value, hint, conf=BEARTYPE_CONF)
     if origin in (typing.Union, UnionType):
         return any(_outer_fits(value, member) for member in args)
-    if args and (origin is tuple or origin in _ITEMS or origin in _PAIRS):
+    if _typed_container(origin, args):
         if not isinstance(value, origin):
             return False
         return origin is not tuple or args[-1] is Ellipsis or len(value) == len(args)
@@ -243,6 +243,12 @@ def _has_items(hint: Any) -> bool:
         return _has_items(args[0])
     if origin in (typing.Union, UnionType):
         return any(_has_items(a) for a in args)
+    return _typed_container(origin, args)
+
+
+def _typed_container(origin: Any, args: tuple[Any, ...]) -> bool:
+    """Whether a hint's origin and arguments are a container with typed items (a tuple, or one of
+    :data:`_ITEMS` / :data:`_PAIRS` given its item types)."""
     return bool(args) and (origin is tuple or origin in _ITEMS or origin in _PAIRS)
 
 
