@@ -152,3 +152,19 @@ def test_the_eager_path_benchmark_says_it_needs_cuda(capsys):
     eager_path = _load("eager_path")
     assert eager_path.main(["--rounds", "1"]) == 2
     assert "needs a CUDA device" in capsys.readouterr().err
+
+
+def test_the_cluster_probe_says_what_the_installed_triton_makes_of_sums_split_over_a_cluster():
+    # docs/benchmarks.md rests on it: Triton 3.6 (the H200 image's) compiles neither form, 3.9 both
+    triton = pytest.importorskip("triton")
+    pytest.importorskip("triton.experimental.gluon.language")
+    probe = _load("cluster_probe")
+    got = {form: probe.probe(form) for form in probe.FORMS}
+    if triton.__version__.startswith("3.6."):
+        assert "isReduceWithinCTA" in got["reduce"]["error"]
+        assert "'nvvm.mapa' op result #0 must be LLVM pointer" in got["convert"]["error"]
+    elif triton.__version__.startswith("3.9."):
+        for form in probe.FORMS:
+            assert got[form] == {"compiled": True, "mapa": True, "shared_cluster": True, "cluster_barrier": True}
+    for form in probe.FORMS:  # any release: an outcome, never nothing
+        assert got[form]["compiled"] or got[form]["error"]
