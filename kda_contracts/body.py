@@ -42,7 +42,7 @@ from .modes import mark_constant_result
 from .nested import is_array_type, match_dims
 from .rules import dtype_name, fmt_ints
 
-__all__ = ["body_calls_check", "body_uses_checks", "check", "dims", "in_body"]
+__all__ = ["body_uses_checks", "check", "dims", "in_body"]
 
 _BODY_NAMES = frozenset({"check", "dims", "isinstance"})
 
@@ -82,12 +82,6 @@ def _code_names(code: types.CodeType) -> Iterator[str]:
     for const in code.co_consts:
         if isinstance(const, types.CodeType):
             yield from _code_names(const)
-
-
-def body_calls_check(fn: Callable[..., Any]) -> bool:
-    """Whether a function's code mentions ``check`` (``kc.check``: the one body check that raises)."""
-    code = getattr(getattr(fn, "__wrapped__", fn), "__code__", None)
-    return code is not None and "check" in set(_code_names(code))
 
 
 def body_uses_checks(fn: Callable[..., Any]) -> bool:

@@ -30,7 +30,7 @@ from beartype.door import is_bearable
 from beartype.roar import BeartypeCallHintParamViolation
 
 from . import dumps, modes
-from .body import body_calls_check, body_uses_checks, runner
+from .body import body_uses_checks, runner
 from .check_cache import cached_checker
 from .codegen import bool_for_float, checked_parameters, checker_names, generate_checker, generate_return_checker
 from .config_views import ConfigViews, refuse_built_in_trace, walked_built_in_trace
@@ -430,27 +430,30 @@ def _write_back(saved: list[tuple[torch.Tensor, torch.Tensor]] | None) -> None:
     restore([(t, None, copy) for t, copy in saved or ()])
 
 
-def _guarded(body: Callable[..., Any], is_async: bool) -> Callable[..., Any]:
-    """``body(dims, ...)`` that, given a strict-mode snapshot, writes it back when a contract check
-    raised in the body (its ``kc.check``) rejects the call, then re-raises."""
+def _guarded(run: Callable[..., Any], is_async: bool) -> Callable[..., Any]:
+    """``run(...)`` (the function, or its body runner with the call's dims first) that, given a
+    strict-mode snapshot, writes it back when anything propagates out of it, then re-raises: a
+    ``kc.check`` in the body, a contracted function it calls, a helper's check, the function's own
+    error, a KeyboardInterrupt. Strict mode is transactional: a call that does not return changes
+    no tensor it was declared to write."""
     if is_async:
-        async def guarded_async(saved: Any, bound: tuple[Any, ...], *args: Any, **kwargs: Any) -> Any:
+        async def guarded_async(saved: Any, *args: Any, **kwargs: Any) -> Any:
             if not saved:  # not strict, or under torch.compile (no snapshot there)
-                return await body(bound, *args, **kwargs)
+                return await run(*args, **kwargs)
             try:
-                return await body(bound, *args, **kwargs)
-            except ContractError:
+                return await run(*args, **kwargs)
+            except BaseException:
                 _write_back(saved)
                 raise
 
         return guarded_async
 
-    def guarded(saved: Any, bound: tuple[Any, ...], *args: Any, **kwargs: Any) -> Any:
+    def guarded(saved: Any, *args: Any, **kwargs: Any) -> Any:
         if not saved:  # not strict, or under torch.compile (no snapshot there)
-            return body(bound, *args, **kwargs)
+            return run(*args, **kwargs)
         try:
-            return body(bound, *args, **kwargs)
-        except ContractError:
+            return run(*args, **kwargs)
+        except BaseException:
             _write_back(saved)
             raise
 
@@ -471,15 +474,12 @@ def _build_wrapper(c: Contract, fixed_mode: int | None) -> Callable[..., Any]:
     def fail_types(*vals: Any) -> None:
         c.fail_types(as_values(*vals))
 
-    # (a `-> None` function is not snapshotted for its result: that would copy every written tensor,
-    # a state pool among them, on each strict call, for a result only a slip in the function's code
-    # makes wrong; one whose body runs kc.check is, since a check there may reject the call midway)
-    checks_a_value = c._check_return is not None or (c._check_plain_return is not None
-                                                     and spec.return_hint is not NoneType)
     body = body_uses_checks(c.fn)
-    writes = [i for i, p in enumerate(names) if p in spec.tensors and spec.tensors[p].spec.mutated]
-    # (only a body that runs kc.check can be rejected midway by it; isinstance and kc.dims never raise)
-    mutated = writes if checks_a_value or (body and body_calls_check(c.fn)) else []
+    # strict mode copies every tensor the function is declared to write before it runs, and puts the
+    # copies back if the call does not return, or returns a rejected result: anything the function
+    # calls may reject the call midway (a kc.check in a helper, another contracted function), which
+    # its code does not show
+    mutated = [i for i, p in enumerate(names) if p in spec.tensors and spec.tensors[p].spec.mutated]
 
     def snap(*vals: Any) -> list[tuple[torch.Tensor, torch.Tensor]] | None:
         """Strict mode, before the function runs: a copy of each tensor it is declared to write
@@ -495,7 +495,7 @@ def _build_wrapper(c: Contract, fixed_mode: int | None) -> Callable[..., Any]:
         if dims is not None:
             c.fail_return(res, dims, as_values(*vals))
 
-    written = [names[i] for i in writes]
+    written = [names[i] for i in mutated]
 
     def strict(dims: tuple[int, ...], *vals: Any) -> None:
         values = as_values(*vals)
@@ -533,6 +533,7 @@ def _build_wrapper(c: Contract, fixed_mode: int | None) -> Callable[..., Any]:
     is_async = inspect.iscoroutinefunction(c.fn)
     ns[n("body")] = runner(spec.name, spec.symbols, c.fn, is_async)
     ns[n("guarded_body")] = _guarded(ns[n("body")], is_async)
+    ns[n("guarded_fn")] = _guarded(c.fn, is_async)
     src = wrapper_source(spec, fn_name, n, has_return=c.result_checker() is not None,
                          value_checks=spec.value_checks is not None or bool(written),
                          beartype_first=not c.types_in_checker,

@@ -427,6 +427,9 @@ class Op:
             if isinstance(exc, ContractError):
                 raise
             self._failed(chosen.name, exc, rolled_back=saved is not None)
+        except BaseException:  # KeyboardInterrupt, SystemExit, a cancelled task: rolled back, then on its way
+            restore(saved)
+            raise
         violations = self._checks_after(ctx, variant, chosen, res, saved)
         if violations:
             c.rejections += 1

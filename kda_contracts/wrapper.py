@@ -99,10 +99,12 @@ def wrapper_source(spec: ContractSpec, fn_name: str, names: Names, *, has_return
         ]
     aw = "await " if is_async else ""
     saved = n("saved")
-    if saves and (has_return or body):  # strict mode: what the function writes, put back if the call is rejected
+    if saves:  # strict mode: what the function writes, put back if the call does not return or is rejected
         lines.append(f"        {saved} = {n('snap')}({plain}) if {mode} == 2 else None")
-    if body and saves:  # the body runs with the call's dims in context, its rejections roll back
+    if body and saves:  # the body runs with the call's dims in context; a call that does not return rolls back
         lines.append(f"        {res} = {aw}{n('guarded_body')}({saved}, {dims}, {', '.join(call)})")
+    elif saves:
+        lines.append(f"        {res} = {aw}{n('guarded_fn')}({saved}, {', '.join(call)})")
     elif body:  # the body runs with the call's dims in context (kc.check, kc.dims, isinstance)
         lines.append(f"        {res} = {aw}{n('body')}({dims}, {', '.join(call)})")
     elif has_return:
@@ -112,7 +114,7 @@ def wrapper_source(spec: ContractSpec, fn_name: str, names: Names, *, has_return
             f"        if not {n('check_return')}({res}, {dims}{', ' if plain else ''}{plain}):",
             f"            {n('fail_return')}({res}, {saved if saves else 'None'}{', ' if plain else ''}{plain})",
         ]
-    if body or has_return:
+    if body or has_return or saves:
         lines.append(f"        return {res}")
     lines.append(f"    return {aw}{n('fn')}({', '.join(call)})")
     if is_async:

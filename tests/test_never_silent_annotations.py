@@ -622,23 +622,68 @@ def test_strict_mode_rolls_back_a_body_that_a_check_inside_it_rejects() -> None:
     assert x.eq(4).all()
 
 
-def test_strict_mode_snapshots_only_a_body_that_runs_kc_check() -> None:
-    # isinstance and kc.dims never reject: a body that only mentions them is not snapshotted (a copy
-    # of a state pool on every strict call); a rejection by another contracted function it calls is
-    # that function's own, before it writes anything
+def test_strict_mode_rolls_back_a_body_rejected_by_a_contract_or_check_it_calls() -> None:
+    # what rejects the call may sit outside the function's own code: another contracted function, or
+    # a helper running kc.check. Strict mode copies what the function writes before every call (the
+    # function's code cannot tell), so the outer call still changes nothing
     @kc.contract(register=False)
     def inner(y: Float[Tensor, "B 3"]) -> None: ...
 
+    def helper(t: torch.Tensor) -> None:
+        kc.check(t, "N 3", name="t")
+
     @kc.contract(register=False)
     def outer(pool: Annotated[Float[Tensor, "N D"], kc.Spec(mutated=True)], i: int) -> None:
-        if isinstance(i, int):
-            pool[i] += 1
+        pool[i] += 1
         inner(pool)
 
-    pool = torch.zeros(4, 5)
-    with kc.mode("strict"), pytest.raises(kc.ShapeError, match=r"inner\(\)"):
-        outer(pool, 0)
-    assert pool[0].eq(1).all()  # not rolled back: documented
+    @kc.contract(register=False)
+    def outer_helper(pool: Annotated[Float[Tensor, "N D"], kc.Spec(mutated=True)], i: int) -> None:
+        pool[i] += 1
+        helper(pool)
+
+    for fn, match in ((outer, r"inner\(\)"), (outer_helper, r"t: ShapeError")):
+        pool = torch.zeros(4, 5)
+        with kc.mode("strict"), pytest.raises(kc.ShapeError, match=match):
+            fn(pool, 0)
+        assert pool.eq(0).all(), fn  # before: row 0 kept the +1
+        with kc.mode("check"), pytest.raises(kc.ShapeError, match=match):  # check mode copies nothing
+            fn(pool, 0)
+        assert pool[0].eq(1).all() and pool[1:].eq(0).all()
+
+
+@pytest.mark.parametrize("raised", [RuntimeError("bug in the body"), KeyboardInterrupt()], ids=["error", "interrupt"])
+def test_strict_mode_rolls_back_a_contracted_function_that_does_not_return(raised: BaseException) -> None:
+    # strict mode is transactional: the function's own error or an interrupt leaves its written
+    # arguments as they were (and propagates unchanged)
+    @kc.contract(register=False)
+    def fill_(out: Annotated[Float[Tensor, "B D"], kc.Spec(mutated=True)], x: Float[Tensor, "B D"]) -> None:
+        out[0] = x[0]
+        raise raised
+
+    out, x = torch.zeros(3, 4), torch.ones(3, 4)
+    with kc.mode("strict"), pytest.raises(type(raised)):
+        fill_(out, x)
+    assert out.eq(0).all()
+    with kc.mode("check"), pytest.raises(type(raised)):  # check mode copies nothing
+        fill_(out, x)
+    assert out[0].eq(1).all()
+
+
+def test_strict_mode_rolls_back_an_op_whose_backend_is_interrupted() -> None:
+    @kc.op(name="test_interrupted_fill")
+    def fill_op(x: Float[Tensor, "B D"], out: Annotated[Float[Tensor, "B D"], kc.Spec(mutated=True)]) -> None:
+        out.copy_(x)
+
+    @fill_op.backend("slow", devices=("cpu",), priority=50)
+    def _(x: torch.Tensor, out: torch.Tensor) -> None:
+        out[0].fill_(1.0)
+        raise KeyboardInterrupt
+
+    x, out = torch.randn(3, 4), torch.zeros(3, 4)
+    with kc.mode("strict"), pytest.raises(KeyboardInterrupt):
+        fill_op(x, out)
+    assert out.eq(0).all()  # before: row 0 kept the backend's write
 
 def test_an_async_body_rejected_by_its_check_rolls_back_in_strict_mode() -> None:
     import asyncio
