@@ -203,9 +203,12 @@ def plan_binding(qualname: str, tensors: Mapping[str, TensorParam], scalars: Map
     scalar_sources = {sp.name: sp.name for sp in scalars.values()
                       if sp.hint is int and sp.name in symbols and not sp.optional}
     direct = set(sources) | set(scalar_sources) | static_cfg
-    bsources = {k: v for k, v in bsources.items() if k not in direct}
     config_only = [s for s in symbols if s in static_cfg and s not in sources and s not in scalar_sources]
     facts = _facts(qualname, tensors, scalars, constraints, returns or ())
+    # a dim an expression solves exactly ("2*N") is bound by the solver, not by the broadcastable
+    # axes that also carry it ("#N"): those may all be 1, which binds nothing
+    solved = {s.symbol for s in _steps(tensors, order, constraints, direct | set(vsources) | {f.key for f in facts})}
+    bsources = {k: v for k, v in bsources.items() if k not in direct and k not in solved}
     steps = _steps(tensors, order, constraints, direct | set(bsources) | set(vsources) | {f.key for f in facts})
     solvers = [s for s in steps if isinstance(s, Solver)]
     known = direct | set(bsources) | set(vsources) | {s.symbol for s in steps} | {f.key for f in facts}

@@ -4,6 +4,8 @@ unknown with any sign of coefficient."""
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 
@@ -77,6 +79,23 @@ def test_a_dim_only_broadcastable_axes_carry_is_the_largest() -> None:
     assert add(torch.zeros(5), torch.zeros(1)).shape == (5,)
     with pytest.raises(kc.ShapeError):
         add(torch.zeros(3), torch.zeros(5))
+
+
+def test_a_dim_an_expression_solves_is_bound_by_it_not_by_a_broadcastable_axis() -> None:
+    # "#N" alone binds nothing when its size is 1: N comes from "2*N", and the fast checker agrees
+    # with the full check (before: every call with a size-1 bias warned and took the slow path)
+    @kc.contract(register=False)
+    def f(x: Float[Tensor, "2*N"], y: Float[Tensor, "#N"]) -> None: ...
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the fast/slow disagreement warning would raise here
+        for xs, ys in [(4, 1), (4, 2), (2, 1), (6, 3)]:
+            f(torch.zeros(xs), torch.zeros(ys))
+        solved = r"dim 0 \(#N\): expected 2 or 1 \(N solved from x.shape\[0\] = 2\*N\), got 3"
+        with pytest.raises(kc.ShapeError, match=solved):
+            f(torch.zeros(4), torch.zeros(3))
+        with pytest.raises(kc.ShapeError):
+            f(torch.zeros(3), torch.zeros(1))
 
 
 def test_a_broadcastable_variadic_dim_follows_numpys_rule() -> None:
