@@ -481,9 +481,10 @@ def read_structure(tp: Any, where: str, _reading: frozenset[type] = frozenset())
                                   "put kc.Spec/kc.Range on a top-level argument")
         return read(args[0])
     if is_array_type(tp):
-        if not (isinstance(tp.array_type, type) and issubclass(tp.array_type, torch.Tensor)):
-            raise AnnotationError(f"{where}: only torch.Tensor arrays are supported, got {tp.array_type!r}")
-        from .spec import array_dtypes  # the dtype table lives with the annotation reader
+        from .spec import array_dtypes, unsupported_array_type  # the dtype table lives with the annotation reader
+
+        if (why := unsupported_array_type(tp)) is not None:
+            raise AnnotationError(f"{where}: {why}")
 
         return Leaf(tp.dim_str, parse_shape(tp.dim_str, where), array_dtypes(tp, None, where))
     if not mentions_array(tp):

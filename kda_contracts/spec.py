@@ -310,6 +310,21 @@ def tensor_rules(tp: TensorParam, first_tensor: str | None, autograd: bool = Fal
 
 
 # -- reading annotations -------------------------------------------------------------------------
+def unsupported_array_type(hint: Any) -> str | None:
+    """Why a jaxtyping array annotation's array class cannot be checked, or None (torch.Tensor).
+    A subclass (``Float[nn.Parameter, "D"]``) is refused rather than widened to any tensor: the
+    checks test ``torch.Tensor``, so a plain tensor would pass where the annotation asks for more."""
+    array_type = hint.array_type
+    if array_type is torch.Tensor:
+        return None
+    name = getattr(array_type, "__qualname__", repr(array_type))
+    if isinstance(array_type, type) and issubclass(array_type, torch.Tensor):
+        return (f"{name} is a subclass of torch.Tensor, which contracts do not check as such (any tensor would "
+                f"pass): annotate {getattr(hint.dtype, '__name__', 'Shaped')}[Tensor, "
+                f"{hint.dim_str!r}] and test isinstance(..., {name}) in the body if it matters")
+    return f"only torch.Tensor arrays are supported, got {array_type!r}"
+
+
 def _is_jaxtyping_array(tp: Any) -> bool:
     return isinstance(tp, type) and hasattr(tp, "dim_str") and hasattr(tp, "dtypes") and hasattr(tp, "array_type")
 
@@ -373,8 +388,8 @@ def _read_param(name: str, annotation: Any, where: str) -> TensorParam | ScalarP
         if ranges or matches or foreign.any():
             raise AnnotationError(f"{where}: kc.Range and kc.MatchConfig apply to scalars; tensor values are "
                                   "checked in strict mode")
-        if not (isinstance(inner.array_type, type) and issubclass(inner.array_type, torch.Tensor)):
-            raise AnnotationError(f"{where}: only torch.Tensor arrays are supported, got {inner.array_type!r}")
+        if (why := unsupported_array_type(inner)) is not None:
+            raise AnnotationError(f"{where}: {why}")
         spec = specs[0] if specs else Spec()
         dims = parse_shape(inner.dim_str, where)
         v = next((i for i, d in enumerate(dims) if isinstance(d, Variadic)), None)

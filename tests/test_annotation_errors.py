@@ -381,3 +381,30 @@ def test_int_category_narrowed_by_spec_still_decorates() -> None:
     f(torch.zeros(2, dtype=torch.int32))
     with pytest.raises(kc.DtypeError):
         f(torch.zeros(2, dtype=torch.int64))
+
+
+class _MyTensor(torch.Tensor):
+    pass
+
+
+def _subclass_cases() -> dict[str, Callable[..., Any]]:
+    def param(w: Float[torch.nn.Parameter, "D"], x: Float[Tensor, "D"]) -> None: ...
+    def sub(w: Shaped[_MyTensor, "D"]) -> None: ...
+    def optional(w: Float[_MyTensor, "D"] | None) -> None: ...
+    def nested(ws: list[Float[_MyTensor, "D"]]) -> None: ...
+    def result(x: Float[Tensor, "D"]) -> Float[_MyTensor, "D"]: return x
+
+    return {"param": param, "sub": sub, "optional": optional, "nested": nested, "result": result}
+
+
+@pytest.mark.parametrize("case", list(_subclass_cases()))
+def test_a_tensor_subclass_array_is_refused_not_widened_to_any_tensor(case: str) -> None:
+    # jaxtyping + beartype reject a plain tensor for Float[nn.Parameter, "D"]; the contract's checks
+    # test torch.Tensor, so it refuses the annotation instead of accepting any tensor there
+    fn = _subclass_cases()[case]
+    name = "Parameter" if case == "param" else "_MyTensor"
+    kind = "Shaped" if case == "sub" else "Float"
+    with pytest.raises(kc.AnnotationError, match=re.escape(
+            f"{name} is a subclass of torch.Tensor, which contracts do not check as such (any tensor would pass): "
+            f"annotate {kind}[Tensor, 'D'] and test isinstance(..., {name}) in the body if it matters")):
+        kc.contract(register=False)(fn)
