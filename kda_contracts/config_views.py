@@ -17,12 +17,12 @@ from typing import Any
 import torch
 
 from .errors import ArgumentTypeError, ContractError, Violation, passthrough_for_compile, raise_violations
-from .markers import CONFIG_LACKS, config_dims, config_float_fields, config_is_frozen
+from .markers import CONFIG_LACKS, config_dims, config_is_frozen, config_nonint_dims
 from .modes import made_in_trace, mark_constant_result
 from .spec import ContractSpec
 from .trace_args import flatten
 
-__all__ = ["ConfigViews", "config_ref", "config_view_layout", "float_dim_violations", "refuse_built_in_trace",
+__all__ = ["ConfigViews", "config_ref", "config_view_layout", "dim_type_violations", "refuse_built_in_trace",
            "walked_built_in_trace"]
 
 
@@ -79,9 +79,9 @@ class ConfigViews:
     def make(self, cfg: Any) -> tuple[Any, ...]:
         if made_in_trace(cfg):  # (the fast checker then falls to the slow path, which refuses the call)
             refuse_built_in_trace(self.spec, cfg)
-        floats = float_dim_violations(self.spec, cfg)
-        if floats:  # a per-call config (a fixed one is refused at decoration)
-            _refuse(self.spec, floats)
+        wrong = dim_type_violations(self.spec, cfg)
+        if wrong:  # a per-call config (a fixed one is refused at decoration)
+            _refuse(self.spec, wrong)
         dims = config_dims(cfg)
         dts = _config_dtypes(cfg) or {}
         view = (
@@ -100,14 +100,16 @@ class ConfigViews:
         return view
 
 
-def float_dim_violations(spec: ContractSpec, cfg: Any) -> list[Violation]:
-    """A plain config whose field named like a dim of the contract holds a float (``hidden / heads``):
-    it binds nothing, so the call is refused rather than checked without it."""
-    floats = config_float_fields(cfg)
+def dim_type_violations(spec: ContractSpec, cfg: Any) -> list[Violation]:
+    """A config that gives a dim of the contract as something other than an int (a float from
+    ``hidden / heads``, a str, a bool, a numpy integer): it binds nothing, so the call is refused
+    rather than checked without it (None leaves the dim free)."""
+    wrong = config_nonint_dims(cfg)
     return [Violation(ArgumentTypeError, spec.config_arg or "config", f"{sym} as an int (a dim of the contract)",
-                      f"{sym}={floats[sym]!r}, a float, which binds no dim",
-                      hint=f"make {type(cfg).__name__}'s {sym} an int: int(...) it, or compute it with //")
-            for sym in spec.symbols if sym in floats]
+                      f"{sym}={wrong[sym]!r}, a {type(wrong[sym]).__name__}, which binds no dim",
+                      hint=f"make {type(cfg).__name__}'s {sym} an int: "
+                           + ("int(...) it, or compute it with //" if isinstance(wrong[sym], float) else "int(...) it"))
+            for sym in spec.symbols if sym in wrong]
 
 
 def _refuse(spec: ContractSpec, violations: list[Violation]) -> None:

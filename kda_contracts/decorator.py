@@ -47,7 +47,7 @@ from .errors import (
     uninspectable,
 )
 from .explain import explain_return
-from .markers import Where, config_float_fields
+from .markers import Where, config_nonint_dims
 from .members import accessors, contract_members, is_contracted
 from .modes import made_in_trace
 from .nested import Plain
@@ -632,11 +632,12 @@ def _decorate(fn: Callable[..., Any], options: ContractOptions) -> Any:
     mode = options.mode
     fixed = modes.parse_mode(mode, f"contract(mode={mode!r})") if mode is not None else None
     spec = build_spec(fn, options)
-    floats = config_float_fields(options.config)
+    wrong = config_nonint_dims(options.config)
     for sym in spec.symbols:
-        if sym in floats:
-            raise AnnotationError(f"{spec.name}: the config's {sym} is {floats[sym]!r}, a float, so it binds no "
-                                  f"dim; dims are ints (int(...) it, or compute it with //)")
+        if sym in wrong:
+            how = "int(...) it, or compute it with //" if isinstance(wrong[sym], float) else "int(...) it"
+            raise AnnotationError(f"{spec.name}: the config's {sym} is {wrong[sym]!r}, a {type(wrong[sym]).__name__}, "
+                                  f"so it binds no dim; dims are ints ({how})")
     if options.config is None and options.config_arg is None:
         for sp in spec.scalars.values():
             if sp.match is not None:

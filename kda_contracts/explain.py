@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from .config_views import float_dim_violations
+from .config_views import dim_type_violations
 from .constraints import Constraint
 from .dims import Broadcast, Expr, Sym, Variadic, broadcast_dim, broadcast_sizes, fits_variadic
 from .errors import ArgumentTypeError, DeviceError, DtypeError, LayoutError, ShapeError, Violation
@@ -115,9 +115,10 @@ class Explainer:
                 type(self.config).__name__, hint=f"{exc}"))
             self.config = None
             cfg_dims = {}
-        self.violations += float_dim_violations(spec, self.config)
+        wrong = dim_type_violations(spec, self.config)
+        self.violations += wrong
         for sym in spec.symbols:
-            if sym in cfg_dims:
+            if sym in cfg_dims and isinstance(cfg_dims[sym], int) and not isinstance(cfg_dims[sym], bool):
                 self.dims[sym] = int(cfg_dims[sym])
                 self.prov[sym] = f"from config ({config_dim_source(self.config, sym)})"
         self._facts()

@@ -217,16 +217,20 @@ def _plain_config_items(config: Any) -> Any:
                           "a pydantic model, a dataclass or a mapping of dims")
 
 
-def config_float_fields(config: Any) -> dict[str, float]:
-    """The float values of a plain config (a pydantic model, a dataclass or a mapping; not one with
-    ``contract_dims()``), by name: a dim computed with ``/`` lands here and binds nothing."""
-    if config is None or hasattr(config, "contract_dims"):
+def config_nonint_dims(config: Any) -> dict[str, Any]:
+    """What a config gives by name that is not an int nor None (None: not fixed): a float (a dim
+    computed with ``/``), a str, a bool, a numpy integer; from ``contract_dims()`` if it has one,
+    else from a plain config's fields. Only the names the contract uses as dims matter (the caller
+    picks them): such a value binds nothing, and is refused rather than left unchecked."""
+    if config is None:
         return {}
+    getter = getattr(config, "contract_dims", None)
     try:
-        items = _plain_config_items(config)
-    except ConfigKindError:  # (reported where the dims are read)
+        items = getter().items() if getter is not None else _plain_config_items(config)
+    except Exception:  # (reported where the dims are read)
         return {}
-    return {k: v for k, v in items if isinstance(k, str) and isinstance(v, float)}
+    return {k: v for k, v in items
+            if isinstance(k, str) and v is not None and (not isinstance(v, int) or isinstance(v, bool))}
 
 
 def config_is_frozen(config: Any, _depth: int = 0) -> bool:

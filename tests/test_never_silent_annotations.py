@@ -8,9 +8,12 @@ Also checked: what these fixes read correctly (a parameterised generic dataclass
 
 # No `from __future__ import annotations`: each annotation is evaluated where its function is defined.
 import dataclasses
+import re
 import typing
+import warnings
 from typing import Annotated, Any, Generic, Optional, TypedDict, TypeVar
 
+import numpy as np
 import pytest
 import torch
 import typing_extensions
@@ -68,6 +71,37 @@ def test_annotated_args_and_kwargs_are_checked_item_by_item_unannotated_ones_pas
     assert loose(torch.zeros(2, 3), "anything", k=1) == 2
     with pytest.raises(kc.ShapeError):
         loose(torch.zeros(2))
+
+
+class StrDims:
+    def contract_dims(self) -> dict[str, Any]:
+        return {"D": "3"}
+
+
+@pytest.mark.parametrize("value", ["3", True, np.int64(3), [3]], ids=["str", "bool", "numpy", "list"])
+def test_a_config_giving_a_dim_as_anything_but_an_int_is_refused_and_none_leaves_it_free(value: Any) -> None:
+    # before: a str, bool, numpy integer or list was skipped, so the dim went unchecked (and
+    # contract_dims() returning "3" split the fast checker, which rejected, from the full check)
+    @kc.contract(config_arg="cfg", register=False)
+    def f(x: Float[Tensor, "B D"], cfg: Any) -> None: ...
+
+    def g(x: Float[Tensor, "B D"]) -> None: ...
+
+    kind = type(value).__name__
+    got = re.escape(f"D={value!r}, a {kind}, which binds no dim")
+    message = (r"(?s)f\(\): 1 contract violation\n  \[1\] cfg: ArgumentTypeError\n +expected D as an int \(a dim "
+               rf"of the contract\)\n +got +{got}\n +fix: make dict's D an int: int\(\.\.\.\) it\n")
+    for width in (3, 5):
+        with pytest.raises(kc.ArgumentTypeError, match=message):
+            f(torch.zeros(2, width), {"D": value})
+    with pytest.raises(kc.AnnotationError, match=re.escape(
+            f"g: the config's D is {value!r}, a {kind}, so it binds no dim; dims are ints (int(...) it)")):
+        kc.contract(config={"D": value}, register=False)(g)
+    f(torch.zeros(2, 5), {"D": None})  # None: the config does not fix D
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # (no fast/slow disagreement)
+        with pytest.raises(kc.ArgumentTypeError, match=r"got +D='3', a str, which binds no dim"):
+            f(torch.zeros(2, 3), StrDims())
 
 
 @pytest.mark.parametrize("fullgraph", [False, True], ids=["graph-breaks-allowed", "fullgraph"])
