@@ -19,7 +19,7 @@ import torch
 
 from .config_views import config_view_layout
 from .dims import ANY, Broadcast, Expr, Sym, broadcast_dim, broadcast_sizes, fits_variadic
-from .nested import match_dims
+from .nested import match_dims, walk_containers
 from .plan import Derived, bound_dims, dim_symbols, weak_symbols, widenable_variadics, widened_key
 from .rules import DtypeIn, SameDtype
 from .scalar_rules import MatchesConfig
@@ -218,9 +218,9 @@ class _Checker:
         widen = widenable_variadics(spec)
         key = {s: widened_key(s, widen) for s in bound}
         g.emit(f"{env} = {{" + ", ".join(f"{key[s]!r}: {self.dim[s]}" for s in bound) + "}")
+        walks = ", ".join(f"({name!r}, {g.const(param.node)}, {self.arg[name]})" for name, param in spec.nested.items())
+        g.reject_if([f"{g.const(walk_containers)}(({walks},), {env})"])
         for name, param in spec.nested.items():
-            walk = g.const(param.node.match)
-            g.reject_if([f"{walk}({self.arg[name]}, {env}, {name!r}) is not None"])
             for rule in param.rules:
                 g.reject_if([rule.test(g.slots(rule, value=self.arg[name]))])
         for s in (*spec.nested_only, *spec.broadcast_sources):

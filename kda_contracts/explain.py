@@ -31,7 +31,7 @@ from .facts import (
     Unsolvable,
 )
 from .markers import CONFIG_LACKS, ConfigKindError, config_dim_source, config_dims, config_dtypes
-from .nested import match_dims
+from .nested import match_dims, walk_containers
 from .plan import Derived, bound_dims, dim_symbols, widenable_variadics
 from .rules import (
     Contiguous,
@@ -68,6 +68,7 @@ class Explainer:
         self._ranks()
         self._bind()
         self._nested()
+        self._bind_from_optionals()
         self._check_dims()
         self._shape_violations()
         self._where()
@@ -174,11 +175,12 @@ class Explainer:
         """Walk the tensors inside containers with the dims bound so far; the walk binds the dims
         only they carry, and its verdict is the fast path's."""
         env: dict[str, Any] = bound_dims(tuple(self.dims), tuple(self.dims.values()), widenable_variadics(self.spec))
+        problems = walk_containers(tuple((name, param.node, self.values.get(name))
+                                         for name, param in self.spec.nested.items()), env)
         for name, param in self.spec.nested.items():
             value = self.values.get(name)
-            problem = param.node.match(value, env, name)
-            if problem is not None:
-                kind, text = problem
+            if name in problems:
+                kind, text = problems[name]
                 self.violations.append(Violation(kind, name, str(param.node), text))
                 continue
             for rule in param.rules:
@@ -193,6 +195,34 @@ class Explainer:
                 self.dims[sym] = value
                 self.prov[sym] = "from the first tensor inside " + next(
                     (n for n, p in self.spec.nested.items() if sym in p.node.plain_symbols()), "a container")
+
+    def _bind_from_optionals(self) -> None:
+        """A dim nothing else bound (its required carriers absent: only optional tensors and empty
+        containers have it) is bound by the optional tensors given, so they still agree with each
+        other: the first plain occurrence's size, else the largest of the broadcastable ones (as
+        the generated checker, which rejects two given sizes that disagree)."""
+        plain: dict[str, tuple[str, int]] = {}
+        broad: dict[str, list[tuple[str, int]]] = {}
+        for name, tp in self.spec.tensors.items():
+            if not tp.optional or name not in self.usable:
+                continue
+            for axis, d in tp.fixed_axes():
+                if isinstance(d, Sym) and d.name not in self.dims:
+                    plain.setdefault(d.name, (name, axis))
+                elif isinstance(d, Broadcast) and isinstance(d.dim, Sym) and d.dim.name not in self.dims:
+                    broad.setdefault(d.dim.name, []).append((name, axis))
+        for sym, (name, axis) in plain.items():
+            self.dims[sym] = self.usable[name][axis]
+            self.prov[sym] = f"from {name}.shape[{self._real_axis(name, axis)}]"
+        for sym, srcs in broad.items():
+            if sym in self.dims:
+                continue
+            sizes = [self.usable[name][axis] for name, axis in srcs]
+            size = broadcast_dim(*sizes)
+            if size is not None:
+                name, axis = srcs[sizes.index(size)]
+                self.dims[sym] = size
+                self.prov[sym] = f"from {name}.shape[{self._real_axis(name, axis)}] (broadcastable)"
 
     def _facts(self) -> None:
         """Argument facts, among the dims by key: ``itemsize(t)`` and ``t is None``."""

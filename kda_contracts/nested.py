@@ -36,7 +36,7 @@ from .modes import mark_constant_result
 from .plan import dim_symbols
 from .rules import DtypeIn, dtype_name, fmt_ints
 
-__all__ = ["Node", "mentions_array", "read_structure"]
+__all__ = ["Node", "mentions_array", "read_structure", "walk_containers"]
 
 Problem = tuple[type[ContractError], str]
 BEARTYPE_CONF = BeartypeConf(is_pep484_tower=True)
@@ -188,6 +188,33 @@ class Leaf(Node):
         return None if why is None else (ShapeError, words("{}: shape {}: {}", path, tuple(value.shape), why))
 
 
+UNEVALUABLE = "cannot be evaluated with the bound dims"
+
+
+def walk_containers(walks: tuple[tuple[str, Any, Any], ...], env: dict[str, Any]) -> dict[str, Problem]:
+    """Walk each ``(name, node, value)`` container argument with the dims bound so far (each walk
+    binds the dims its tensors carry first), and return the problems by name. A walk that stops at
+    a dim expression it cannot evaluate yet (``N+1`` where only a later argument binds ``N``) is
+    walked again after the others, as long as that binds more: the verdict does not depend on the
+    arguments' order (binding is order-independent). The fast and slow paths both call this."""
+    problems: dict[str, Problem] = {}
+    pending = walks
+    while pending:
+        deferred = []
+        for name, node, value in pending:
+            problem = node.match(value, env, name)
+            if problem is None:
+                problems.pop(name, None)
+                continue
+            problems[name] = problem
+            if problem[1].endswith(UNEVALUABLE):
+                deferred.append((name, node, value))
+        if len(deferred) == len(pending):  # nothing more was bound: these stay as they are
+            break
+        pending = tuple(deferred)
+    return problems
+
+
 def match_dims(dims: tuple[DimSpec, ...], shape: tuple[int, ...], env: dict[str, Any]) -> str | None:
     """Match a shape against dims, binding unbound plain dims (and variadic dims) in ``env`` at
     their first occurrence; None when it fits, else why not."""
@@ -231,7 +258,7 @@ def match_dims(dims: tuple[DimSpec, ...], shape: tuple[int, ...], env: dict[str,
         try:
             want = expr.evaluate(env)
         except (KeyError, TypeError, ZeroDivisionError):
-            return f"dim {axis} ({d}) cannot be evaluated with the bound dims"
+            return f"dim {axis} ({d}) {UNEVALUABLE}"
         if size != want:
             return words("dim {} ({}): expected {}, got {}", axis, d, want, size)
     return None

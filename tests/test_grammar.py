@@ -163,3 +163,45 @@ def test_variadic_contracts_stay_fast_on_repeat_calls() -> None:
     for _ in range(200):
         project(x, w)
     assert c.calls == calls + 200 and c.rejections == rejections
+
+
+def test_dims_only_containers_carry_bind_whatever_the_order_of_the_arguments() -> None:
+    # a container whose items hold N in an expression is walked again once a later container has
+    # bound N (before: rejected with "cannot be evaluated with the bound dims" in one order only)
+    def a_first(a: tuple[Float[Tensor, "N+1"], ...], b: tuple[Float[Tensor, "*b N"], ...]) -> None: ...
+    def b_first(b: tuple[Float[Tensor, "*b N"], ...], a: tuple[Float[Tensor, "N+1"], ...]) -> None: ...
+    def solved(a: list[Float[Tensor, "2*N"]], b: dict[str, Float[Tensor, "N M"]]) -> None: ...
+
+    f, g, h = (kc.contract(register=False)(fn) for fn in (a_first, b_first, solved))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the fast checker agrees
+        f((torch.zeros(4),), (torch.zeros(3),))
+        g((torch.zeros(3),), (torch.zeros(4),))
+        h([torch.zeros(4)], {"k": torch.zeros(2, 2)})
+        for call in (lambda: f((torch.zeros(5),), (torch.zeros(3),)), lambda: g((torch.zeros(3),), (torch.zeros(5),))):
+            with pytest.raises(kc.ShapeError, match=r"a\[0\]: shape \[5\]: dim 0 \(N\+1\): expected 4, got 5"):
+                call()
+        with pytest.raises(kc.ShapeError, match=r"a\[0\]: shape \[6\]: dim 0 \(2\*N\): expected 4, got 6"):
+            h([torch.zeros(6)], {"k": torch.zeros(2, 2)})
+
+
+def test_optional_tensors_agree_with_each_other_when_only_they_carry_a_dim() -> None:
+    # N is otherwise only in an empty list: the optional tensors given bind it (before: the full
+    # check skipped them, so [2] and [3] passed, with a "please report" warning)
+    @kc.contract(register=False)
+    def plain(xs: list[Float[Tensor, "N"]], a: Float[Tensor, "N"] | None, b: Float[Tensor, "N"] | None) -> None: ...
+
+    @kc.contract(register=False)
+    def broadcast(xs: list[Float[Tensor, "N"]], a: Float[Tensor, "#N"] | None, b: Float[Tensor, "#N"] | None) -> None:
+        ...
+
+    z = torch.zeros
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for fn, ok, bad in ((plain, [(z(2), z(2)), (None, z(3))], [(z(2), z(3)), (z(2), z(1))]),
+                            (broadcast, [(z(2), z(2)), (z(2), z(1)), (None, z(3))], [(z(2), z(3))])):
+            for a, b in ok:
+                fn([], a, b)
+            for a, b in bad:
+                with pytest.raises(kc.ShapeError, match=r"b: ShapeError"):
+                    fn([], a, b)
