@@ -79,6 +79,8 @@ def _fields_mention_array(cls: type, _seen: frozenset[Any]) -> bool:
     try:
         fields = _field_hints(cls) if not _is_typeddict(cls) else typing.get_type_hints(cls, include_extras=True)
     except Exception as exc:
+        if isinstance(exc, AnnotationError) and not isinstance(exc, _UnreadableHints):
+            raise  # (the annotations read, and say something that cannot be checked)
         unresolved, holds = [], False
         namespace = {**vars(sys.modules.get(cls.__module__, object())), **vars(cls)}
         for name, hint in _raw_annotations(cls).items():
@@ -97,6 +99,10 @@ def _fields_mention_array(cls: type, _seen: frozenset[Any]) -> bool:
     return fields is not None and any(mentions_array(h, _seen | {cls}) for h in fields.values())
 
 
+class _UnreadableHints(AnnotationError):
+    """A class's annotations do not resolve (``typing.get_type_hints`` failed)."""
+
+
 def _raw_annotations(cls: type) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for base in reversed(cls.__mro__):
@@ -110,13 +116,42 @@ def _field_hints(cls: type) -> dict[str, Any] | None:
         try:
             hints = typing.get_type_hints(cls, include_extras=True)
         except Exception as exc:
-            raise AnnotationError(f"cannot read the field annotations of {cls.__name__}: {exc}") from exc
+            raise _UnreadableHints(f"cannot read the field annotations of {cls.__name__}: {exc}") from exc
         if hasattr(cls, "model_fields"):
-            return {k: hints[k] for k in cls.model_fields if k in hints}
-        if dataclasses.is_dataclass(cls):
-            return {f.name: hints[f.name] for f in dataclasses.fields(cls) if f.name in hints}
-        return {k: hints[k] for k in cls._fields if k in hints}  # type: ignore[attr-defined]
+            fields = {k: _with_field_metadata(hints[k], info) for k, info in cls.model_fields.items() if k in hints}
+        elif dataclasses.is_dataclass(cls):
+            fields = {f.name: hints[f.name] for f in dataclasses.fields(cls) if f.name in hints}
+        else:
+            fields = {k: hints[k] for k in cls._fields if k in hints}  # type: ignore[attr-defined]
+        for name, hint in hints.items():  # ClassVar / InitVar: not fields, so never checked
+            inner = _class_or_init_var(hint)
+            if name not in fields and inner is not None and mentions_array(inner):
+                raise AnnotationError(f"{cls.__name__}.{name} is annotated {hint!r}: a class variable or init-only "
+                                      "variable is not a field, so its tensor would go unchecked; make it a field, "
+                                      "or annotate it without a tensor type")
+        return fields
     return None
+
+
+def _class_or_init_var(hint: Any) -> Any:
+    """What a ``ClassVar[X]`` or dataclasses ``InitVar[X]`` annotation holds (X), else None."""
+    if typing.get_origin(hint) is typing.ClassVar:
+        args = typing.get_args(hint)
+        return args[0] if args else None
+    if isinstance(hint, dataclasses.InitVar):
+        return hint.type
+    return None
+
+
+def _with_field_metadata(hint: Any, info: Any) -> Any:
+    """A pydantic field's type with the constraints ``Field(gt=0)`` put in its metadata (the same
+    as ``Annotated[int, Gt(0)]``, which the annotation already shows), so they are checked or
+    refused as that would be, never skipped."""
+    metadata = tuple(getattr(info, "metadata", ()) or ())
+    if not metadata or typing.get_origin(hint) is typing.Annotated:
+        return hint
+    params = (hint, *metadata)
+    return typing.Annotated[params]
 
 
 def mentions_array(tp: Any, _seen: frozenset[Any] = frozenset()) -> bool:

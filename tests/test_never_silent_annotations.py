@@ -881,3 +881,81 @@ def test_strict_mode_gives_a_resized_argument_its_shape_back() -> None:
     with kc.mode("strict"), pytest.raises(kc.ShapeError, match=r"out: ShapeError"):
         fill(out, torch.ones(2, 3))
     assert out.shape == (2, 3) and out.eq(0).all()
+
+
+# --- found by an independent review (2026-12-02) ----------------------------------------------------
+
+
+def _classvar_initvar_cases() -> dict[str, type]:
+    import pydantic
+
+    @dataclasses.dataclass
+    class WithClassVar:
+        w: Float[Tensor, "D"]
+        table: typing.ClassVar[Float[Tensor, "D D"]] = torch.zeros(7)
+
+    @dataclasses.dataclass
+    class WithInitVar:
+        w: Float[Tensor, "D"]
+        bias: dataclasses.InitVar[Float[Tensor, "D"] | None] = None
+
+    class ModelWithClassVar(pydantic.BaseModel):
+        model_config = pydantic.ConfigDict(arbitrary_types_allowed=True)
+        w: Float[Tensor, "D"]
+        table: typing.ClassVar[Float[Tensor, "D D"]] = torch.zeros(7)
+
+    return {"dataclass-ClassVar": WithClassVar, "dataclass-InitVar": WithInitVar,
+            "pydantic-ClassVar": ModelWithClassVar}
+
+
+@pytest.mark.parametrize("case", list(_classvar_initvar_cases()))
+def test_a_class_or_init_only_variable_with_a_tensor_type_is_refused(case: str) -> None:
+    # not a field, so never checked: refused at decoration (before: decorated, the tensor unchecked)
+    cls = _classvar_initvar_cases()[case]
+    name = "bias" if "InitVar" in case else "table"
+
+    def f(layer: cls, x: Float[Tensor, "D"]) -> None: ...  # type: ignore[valid-type]
+
+    message = (re.escape(f"f: argument 'layer': {cls.__name__}.{name} is annotated ") + r".*: a class variable or "
+               r"init-only variable is not a field, so its tensor would go unchecked; make it a field, or annotate it "
+               r"without a tensor type")
+    with pytest.raises(kc.AnnotationError, match=message):
+        kc.contract(register=False)(f)
+
+
+def test_a_class_variable_without_a_tensor_type_is_fine() -> None:
+    @dataclasses.dataclass
+    class Layer:
+        w: Float[Tensor, "D"]
+        name: typing.ClassVar[str] = "layer"
+
+    @kc.contract(register=False)
+    def f(layer: Layer, x: Float[Tensor, "D"]) -> None: ...
+
+    f(Layer(torch.zeros(3)), torch.zeros(3))
+    with pytest.raises(kc.ShapeError):
+        f(Layer(torch.zeros(4)), torch.zeros(3))
+
+
+def test_a_pydantic_field_constraint_given_with_field_is_refused_inside_a_container_like_annotated() -> None:
+    # `n: int = Field(gt=0)` puts Gt(0) in the field's metadata, not in its annotation: it was
+    # skipped, so n = 0 passed; now it is read as Annotated[int, Gt(0)] (refused inside a container)
+    import annotated_types
+    import pydantic
+
+    class WithField(pydantic.BaseModel):
+        model_config = pydantic.ConfigDict(arbitrary_types_allowed=True)
+        a: Float[Tensor, "B"]
+        n: int = pydantic.Field(gt=0, default=1)
+
+    class WithAnnotated(pydantic.BaseModel):
+        model_config = pydantic.ConfigDict(arbitrary_types_allowed=True)
+        a: Float[Tensor, "B"]
+        n: Annotated[int, annotated_types.Gt(0)] = 1
+
+    for cls in (WithField, WithAnnotated):
+        def f(p: cls, x: Float[Tensor, "B"]) -> None: ...  # type: ignore[valid-type]
+
+        with pytest.raises(kc.AnnotationError, match=re.escape(
+                "f: argument 'p'.n: metadata (Gt(gt=0),) inside a container cannot be checked")):
+            kc.contract(register=False)(f)
