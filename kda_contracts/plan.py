@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from .constraints import Constraint
-from .dims import ArgFact, Broadcast, DimSpec, Expr, Sym, Variadic, arg_fact, linear_form
+from .dims import ArgFact, Broadcast, Const, DimSpec, Expr, Sym, Variadic, arg_fact, linear_form
 from .errors import AnnotationError
 from .markers import Where, config_dims
 
@@ -133,8 +133,8 @@ def _solvers(tensors: Mapping[str, TensorParam], order: list[str], known: set[st
                     continue
                 (x,) = unknown
                 lin = linear_form(d, x)
-                if lin is None:
-                    continue
+                if lin is None or (isinstance(lin[0], Const) and lin[0].value == 0):
+                    continue  # (not linear in x, or x drops out: "N+0*M" binds no M)
                 solvers.append(Solver(x, n, axis, d, lin[0], lin[1]))
                 known.add(x)
                 progress = True

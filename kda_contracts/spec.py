@@ -410,6 +410,10 @@ def _read_param(name: str, annotation: Any, where: str) -> TensorParam | ScalarP
         raise AnnotationError(f"{where}: kc.Range{_range_args(rng)} can never hold: {why}")
     if foreign.multiple_of is not None and inner not in (int, float):
         raise AnnotationError(f"{where}: MultipleOf needs an int or float annotation, got {inner!r}")
+    origin = typing.get_origin(inner) or inner
+    if foreign.length is not None and isinstance(origin, type) and not hasattr(origin, "__len__"):
+        raise AnnotationError(f"{where}: MinLen/MaxLen/Len need a sized annotation (a str, list, tuple, ...), "
+                              f"got {_hint_text(inner)}, which has no len()")
     if _has_nested_metadata(inner):  # beartype would ignore it: refused, not dropped
         raise AnnotationError(f"{where}: metadata inside {_hint_text(inner)} is not checked (bounds apply to a "
                               "top-level number); move it to the top level or check the values in the function")

@@ -408,3 +408,34 @@ def test_a_tensor_subclass_array_is_refused_not_widened_to_any_tensor(case: str)
             f"{name} is a subclass of torch.Tensor, which contracts do not check as such (any tensor would pass): "
             f"annotate {kind}[Tensor, 'D'] and test isinstance(..., {name}) in the body if it matters")):
         kc.contract(register=False)(fn)
+
+
+def test_a_dim_an_expression_multiplies_by_zero_binds_nothing_and_is_refused() -> None:
+    # "N+0*M" and "0*N" do not determine M / N: refused at decoration (before: every call was
+    # rejected with "coefficient 0 is 0")
+    def f(x: Float[Tensor, "N"], y: Float[Tensor, "N+0*M"]) -> None: ...
+    def g(y: Float[Tensor, "0*N"]) -> None: ...
+
+    for fn, dim, where in ((f, "M", "y: 'N+0*M'"), (g, "N", "y: '0*N'")):
+        with pytest.raises(kc.AnnotationError, match=re.escape(
+                f"{fn.__name__}: cannot bind dim '{dim}' (in {where}): no required tensor has it as a plain dim")):
+            kc.contract(register=False)(fn)
+
+
+def test_a_length_bound_on_an_annotation_without_len_is_refused() -> None:
+    import collections.abc
+
+    import annotated_types as at
+
+    def f(n: Annotated[int, at.MinLen(1)], x: Float[Tensor, "B"]) -> None: ...
+
+    with pytest.raises(kc.AnnotationError, match=re.escape(
+            "f: argument 'n': MinLen/MaxLen/Len need a sized annotation (a str, list, tuple, ...), got int, which "
+            "has no len()")):
+        kc.contract(register=False)(f)
+    for hint, empty in ((str, ""), (list[int], []), (tuple[int, ...], ()), (collections.abc.Sequence[int], [])):
+        def g(n: Annotated[hint, at.MinLen(1)], x: Float[Tensor, "B"]) -> None: ...  # type: ignore[valid-type]
+
+        checked = kc.contract(register=False)(g)  # sized: the bound is checked
+        with pytest.raises(kc.ContractError):
+            checked(empty, torch.zeros(2))
