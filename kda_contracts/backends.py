@@ -23,10 +23,11 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import re
 from collections import namedtuple
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 
@@ -60,6 +61,59 @@ def _dtype_names(dts: Iterable[torch.dtype]) -> str:
     return "/".join(str(d).removeprefix("torch.") for d in dts)
 
 
+_DEVICE_TYPES = "a sequence of device types such as ('cpu', 'cuda') ('*': any device)"
+
+
+def _device_types_problem(devices: Sequence[Any]) -> str | None:
+    """Why ``devices`` are not all device types (``": 'CPU' is not ..."``), None when they are."""
+    for d in devices:
+        if isinstance(d, torch.device):
+            return f": {d!r} is a torch.device, not a device type (write {d.type!r})"
+        if not isinstance(d, str):
+            return f": {d!r} is not a str"
+        if d == "*":
+            continue
+        kind, colon, _ = d.partition(":")
+        if colon and re.fullmatch(r"[a-z][a-z0-9_]*", kind):
+            return f": {d!r} is a device, not a device type (write {kind!r}: a backend runs on every index)"
+        if not re.fullmatch(r"[a-z][a-z0-9_]*", d):  # (a plug-in's type torch learns later is fine)
+            return f": {d!r} is not a device type (they are lowercase names: 'cpu', 'cuda', 'mps', ...)"
+    return None
+
+
+def _read_dtypes(dtypes: Any) -> tuple[Any, str | None]:
+    """``dtypes=`` with its sequences as tuples, and why it is neither ``{"arg": (dtypes...)}`` nor
+    a sequence of dtypes (None when it is one)."""
+    if not isinstance(dtypes, Mapping):
+        return _read_dtype_list(dtypes)
+    out = {}
+    for arg, allowed in dtypes.items():
+        if not isinstance(arg, str):
+            return dtypes, f"{arg!r} is not an argument name"
+        out[arg], why = _read_dtype_list(allowed)
+        if why is not None:
+            return dtypes, f"{arg!r}: {why}"
+    return out, None
+
+
+def _read_dtype_list(allowed: Any) -> tuple[Any, str | None]:
+    if isinstance(allowed, torch.dtype):
+        return allowed, f"{allowed} alone is not a sequence (write ({allowed},))"
+    if isinstance(allowed, (str, bytes)) or not isinstance(allowed, Iterable):
+        return allowed, f"{allowed!r} is not a sequence of torch dtypes{_dtype_named(allowed, '({},)')}"
+    items = tuple(allowed)
+    bad = next((d for d in items if not isinstance(d, torch.dtype)), None)
+    if bad is not None:
+        return items, f"{bad!r} is not a torch.dtype{_dtype_named(bad, '{}')}"
+    return items, "no dtype is listed (the backend would never run)" if not items else None
+
+
+def _dtype_named(text: Any, spelling: str) -> str:
+    """`` (write torch.float32)`` when ``text`` is the name of a torch dtype ("float32")."""
+    named = getattr(torch, text, None) if isinstance(text, str) else None
+    return f" (write {spelling.format(named)})" if isinstance(named, torch.dtype) else ""
+
+
 @dataclass(frozen=True)
 class Backend:
     """One backend of an op. ``priority`` orders ``backend="auto"``: the highest available
@@ -73,6 +127,9 @@ class Backend:
     - ``where``: constraints on the call's dims; ``variants``: the contract variants it supports.
     - ``requires``: modules it imports; ``availability``: a probe ``() -> (ok, why)``.
     - ``op``: for a plug-in, the name of the op it is for.
+
+    A field dispatch could not use (``devices=("cuda:0",)``, ``priority=None``, ``kernel=42``)
+    is refused when the backend is made: an AnnotationError saying what the field takes.
     """
 
     name: str
@@ -90,20 +147,53 @@ class Backend:
     _constraints: tuple[Constraint, ...] = field(default=(), init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        for attr in ("devices", "where", "requires", "variants"):
-            value = getattr(self, attr)
-            if value is None:
-                continue
-            if isinstance(value, str):  # ("cuda") is a string, not a tuple: never split it silently
-                raise TypeError(f"backend {self.name!r}: {attr}= takes a sequence of strings, got {value!r}")
-            object.__setattr__(self, attr, tuple(value))
         word = type(self).__name__.lower()  # "backend", or "adapter" for packed decode's kind
-        object.__setattr__(self, "_constraints", tuple(parse_constraint(w, f"{word} {self.name!r}")
-                                                       for w in self.where))
+        who = f"{self.op}: {word} {self.name!r}" if isinstance(self.op, str) else f"{word} {self.name!r}"
+        self._refuse_bad_declaration(who)
+        object.__setattr__(self, "_constraints", tuple(parse_constraint(w, who) for w in self.where))
         for c in self._constraints:
             if c.facts():  # a backend sees the call's dims, not its arguments: never skip silently
-                raise AnnotationError(f"{word} {self.name!r}: where {c.text!r}: a backend constraint is on dims "
-                                      f"only; {', '.join(f.key for f in c.facts())} is not a dim")
+                raise AnnotationError(f"{who}: where {c.text!r}: a backend constraint is on dims only; "
+                                      f"{', '.join(f.key for f in c.facts())} is not a dim")
+
+    def _refuse_bad_declaration(self, who: str) -> None:
+        """Refuse (AnnotationError) a field dispatch could not use, saying what it takes, and store
+        the sequences as tuples: a mistake here would otherwise raise on every call, or leave the
+        backend silently never chosen."""
+        def refuse(attr: str, takes: str, why: str = "") -> NoReturn:
+            raise AnnotationError(f"{who}: {attr}= takes {takes}, got {getattr(self, attr)!r}{why}")
+
+        if not isinstance(self.name, str) or not self.name:
+            refuse("name", "a non-empty str")
+        module, _, function = self.kernel.partition(":") if isinstance(self.kernel, str) else ("", "", "")
+        if not callable(self.kernel) and not (module and function):
+            refuse("kernel", "the kernel (a callable) or 'module:function' (imported on first use)")
+        if not isinstance(self.priority, int) or isinstance(self.priority, bool):
+            refuse("priority", "an int (backend='auto' tries the highest first)")
+        for attr in ("devices", "explicit_devices", "where", "requires", "variants"):
+            value = getattr(self, attr)
+            if (value is None and attr == "variants") or (attr == "explicit_devices" and callable(value)):
+                continue
+            takes = _DEVICE_TYPES if attr.endswith("devices") else "a sequence of strings"
+            if isinstance(value, str):  # ("cuda") is a string, not a tuple: never split it silently
+                refuse(attr, "a sequence of strings", f" (write ({value!r},))")
+            if not isinstance(value, Iterable):
+                refuse(attr, takes)
+            object.__setattr__(self, attr, tuple(value))
+            why = _device_types_problem(getattr(self, attr)) if attr.endswith("devices") else \
+                next((f": {v!r} is not a str" for v in getattr(self, attr) if not isinstance(v, str)), None)
+            if why is not None:
+                refuse(attr, takes, why)
+        if self.dtypes is not None:
+            dtypes, why = _read_dtypes(self.dtypes)
+            if why is not None:
+                refuse("dtypes", "{'arg': (torch.float16, ...)}, or a sequence of torch dtypes for every floating "
+                                 "tensor argument", f": {why}")
+            object.__setattr__(self, "dtypes", dtypes)
+        for attr, kind in (("availability", "a probe () -> (ok, why), or None"), ("op", "an op's name, or None")):
+            value = getattr(self, attr)
+            if value is not None and not (callable(value) if attr == "availability" else isinstance(value, str)):
+                refuse(attr, kind)
 
     def load(self) -> Callable[..., Any]:
         """The kernel itself (imported now when given as ``"module:function"``)."""
@@ -241,7 +331,8 @@ class BackendTable:
     # -- registry --------------------------------------------------------------------------------
     def register(self, backend: Backend, *, replace: bool = False) -> Backend:
         if not isinstance(backend, Backend):
-            raise TypeError(f"{self.op_name}: a backend must be a kda_contracts Backend, got {type(backend).__name__}")
+            raise AnnotationError(f"{self.op_name}: a backend must be a kda_contracts Backend, "
+                                  f"got {type(backend).__name__}")
         if backend.name == "auto":
             raise ValueError(f"{self.op_name}: 'auto' is not a backend name (it asks for the best one)")
         if backend.name in self.registry and not replace:
@@ -249,8 +340,8 @@ class BackendTable:
                              "(pass replace=True)")
         unknown = set(backend.dtype_table(self.floating)) - {p.name for p in self.params}
         if unknown:
-            raise TypeError(f"{self.op_name}: backend {backend.name!r}: dtypes= names {', '.join(sorted(unknown))}, "
-                            f"not parameters of the op")
+            raise AnnotationError(f"{self.op_name}: backend {backend.name!r}: dtypes= names "
+                                  f"{', '.join(sorted(unknown))}, not parameters of the op")
         # never silent: dtypes= is read from top-level tensors; tensors inside containers would be skipped
         contained = set(self.contained) & (set(backend.dtypes) if isinstance(backend.dtypes, Mapping) else
                                            set(self.contained) if backend.dtypes is not None else set())
@@ -273,9 +364,9 @@ class BackendTable:
         if callable(backend.kernel):
             why = backend.signature_problem(backend.kernel, self.params)
             if why is not None:
-                raise TypeError(f"{self.op_name}: backend {backend.name!r}: the kernel "
-                                f"{getattr(backend.kernel, '__qualname__', backend.kernel)!r} does not take the "
-                                f"op's parameters: {why}")
+                raise AnnotationError(f"{self.op_name}: backend {backend.name!r}: the kernel "
+                                      f"{getattr(backend.kernel, '__qualname__', backend.kernel)!r} does not take "
+                                      f"the op's parameters: {why}")
         self.registry[backend.name] = backend
         self.refresh(backend.name)
         return backend
@@ -360,8 +451,7 @@ class BackendTable:
     def unsupported(self, b: Backend, info: CallInfo, *, explicit: bool = False) -> list[str]:
         """Why ``b`` cannot run a call (empty when it can); ``explicit``: asked for by name."""
         why: list[str] = []
-        extra = b.explicit_devices if explicit else ()
-        devices = b.devices + (extra() if callable(extra) else extra)
+        devices = b.devices + (self._explicit_devices(b) if explicit else ())
         if info.device_type not in devices and "*" not in devices:
             why.append(f"runs on {'/'.join(b.devices)}, not {info.device_type}")
         for arg, allowed in b.dtype_table(self.floating).items():
@@ -373,10 +463,38 @@ class BackendTable:
             why.append(f"variant {info.variant} not supported")
         why += b.extra_unsupported(info)
         for c in b._constraints:
-            if c.symbols() <= info.dims.keys() and not c.holds(dict(info.dims)):
-                got_dims = ", ".join(f"{s}={info.dims[s]}" for s in sorted(c.symbols()))
-                why.append(f"needs {c.text} (got {got_dims})")
+            if not c.symbols() <= info.dims.keys():
+                continue
+            got_dims = ", ".join(f"{s}={info.dims[s]}" for s in sorted(c.symbols()))
+            try:
+                if not c.holds(dict(info.dims)):
+                    why.append(f"needs {c.text} (got {got_dims})")
+            except ZeroDivisionError:  # (a contract's where= fails such a call too: see explain)
+                why.append(f"where {c.text}: division by zero (got {got_dims})")
         return why
+
+    def _explicit_devices(self, b: Backend) -> tuple[str, ...]:
+        """``b.explicit_devices``, asked now when it is a callable: one that raises is a
+        BackendError (its exception the cause), one that returns no device types an
+        AnnotationError saying what it must return."""
+        if not callable(b.explicit_devices):
+            return b.explicit_devices
+        try:
+            got = b.explicit_devices()
+        except (ContractError, AnnotationError):
+            raise
+        except Exception as exc:
+            raise_violations(self.op_name, [Violation(
+                BackendError, "backend", f"the explicit_devices() of backend {b.name!r} to name the device types "
+                                         "it runs on when asked by name", f"it raised {type(exc).__name__}: {exc}")],
+                {}, {}, cause=exc)
+        devices = tuple(got) if isinstance(got, Iterable) and not isinstance(got, str) else None
+        why = (f" (write ({got!r},))" if isinstance(got, str) else ": it is not a sequence") if devices is None \
+            else _device_types_problem(devices)
+        if devices is None or why is not None:
+            raise AnnotationError(f"{self.op_name}: backend {b.name!r}: explicit_devices() returned {got!r}; it must "
+                                  f"return {_DEVICE_TYPES}{why}")
+        return devices
 
     def verdicts(self, info: CallInfo) -> list[tuple[Backend, list[str]]]:
         """Every backend with the reasons it cannot run the call, highest priority first."""

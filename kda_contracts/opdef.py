@@ -34,19 +34,19 @@ import inspect
 import typing
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from types import NoneType
-from typing import Any
+from typing import Any, NoReturn, TypeVar
 
 import torch
 
 from . import modes
 from .backends import Backend, BackendError, BackendTable, CallInfo, Chosen, _runner, verdict_lines
 from .body import body_uses_checks, runner
-from .decorator import Contract, register_contract
+from .decorator import Contract, _outside_compile, register_contract
 from .dumps import saving_rejection
 from .errors import AnnotationError, ArgumentTypeError, ContractError, Violation, hook_violations, raise_violations
 from .explain import explain_return
 from .markers import Where
-from .memory import without_data
+from .memory import has_addresses, without_data
 from .nested import mentions_array
 from .opdef_codegen import bootstrap, build_dispatcher
 from .spec import NO_HINT, CallContext, ContractOptions, Dims, _hint_text, build_spec
@@ -59,6 +59,11 @@ PLUGIN_GROUP = "kda_contracts.backends"
 _PLUGIN_ERRORS: dict[str, str] = {}  # entry point -> why it failed to load
 _PENDING: dict[str, list[tuple[Backend, bool]]] = {}  # op name -> plug-in backends waiting for it
 _plugins_loaded = False
+_F = TypeVar("_F", bound=Callable[..., Any])
+#: what ``written=`` must return (said when it returns something else)
+_WRITTEN_RETURNS = ("{arg: None (all of it) | the rows of its dim 0 the call writes, a 1-D integer tensor of row "
+                    "ids}")
+_NOTHING_RAN = "no backend ran: the call changed no tensor"
 
 
 def ops() -> dict[str, Op]:
@@ -141,7 +146,12 @@ class Op:
         self._refuse_annotated_star_params(fn)
         self.contracts = self._build_contracts(fn, options, variants, variant)
         self.contract: Contract = next(iter(self.contracts.values()))
-        self.variant_of = variant
+        #: ``variant=`` as given (the generated dispatcher calls it inside its own guard, with no
+        #: extra call per call), and guarded (:meth:`_guarded`) for the other paths
+        self._variant_raw = variant
+        self._variant_expected = (f"the op's variant= to name the variant of the call (one of "
+                                  f"{', '.join(map(repr, self.contracts))})")
+        self.variant_of = None if variant is None else self._guarded(variant, "variant", self._variant_expected)
         self._variant_params = tuple(inspect.signature(variant).parameters) if variant is not None else ()
         self.returns = self._read_returns(returns)
         #: an op annotated ``-> None`` (without ``returns=``) returns None, whatever its backend returns
@@ -149,7 +159,7 @@ class Op:
         self.returns_none = self.returns is None and all(c.spec.return_hint is NoneType
                                                          for c in self.contracts.values())
         self.after = after
-        self.written = written
+        self.written = None if written is None else self._checked_written(written)
         self.unchecked_dims = unchecked_dims
         spec = self.contract.spec
         floating = [n for n, tp in spec.tensors.items() if any(d.is_floating_point for d in tp.dtypes)]
@@ -195,7 +205,7 @@ class Op:
         if variants is None:
             if variant is not None:
                 raise AnnotationError(f"{self.name}: variant= names a call's variant, but no variants= were given")
-            return {None: register_contract(self.name, Contract(build_spec(fn, options), fn))}
+            return {None: register_contract(self.name, Contract(build_spec(fn, self._guarded_checks(options)), fn))}
         if variant is None or not variants:
             raise AnnotationError(f"{self.name}: variants= needs variant=, a function of the op's parameters that "
                                   "names the variant of a call")
@@ -219,7 +229,7 @@ class Op:
                 raise AnnotationError(f"{self.name}: variant {key!r} does not have the op's parameters "
                                       f"({', '.join(n for n, _ in got)} vs {', '.join(n for n, _ in want)})")
             fields = {**vars(options), "name": self.name, **overrides}
-            c = Contract(build_spec(vfn, ContractOptions(**fields)), vfn)
+            c = Contract(build_spec(vfn, self._guarded_checks(ContractOptions(**fields))), vfn)
             out[key] = register_contract(f"{self.name}[{key}]", c)
         symbols = {frozenset(c.spec.symbols) for c in out.values()}
         if len(symbols) != 1:
@@ -261,7 +271,8 @@ class Op:
                 variants: Iterable[str] | None = None, replace: bool = False) -> Callable[[Any], Any]:
         """Decorator registering a kernel (or ``"module:function"``, loaded on first use) as a
         backend. Its signature must be the op's (names and kinds), plus optional keyword-only
-        ``dims`` and ``variant``; a mismatch is a TypeError naming it."""
+        ``dims`` and ``variant``; a mismatch, or a field of the wrong kind (``devices=("CPU",)``,
+        ``priority="high"``), is an AnnotationError (a TypeError) naming it."""
 
         def register(kernel: Any) -> Any:
             self.table.register(Backend(
@@ -461,17 +472,91 @@ class Op:
             found = self.after(ctx, chosen.name)
         except Exception as exc:
             restore(saved)
-            raise_violations(self.name, [Violation(
-                BackendError, "after", "the op's after checks to run on the backend's outputs",
-                f"they raised {type(exc).__name__}: {exc}",
-                hint="strict mode restored every tensor the op writes" if saved is not None else None)],
-                {}, {}, cause=exc)
-            raise  # unreachable
+            self._hook_failed("after", "the op's after checks to run on the backend's outputs", exc, subject="they",
+                              hint="strict mode restored every tensor the op writes" if saved is not None else None)
         try:
             return hook_violations(found, f"{self.name}: after")
         except AnnotationError:
             restore(saved)  # (the contract's mistake: the call changes nothing either way)
             raise
+
+    # -- the op's own hooks, run during a call ---------------------------------------------------
+    def _hook_failed(self, hook: str, expected: str, exc: Exception, *, subject: str = "it",
+                     hint: str | None = _NOTHING_RAN) -> NoReturn:
+        """A user hook of the op (``after=``, ``value_checks=``, ``variant=``, ``written=``) raised
+        during a call: a BackendError naming the hook and the op, the original as its cause."""
+        raise_violations(self.name, [Violation(BackendError, hook, expected,
+                                               f"{subject} raised {type(exc).__name__}: {exc}", hint=hint)],
+                         {}, {}, cause=exc)
+        raise AssertionError  # unreachable: raise_violations raised
+
+    def _guarded(self, fn: _F, hook: str, expected: str, *, subject: str = "it") -> _F:
+        """``fn`` (the op's ``hook=``), whose exceptions become :meth:`_hook_failed`'s BackendError; a
+        ContractError or AnnotationError it raises (a check of its own) goes on as itself. Its
+        name and docstring stay ``fn``'s (the docs show them)."""
+        failed = _outside_compile(functools.partial(self._hook_failed, hook, expected, subject=subject))
+
+        @functools.wraps(fn)
+        def guarded(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return fn(*args, **kwargs)
+            except (ContractError, AnnotationError):
+                raise
+            except Exception as exc:
+                failed(exc)
+                raise  # unreachable: failed raised
+
+        return guarded  # type: ignore[return-value]
+
+    def _guarded_checks(self, options: ContractOptions) -> ContractOptions:
+        """``options`` with its ``value_checks=`` guarded (:meth:`_guarded`)."""
+        if not callable(options.value_checks):
+            return options
+        checks = self._guarded(options.value_checks, "value_checks", "the op's value checks to run on the arguments",
+                               subject="they")
+        return dataclasses.replace(options, value_checks=checks)
+
+    def _checked_written(self, written: Callable[[CallContext], Mapping[str, Any]]) -> Callable[..., Any]:
+        """``written=`` held to what it must return: a hook that raises is a BackendError
+        (:meth:`_guarded`), a result of another kind an AnnotationError saying what it must be, and
+        rows outside dim 0 (padding left in) a BackendError, since strict mode could not copy
+        them. Rows on the host are read without a sync; rows on the device cost one read (strict
+        mode only; never while a CUDA graph is captured, when the rows are not used)."""
+        guarded = self._guarded(written, "written", "the op's written= to say what the call writes")
+
+        @functools.wraps(written)
+        def checked(ctx: CallContext) -> Mapping[str, Any]:
+            parts = guarded(ctx)
+            bad = type(parts).__name__ if not isinstance(parts, Mapping) else next(
+                (f"a {type(rows).__name__} for {name!r}" for name, rows in parts.items() if rows is not None and not (
+                    isinstance(rows, torch.Tensor) and rows.ndim == 1 and not rows.dtype.is_floating_point
+                    and not rows.dtype.is_complex and rows.dtype is not torch.bool)), None)
+            if bad is not None:
+                raise AnnotationError(f"{self.name}: written= returned {bad}; it must return {_WRITTEN_RETURNS}")
+            for name, rows in parts.items():
+                self._refuse_rows_outside(name, rows, ctx.values.get(name))
+            return parts
+
+        return checked
+
+    def _refuse_rows_outside(self, name: str, rows: torch.Tensor | None, t: Any) -> None:
+        """A BackendError when ``written=`` gave rows of ``t`` outside its dim 0 (-1 padding)."""
+        capturing = torch.cuda.is_current_stream_capturing
+        if rows is None or not isinstance(t, torch.Tensor) or not rows.numel():
+            return
+        if not (has_addresses(rows) and has_addresses(t)) or (rows.is_cuda and capturing()):
+            return  # no values to read (the snapshot is skipped then too)
+        n = t.shape[0] if t.ndim else 0
+        # host rows (packed decode's, from the value checks' one read) are read without a sync; rows
+        # on the device in one read
+        lo, hi = (int(rows.numpy().min()), int(rows.numpy().max())) if rows.device.type == "cpu" else \
+            torch.stack(torch.aminmax(rows)).tolist()
+        if lo < 0 or hi >= n:
+            raise_violations(self.name, [Violation(
+                BackendError, "written", f"the op's written= to give row ids of {name} in 0..{n - 1} (a negative id, "
+                                         "padding, is not a row)", f"row ids from {lo} to {hi}",
+                hint=f"leave padding and out-of-range ids out: rows[(rows >= 0) & (rows < {name}.shape[0])] "
+                     f"({_NOTHING_RAN})")], {}, {})
 
     def _failed(self, backend: str, exc: BaseException, *, rolled_back: bool = False) -> None:
         """A backend raised: a BackendError naming it, the original as its cause."""
@@ -521,9 +606,12 @@ def op(fn: Callable[..., Any] | None = None, /, *, name: str | None = None, conf
     - ``namespace``: the ``torch.library`` namespace of :attr:`Op.torch_op`.
     - ``autograd``: tensors marked ``kc.Spec(mutated=True)`` may require grad.
     - ``written``: ``ctx -> {arg: None | rows}``, what the op writes of each mutated argument
-      (None: all of it; an index tensor: those rows of dim 0); strict mode snapshots exactly that
-      and restores it when the call is rejected after the backend ran (default: every argument
-      marked ``kc.Spec(mutated=True)``, whole).
+      (None: all of it; a 1-D integer tensor: those rows of dim 0, padding left out); strict mode
+      snapshots exactly that and restores it when the call is rejected after the backend ran
+      (default: every argument marked ``kc.Spec(mutated=True)``, whole).
+
+    A hook (``value_checks``, ``after``, ``variant``, ``written``) that raises during a call is a
+    BackendError naming it, its exception the cause.
     """
     options = ContractOptions(config=config, config_arg=config_arg, where=tuple(where), bind_first=tuple(bind_first),
                               hints=tuple(hints), value_checks=value_checks, mode=mode, name=name, register=False,

@@ -11,6 +11,7 @@ Example::
 
 from __future__ import annotations
 
+import functools
 import inspect
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -23,7 +24,7 @@ from . import modes
 from .backends import BackendError, CallInfo, Chosen, signature_problem
 from .codegen import checked_parameters
 from .decorator import _outside_compile
-from .errors import ContractError, Violation, raise_violations
+from .errors import AnnotationError, ContractError, Violation, raise_violations
 from .snippets import Names
 from .wrapper import formal_parameters
 
@@ -148,7 +149,9 @@ def _check_lines(o: Op, n: Names, ns: dict[str, Any], fixed: int | None, plain: 
             n("TypeViolation"): BeartypeCallHintParamViolation,
         })
         ns[n("badv")] = _outside_compile(o._bad_variant)
-        ns[n("variant")] = _hashable_variant(o.variant_of, ns[n("badv")])
+        failed = _outside_compile(functools.partial(o._hook_failed, "variant", o._variant_expected))
+        assert o._variant_raw is not None  # (variant_of is its guarded form)
+        ns[n("variant")] = _hashable_variant(o._variant_raw, ns[n("badv")], failed)
         lines += [f"    {v} = {n('variant')}({', '.join(o._variant_params)})",
                   f"    {n('enter')} = {n('enters')}.get({v})", f"    if {n('enter')} is None:",
                   f"        {n('badv')}({v})", f"    {mode} = {n('enter')}()", f"    if {mode}:"]
@@ -205,11 +208,20 @@ def _run_lines(o: Op, n: Names, ns: dict[str, Any], call: list[str], plain: str,
             f"        except Exception as {n('exc')}:", f"            {n('failed')}({chosen}.name, {n('exc')})"]
 
 
-def _hashable_variant(variant: Callable[..., Any], bad: Callable[[Any], Any]) -> Callable[..., Any]:
+def _hashable_variant(variant: Callable[..., Any], bad: Callable[[Any], Any],
+                      failed: Callable[[Exception], Any]) -> Callable[..., Any]:
     """``variant`` whose result, when it cannot be a variant's key (unhashable: ``layout=["BDL"]``),
-    is refused as naming no variant instead of raising TypeError from the lookup."""
+    is refused as naming no variant instead of raising TypeError from the lookup; an exception it
+    raises (other than a ContractError or AnnotationError of its own) goes to ``failed`` (the op's
+    BackendError for a hook that raised)."""
     def key_of(*args: Any) -> Any:
-        key = variant(*args)
+        try:
+            key = variant(*args)
+        except (ContractError, AnnotationError):
+            raise
+        except Exception as exc:
+            failed(exc)
+            raise  # unreachable: failed raised
         if not isinstance(key, str) and not torch.compiler.is_compiling():  # (every key of variants= is a str)
             try:
                 hash(key)
