@@ -316,7 +316,13 @@ words._torchdynamo_inline = _unworded  # type: ignore[attr-defined]  # what dyna
 
 
 def safe_repr(value: Any) -> str:
-    """``repr(value)`` for a report, or its type's name when its repr raises."""
+    """``repr(value)`` for a report, or its type's name when its repr raises; a tensor as its kind
+    and shape, never its values (reports hold no tensor values)."""
+    if isinstance(value, torch.Tensor):
+        try:
+            return f"<tensor {str(value.dtype).removeprefix('torch.')} {list(value.shape)}>"
+        except Exception:
+            return "<tensor>"
     try:
         return repr(value)
     except Exception:

@@ -228,6 +228,7 @@ def plan_binding(qualname: str, tensors: Mapping[str, TensorParam], scalars: Map
         for s in unbound:
             users = [f"{tp.name}: {tp.dim_str!r}" for tp in tensors.values()
                      if any(s in dim_symbols(d) for d in tp.dims)]
+            users += [f"{name}: {node}" for name, node in nested.items() if s in node.symbols()]
             where_used.append(f"{s!r} (in {', '.join(users) or 'a constraint or the return'})")
         raise AnnotationError(
             f"{qualname}: cannot bind dim {', '.join(where_used)}: no required tensor has it as a plain dim, "

@@ -439,3 +439,21 @@ def test_a_length_bound_on_an_annotation_without_len_is_refused() -> None:
         checked = kc.contract(register=False)(g)  # sized: the bound is checked
         with pytest.raises(kc.ContractError):
             checked(empty, torch.zeros(2))
+
+
+def test_a_dim_only_a_union_branch_carries_is_refused_naming_the_argument() -> None:
+    def f(x: Float[Tensor, "B C"] | Float[Tensor, "B"], y: Float[Tensor, "B"]) -> None: ...
+
+    with pytest.raises(kc.AnnotationError, match=re.escape("f: cannot bind dim 'C' (in x: Tensor[B C] | Tensor[B]):")):
+        kc.contract(register=False)(f)  # (before: "in a constraint or the return")
+
+
+def test_a_tensor_used_as_a_mapping_key_is_reported_without_its_values() -> None:
+    @kc.contract(register=False)
+    def f(x: dict[Float[Tensor, "B"], int], y: Float[Tensor, "B"]) -> None: ...
+
+    secret = torch.tensor([3.14159, 2.71828, 1.41421])
+    with pytest.raises(kc.ShapeError, match=re.escape("x key <tensor float32 [3]>: shape [3]: dim 0 (B): expected 4, "
+                                                      "got 3")) as err:
+        f({secret: 1}, torch.zeros(4))
+    assert "3.14" not in str(err.value)
