@@ -79,10 +79,10 @@ class ConfigViews:
     def make(self, cfg: Any) -> tuple[Any, ...]:
         if made_in_trace(cfg):  # (the fast checker then falls to the slow path, which refuses the call)
             refuse_built_in_trace(self.spec, cfg)
-        wrong = dim_type_violations(self.spec, cfg)
+        dims = config_dims(cfg)
+        wrong = dim_type_violations(self.spec, cfg, dims)
         if wrong:  # a per-call config (a fixed one is refused at decoration)
             _refuse(self.spec, wrong)
-        dims = config_dims(cfg)
         dts = _config_dtypes(cfg) or {}
         view = (
             config_ref(cfg),
@@ -100,11 +100,12 @@ class ConfigViews:
         return view
 
 
-def dim_type_violations(spec: ContractSpec, cfg: Any) -> list[Violation]:
+def dim_type_violations(spec: ContractSpec, cfg: Any, dims: Mapping[str, Any] | None = None) -> list[Violation]:
     """A config that gives a dim of the contract as something other than an int (a float from
     ``hidden / heads``, a str, a bool, a numpy integer): it binds nothing, so the call is refused
-    rather than checked without it (None leaves the dim free)."""
-    wrong = config_nonint_dims(cfg)
+    rather than checked without it (None leaves the dim free). ``dims``: ``config_dims(cfg)``, when
+    the caller read it already (``contract_dims()`` is then not called again)."""
+    wrong = config_nonint_dims(cfg, dims)
     return [Violation(ArgumentTypeError, spec.config_arg or "config", f"{sym} as an int (a dim of the contract)",
                       f"{sym}={wrong[sym]!r}, a {type(wrong[sym]).__name__}, which binds no dim",
                       hint=f"make {type(cfg).__name__}'s {sym} an int: "

@@ -116,8 +116,7 @@ class Explainer:
                 type(self.config).__name__, hint=f"{exc}"))
             self.config = None
             cfg_dims = {}
-        wrong = dim_type_violations(spec, self.config)
-        self.violations += wrong
+        self.violations += dim_type_violations(spec, self.config, cfg_dims)
         for sym in spec.symbols:
             if sym in cfg_dims and isinstance(cfg_dims[sym], int) and not isinstance(cfg_dims[sym], bool):
                 self.dims[sym] = int(cfg_dims[sym])

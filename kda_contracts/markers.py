@@ -217,16 +217,20 @@ def _plain_config_items(config: Any) -> Any:
                           "a pydantic model, a dataclass or a mapping of dims")
 
 
-def config_nonint_dims(config: Any) -> dict[str, Any]:
+def config_nonint_dims(config: Any, dims: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """What a config gives by name that is not an int nor None (None: not fixed): a float (a dim
-    computed with ``/``), a str, a bool, a numpy integer; from ``contract_dims()`` if it has one,
-    else from a plain config's fields. Only the names the contract uses as dims matter (the caller
-    picks them): such a value binds nothing, and is refused rather than left unchecked."""
+    computed with ``/``), a str, a bool, a numpy integer; from ``contract_dims()`` if it has one
+    (``dims``: what it returned, when the caller has it already), else from a plain config's
+    fields. Only the names the contract uses as dims matter (the caller picks them): such a value
+    binds nothing, and is refused rather than left unchecked."""
     if config is None:
         return {}
     getter = getattr(config, "contract_dims", None)
     try:
-        items = getter().items() if getter is not None else _plain_config_items(config)
+        if getter is not None:
+            items = (dims if dims is not None else getter()).items()
+        else:
+            items = _plain_config_items(config)
     except Exception:  # (reported where the dims are read)
         return {}
     return {k: v for k, v in items
