@@ -186,18 +186,20 @@ def test_value_checks_that_raise_are_a_backend_error_naming_the_hook_and_run_no_
         assert op(x, out) is out and ran == [1]  # check mode runs no value checks
 
 
+def _rows(x: Float[Tensor, "B D"], out: Annotated[Float[Tensor, "B D"], kc.Spec(mutated=True)],
+          layout: str) -> None: ...
+
+
+def _cols(x: Float[Tensor, "D B"], out: Annotated[Float[Tensor, "D B"], kc.Spec(mutated=True)],
+          layout: str) -> None: ...
+
+
 def test_a_variants_own_value_checks_that_raise_are_a_backend_error_too():
     def value_checks(ctx):
         raise KeyError("oops")
 
-    def rows(x: Float[Tensor, "B D"], out: Annotated[Float[Tensor, "B D"], kc.Spec(mutated=True)],
-             layout: str) -> None: ...
-
-    def cols(x: Float[Tensor, "D B"], out: Annotated[Float[Tensor, "D B"], kc.Spec(mutated=True)],
-             layout: str) -> None: ...
-
-    @kc.op(name="variant_checks_op", returns="out", variants={"rows": (rows, {"value_checks": value_checks}),
-                                                              "cols": cols}, variant=lambda layout: layout)
+    @kc.op(name="variant_checks_op", returns="out", variants={"rows": (_rows, {"value_checks": value_checks}),
+                                                              "cols": _cols}, variant=lambda layout: layout)
     def op(x, out, layout: str) -> None:
         out.copy_(x)
 
@@ -214,13 +216,7 @@ def test_a_variant_selector_that_raises_is_a_backend_error_naming_it_on_every_pa
     def layout_of(layout):
         raise RuntimeError("variant bug")
 
-    def rows(x: Float[Tensor, "B D"], out: Annotated[Float[Tensor, "B D"], kc.Spec(mutated=True)],
-             layout: str) -> None: ...
-
-    def cols(x: Float[Tensor, "D B"], out: Annotated[Float[Tensor, "D B"], kc.Spec(mutated=True)],
-             layout: str) -> None: ...
-
-    @kc.op(name="raising_variant_op", returns="out", variants={"rows": rows, "cols": cols}, variant=layout_of)
+    @kc.op(name="raising_variant_op", returns="out", variants={"rows": _rows, "cols": _cols}, variant=layout_of)
     def op(x, out, layout: str) -> None:
         out.copy_(x)
 
