@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from .errors import ArgumentTypeError, ContractError, Violation, passthrough_for_compile, raise_violations
-from .markers import CONFIG_LACKS, config_dims, config_is_frozen, config_nonint_dims
+from .markers import CONFIG_LACKS, config_dims, config_is_frozen, config_nonint_dims, int_dim_fix
 from .modes import made_in_trace, mark_constant_result
 from .spec import ContractSpec
 from .trace_args import flatten
@@ -108,8 +108,7 @@ def dim_type_violations(spec: ContractSpec, cfg: Any, dims: Mapping[str, Any] | 
     wrong = config_nonint_dims(cfg, dims)
     return [Violation(ArgumentTypeError, spec.config_arg or "config", f"{sym} as an int (a dim of the contract)",
                       f"{sym}={wrong[sym]!r}, a {type(wrong[sym]).__name__}, which binds no dim",
-                      hint=f"make {type(cfg).__name__}'s {sym} an int: "
-                           + ("int(...) it, or compute it with //" if isinstance(wrong[sym], float) else "int(...) it"))
+                      hint=f"make {type(cfg).__name__}'s {sym} an int: {int_dim_fix(wrong[sym])}")
             for sym in spec.symbols if sym in wrong]
 
 

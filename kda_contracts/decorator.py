@@ -47,7 +47,7 @@ from .errors import (
     uninspectable,
 )
 from .explain import explain_return
-from .markers import Where, config_nonint_dims
+from .markers import Where, config_nonint_dims, int_dim_fix
 from .members import accessors, contract_members, is_contracted
 from .modes import made_in_trace
 from .nested import Plain
@@ -431,15 +431,14 @@ def _write_back(saved: list[tuple[torch.Tensor, torch.Tensor]] | None) -> None:
 
 
 def _guarded(run: Callable[..., Any], is_async: bool) -> Callable[..., Any]:
-    """``run(...)`` (the function, or its body runner with the call's dims first) that, given a
-    strict-mode snapshot, writes it back when anything propagates out of it, then re-raises: a
-    ``kc.check`` in the body, a contracted function it calls, a helper's check, the function's own
-    error, a KeyboardInterrupt. Strict mode is transactional: a call that does not return changes
-    no tensor it was declared to write."""
+    """``run(...)`` (the function, or its body runner with the call's dims first) that writes a
+    strict-mode snapshot back when anything propagates out of it, then re-raises: a ``kc.check`` in
+    the body, a contracted function it calls, a helper's check, the function's own error, a
+    KeyboardInterrupt. Strict mode is transactional: a call that does not return changes no tensor
+    it was declared to write. (The wrapper calls it only with a snapshot: not in check mode, nor
+    under torch.compile.)"""
     if is_async:
         async def guarded_async(saved: Any, *args: Any, **kwargs: Any) -> Any:
-            if not saved:  # not strict, or under torch.compile (no snapshot there)
-                return await run(*args, **kwargs)
             try:
                 return await run(*args, **kwargs)
             except BaseException:
@@ -449,8 +448,6 @@ def _guarded(run: Callable[..., Any], is_async: bool) -> Callable[..., Any]:
         return guarded_async
 
     def guarded(saved: Any, *args: Any, **kwargs: Any) -> Any:
-        if not saved:  # not strict, or under torch.compile (no snapshot there)
-            return run(*args, **kwargs)
         try:
             return run(*args, **kwargs)
         except BaseException:
@@ -635,9 +632,8 @@ def _decorate(fn: Callable[..., Any], options: ContractOptions) -> Any:
     wrong = config_nonint_dims(options.config)
     for sym in spec.symbols:
         if sym in wrong:
-            how = "int(...) it, or compute it with //" if isinstance(wrong[sym], float) else "int(...) it"
             raise AnnotationError(f"{spec.name}: the config's {sym} is {wrong[sym]!r}, a {type(wrong[sym]).__name__}, "
-                                  f"so it binds no dim; dims are ints ({how})")
+                                  f"so it binds no dim; dims are ints ({int_dim_fix(wrong[sym])})")
     if options.config is None and options.config_arg is None:
         for sp in spec.scalars.values():
             if sp.match is not None:

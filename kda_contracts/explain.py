@@ -30,7 +30,7 @@ from .facts import (
     RankMismatch,
     Unsolvable,
 )
-from .markers import CONFIG_LACKS, ConfigKindError, config_dim_source, config_dims, config_dtypes
+from .markers import CONFIG_LACKS, ConfigKindError, config_dim_source, config_dims, config_dtypes, is_int_dim
 from .nested import match_dims, walk_containers
 from .plan import Derived, bound_dims, dim_symbols, widenable_variadics
 from .rules import (
@@ -118,7 +118,7 @@ class Explainer:
             cfg_dims = {}
         self.violations += dim_type_violations(spec, self.config, cfg_dims)
         for sym in spec.symbols:
-            if sym in cfg_dims and isinstance(cfg_dims[sym], int) and not isinstance(cfg_dims[sym], bool):
+            if sym in cfg_dims and is_int_dim(cfg_dims[sym]):
                 self.dims[sym] = int(cfg_dims[sym])
                 self.prov[sym] = f"from config ({config_dim_source(self.config, sym)})"
         self._facts()

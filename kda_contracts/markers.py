@@ -217,6 +217,16 @@ def _plain_config_items(config: Any) -> Any:
                           "a pydantic model, a dataclass or a mapping of dims")
 
 
+def is_int_dim(value: Any) -> bool:
+    """Whether a config's value binds a dim: an int (not a bool)."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def int_dim_fix(value: Any) -> str:
+    """How to make a config's non-int dim value an int."""
+    return "int(...) it, or compute it with //" if isinstance(value, float) else "int(...) it"
+
+
 def config_nonint_dims(config: Any, dims: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """What a config gives by name that is not an int nor None (None: not fixed): a float (a dim
     computed with ``/``), a str, a bool, a numpy integer; from ``contract_dims()`` if it has one
@@ -233,8 +243,7 @@ def config_nonint_dims(config: Any, dims: Mapping[str, Any] | None = None) -> di
             items = _plain_config_items(config)
     except Exception:  # (reported where the dims are read)
         return {}
-    return {k: v for k, v in items
-            if isinstance(k, str) and v is not None and (not isinstance(v, int) or isinstance(v, bool))}
+    return {k: v for k, v in items if isinstance(k, str) and v is not None and not is_int_dim(v)}
 
 
 def config_is_frozen(config: Any, _depth: int = 0) -> bool:

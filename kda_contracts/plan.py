@@ -207,11 +207,12 @@ def plan_binding(qualname: str, tensors: Mapping[str, TensorParam], scalars: Map
     facts = _facts(qualname, tensors, scalars, constraints, returns or ())
     # a dim an expression solves exactly ("2*N") is bound by the solver, not by the broadcastable
     # axes that also carry it ("#N"): those may all be 1, which binds nothing
-    solved = {s.symbol for s in _steps(tensors, order, constraints, direct | set(vsources) | {f.key for f in facts})}
+    base = direct | set(vsources) | {f.key for f in facts}
+    solved = {s.symbol for s in _steps(tensors, order, constraints, set(base))}
     bsources = {k: v for k, v in bsources.items() if k not in direct and k not in solved}
-    steps = _steps(tensors, order, constraints, direct | set(bsources) | set(vsources) | {f.key for f in facts})
+    steps = _steps(tensors, order, constraints, base | set(bsources))
     solvers = [s for s in steps if isinstance(s, Solver)]
-    known = direct | set(bsources) | set(vsources) | {s.symbol for s in steps} | {f.key for f in facts}
+    known = base | set(bsources) | {s.symbol for s in steps}
     nested = nested or {}
     nested_only = sorted({s for node in nested.values() for s in node.plain_symbols()} - known)
     symbols += [s for s in nested_only if s not in symbols]

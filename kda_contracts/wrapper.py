@@ -101,16 +101,10 @@ def wrapper_source(spec: ContractSpec, fn_name: str, names: Names, *, has_return
     saved = n("saved")
     if saves:  # strict mode: what the function writes, put back if the call does not return or is rejected
         lines.append(f"        {saved} = {n('snap')}({plain}) if {mode} == 2 else None")
-    if body and saves:  # the body runs with the call's dims in context; a call that does not return rolls back
-        lines += [f"        if {saved}:",
-                  f"            {res} = {aw}{n('guarded_body')}({saved}, {dims}, {', '.join(call)})",
-                  "        else:",
-                  f"            {res} = {aw}{n('body')}({dims}, {', '.join(call)})"]
-    elif saves:  # (check mode and compiled code call the function directly: no extra frame)
-        lines += [f"        if {saved}:",
-                  f"            {res} = {aw}{n('guarded_fn')}({saved}, {', '.join(call)})",
-                  "        else:",
-                  f"            {res} = {aw}{n('fn')}({', '.join(call)})"]
+    if saves:  # a strict call that does not return rolls back; check mode and compiled code call directly
+        run, args = ("body", ", ".join([dims, *call])) if body else ("fn", ", ".join(call))
+        lines += [f"        if {saved}:", f"            {res} = {aw}{n('guarded_' + run)}({saved}, {args})",
+                  "        else:", f"            {res} = {aw}{n(run)}({args})"]
     elif body:  # the body runs with the call's dims in context (kc.check, kc.dims, isinstance)
         lines.append(f"        {res} = {aw}{n('body')}({dims}, {', '.join(call)})")
     elif has_return:
