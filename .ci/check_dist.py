@@ -16,8 +16,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 # Import name -> source folder, as in pyproject's [tool.setuptools.package-dir].
 SOURCE_DIRS = {"kda_contracts": "kda_contracts", "kda_kernels": "kernels"}
-ENTRY_POINTS = {"console_scripts": {"kda-contracts": "kda_contracts.cli:main"},
-                "pytest11": {"kda_contracts": "kda_contracts.pytest_plugin"}}
+ENTRY_POINTS = {"console_scripts": {"kda-contracts": "kda_contracts.__main__:main"},
+                "pytest11": {"kda_contracts": "kda_contracts._engine.tools.pytest_plugin"}}
 
 
 def source_files() -> set[str]:

@@ -83,6 +83,7 @@ from jaxtyping import Bool, Float, Float32, Int, jaxtyped
 from torch import Tensor
 
 import kda_contracts as kc
+from kda_contracts._engine import modes
 from kda_contracts.testing import make_decode_call
 
 SECTION = "## Contract overhead (CPU)"
@@ -491,7 +492,7 @@ def breakdown(ctx: dict[str, Any], repeats: int, target_s: float) -> list[TimedP
     vals = (*ctx["args"], None, None)  # every checked parameter, config and state_layout last
 
     pieces = [
-        TimedPath("mode", "mode read (`kc.modes.current_mode()`)", kc.modes.current_mode, ()),
+        TimedPath("mode", "mode read (`modes.current_mode()`)", modes.current_mode, ()),
         TimedPath("types", "beartype type shim (`Contract.check_types`)", c.check_types, vals),
         TimedPath("checker", "generated checker (`Contract.check`)", c.check, vals, kwargs={"_cfg": None}),
         TimedPath("checker_direct", "generated checker called directly (`Contract._check_uncached(*args, None, None)`)",
@@ -753,7 +754,7 @@ PRIMITIVES = (  # (kind, label, statement)
     ("python", "`t.dtype == torch.float32` (module attribute)", "x.dtype == torch.float32"),
     ("python", "call of a 12-parameter function, 12 positional args", "f12(x, x, x, x, x, x, x, x, x, x, x, x)"),
     ("python", "the same call as `f12(*args)`", "f12(*A12)"),
-    ("wrapper", "`kc.modes.current_mode()` (the wrapper's mode read)", "cm()"),
+    ("wrapper", "`modes.current_mode()` (the wrapper's mode read)", "cm()"),
     ("wrapper", "`ContextVar.get()` inlined", "cv.get()"),
     ("wrapper", "`contract.calls += 1` (the call counter)", "ctr.calls += 1"),
 )
@@ -789,7 +790,7 @@ def time_stmts(stmts: Sequence[TimedStmt], base: TimedStmt, rounds: int, n: int)
 def primitives(ctx: dict[str, Any], rounds: int, n: int) -> list[tuple[str, str, float]]:
     call = ctx["call"]
     glb = {"torch": torch, "_X": call["mixed_qkv"], "_Y": call["a"], "_Z": call["initial_state"],
-           "_CM": kc.modes.current_mode, "_CV": contextvars.ContextVar("bench", default=None)}
+           "_CM": modes.current_mode, "_CV": contextvars.ContextVar("bench", default=None)}
     base, *rest = [TimedStmt(label, stmt, PRIMITIVE_SETUP, glb) for _, label, stmt in PRIMITIVES]
     got = time_stmts(rest, base, rounds, n)
     return [(kind, label, got[label]) for kind, label, _ in PRIMITIVES[1:]]
@@ -1086,7 +1087,7 @@ def render_where(where: dict[str, Any], prims: list[tuple[str, str, float]], wra
     attr_floor = (8 * p["`t.shape` (a new torch.Size)"] + 8 * p["`t.dtype` (a cached object)"]
                   + dev_read + 7 * dev_cmp + 4 * p["`t.stride()` (a new tuple)"] + 4 * p["`t.is_contiguous()`"])
     full_us, hand_us = whole["full"] / 1e3, whole["hand"] / 1e3
-    mode_read = p["`kc.modes.current_mode()` (the wrapper's mode read)"]
+    mode_read = p["`modes.current_mode()` (the wrapper's mode read)"]
     lines += [
         "", f"Is the limit attribute access? The hand-written validator making every check the contract makes, "
         f"written for speed, costs {full_us:.2f} µs called directly, {full_us / hand_us:.2f}× the 27-check one "
@@ -1100,7 +1101,8 @@ def render_where(where: dict[str, Any], prims: list[tuple[str, str, float]], wra
         "on every test call): they bring the checker to about that validator's cost, not below the 27-check "
         "one. What would go further: fewer reads (no device read where no kernel needs it), or reading the "
         "metadata in C. The latter is what the eager cache in front of the checker does for a repeat call "
-        "(kda_contracts/check_cache.py): the call's tensors are compared with an accepted call's in one C++ call "
+        "(kda_contracts/_engine/codegen/check_cache.py): the call's tensors are compared with an accepted "
+        "call's in one C++ call "
         "(torch's TensorGuards), see the \"checker behind its eager cache\" rows above.",
     ]
     lines += [

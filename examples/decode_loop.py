@@ -30,8 +30,8 @@ from pathlib import Path
 import torch
 
 import kda_contracts as kc
+from kda_contracts._engine.modes import parse_mode
 from kda_contracts.models.kimi_linear import KimiDeltaAttention, random_weights
-from kda_contracts.modes import parse_mode
 
 TINY = Path(__file__).resolve().parents[1] / "tests" / "data" / "kimi_linear_tiny_config.json"
 

@@ -38,7 +38,7 @@ import torch
 
 import kda_contracts as kc
 from kda_contracts import Float, Int, Tensor
-from kda_contracts.facts import ConstraintFailed, RankMismatch
+from kda_contracts._engine.facts import ConstraintFailed, RankMismatch
 
 __all__ = ["BLOCK_SIZES", "CACHE_DTYPES", "HEAD_SIZES", "make_call", "paged_attention"]
 

@@ -45,7 +45,7 @@ import torch.nn.functional as F
 
 import kda_contracts as kc
 from kda_contracts import Float, Int, Tensor
-from kda_contracts.facts import RankMismatch
+from kda_contracts._engine.facts import RankMismatch
 
 __all__ = ["INDEX_DTYPES", "make_call", "selective_state_update"]
 

@@ -1,4 +1,4 @@
-"""The eager cache in front of the generated checker (kda_contracts/check_cache.py): a repeat call
+"""The eager cache in front of the generated checker (kda_contracts/_engine/codegen/check_cache.py): a repeat call
 skips the checker, and the cache never answers differently from the checker.
 
 - differential: on hundreds of calls, valid ones of several shapes and every kind of mutation
@@ -32,7 +32,7 @@ from torch._dynamo.utils import counters
 
 import kda_contracts as kc
 from kda_contracts import Float, Int, Tensor
-from kda_contracts.check_cache import MAX_ENTRIES, cached_checker, guards_available
+from kda_contracts._engine.codegen.check_cache import MAX_ENTRIES, cached_checker, guards_available
 from kda_contracts.testing import make_decode_call
 
 pytestmark = pytest.mark.skipif(not guards_available(), reason="torch's TensorGuards is not usable here")
@@ -301,7 +301,7 @@ def test_the_cache_can_be_turned_off():
 
 
 def test_a_key_whose_other_tensors_keep_changing_stops_building_guards(monkeypatch):
-    from kda_contracts import check_cache
+    from kda_contracts._engine.codegen import check_cache
 
     real = check_cache._guards()
     built = Counter()
@@ -411,14 +411,14 @@ def test_the_probe_answers_whatever_the_callers_defaults():
     code = ("import torch; torch.set_default_device('meta')\n"
             "with torch.inference_mode():\n"
             "    import kda_contracts as kc\n"
-            "    from kda_contracts.check_cache import guards_available\n"
+            "    from kda_contracts._engine.codegen.check_cache import guards_available\n"
             "    print(guards_available())")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "True"
 
 
 def test_after_a_run_of_calls_it_never_answers_the_cache_stands_aside_then_comes_back():
-    from kda_contracts.check_cache import BYPASS_AFTER, BYPASS_FOR
+    from kda_contracts._engine.codegen.check_cache import BYPASS_AFTER, BYPASS_FOR
 
     cfg = kc.KDAConfig(num_heads=2, num_v_heads=2, head_k_dim=8, head_v_dim=8)
     c, _ = decode_args(1, cfg)
@@ -486,7 +486,7 @@ def test_a_frozen_config_holding_a_mutable_model_is_read_afresh():
         names: tuple[str, ...] = ("a",)
         dtype: torch.dtype = torch.float32
 
-    from kda_contracts.markers import config_is_frozen
+    from kda_contracts._engine.model.markers import config_is_frozen
 
     assert config_is_frozen(Frozen(D=3)) and not config_is_frozen(cfg)
     assert config_is_frozen(kc.KDAConfig.preset("kimi-linear-48b-a3b"))

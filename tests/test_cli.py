@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import kda_contracts as kc
-from kda_contracts.cli import main
+from kda_contracts.__main__ import main
 from kda_contracts.ops.packed_decode.cli import config_from_arg
 from kda_contracts.ops.packed_decode.dump import check_dump, load_dump, save_dump
 from kda_contracts.testing import make_decode_call
@@ -266,6 +266,6 @@ def test_config_from_arg_reads_presets_and_config_json(tmp_path):
 
 
 def test_the_module_runs_as_a_command_with_the_same_exit_codes(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "kda_contracts.cli", "validate", str(tmp_path / "none.pt")],
+    proc = subprocess.run([sys.executable, "-m", "kda_contracts", "validate", str(tmp_path / "none.pt")],
                           capture_output=True, text=True, check=False)
     assert proc.returncode == 2 and "no such file" in proc.stderr

@@ -23,8 +23,8 @@ from torch._dynamo.utils import counters
 
 import kda_contracts as kc
 from kda_contracts import Float, Tensor
+from kda_contracts._engine.op.torch_op import _FAKE_ERRORS_PASS
 from kda_contracts.testing import make_decode_call
-from kda_contracts.torch_op import _FAKE_ERRORS_PASS
 
 pytestmark = pytest.mark.kda_contracts("check")  # the mode compiled functions are traced in
 
@@ -556,7 +556,7 @@ def test_a_traced_type_tree_gives_beartypes_verdict(hint, value):
     from beartype import BeartypeConf
     from beartype.door import is_bearable
 
-    from kda_contracts.type_trees import read_types
+    from kda_contracts._engine.reading.type_trees import read_types
 
     tree = read_types(hint)
     assert tree is not None
@@ -566,7 +566,7 @@ def test_a_traced_type_tree_gives_beartypes_verdict(hint, value):
 @pytest.mark.parametrize("hint", [Literal["a"], set[int], Callable[[int], int], type[int], Annotated[int, "x"]],
                          ids=repr)
 def test_a_hint_more_than_types_decide_has_no_traced_type_tree(hint):
-    from kda_contracts.type_trees import read_types
+    from kda_contracts._engine.reading.type_trees import read_types
 
     assert read_types(hint) is None  # beartype decides it, at trace time under torch.compile
 
@@ -574,7 +574,7 @@ def test_a_hint_more_than_types_decide_has_no_traced_type_tree(hint):
 def test_the_trace_time_functions_receive_containers_rebuilt_around_their_leaves():
     from collections import OrderedDict
 
-    from kda_contracts.trace_args import flatten, rebuild
+    from kda_contracts._engine.compile.trace_args import flatten, rebuild
 
     t, tag = torch.ones(2), Tag(1)
     value = [t, (3, {"a": tag, 4: [t]}), Step(t, 2), torch.Size([2, 3]), OrderedDict(b=t), Tag]

@@ -3,7 +3,7 @@
 - The mode is a ContextVar: a thread's ``with kc.mode(...)`` governs that thread only, so eight
   threads in off/check/strict calling the same decorated functions with different shapes each
   get exactly their mode's verdict on every call.
-- The per-contract cache of config views (``ConfigViews`` in kda_contracts/config_views.py, keyed by
+- The per-contract cache of config views (``ConfigViews`` in kda_contracts/_engine/codegen/config_views.py, keyed by
   ``id`` and bounded to 64) is hammered with more configs than it holds, from many threads: no
   call gets another config's verdict, every cached view matches its config, the cache never
   holds more than its bound, and dropped configs are not kept alive beyond it.
@@ -26,9 +26,9 @@ import torch
 
 import kda_contracts as kc
 from kda_contracts import Float, Tensor
-from kda_contracts.config_views import ConfigViews
-from kda_contracts.markers import CONFIG_LACKS, config_dims, config_dtypes
-from kda_contracts.spec import CallContext
+from kda_contracts._engine.codegen.config_views import ConfigViews
+from kda_contracts._engine.model.markers import CONFIG_LACKS, config_dims, config_dtypes
+from kda_contracts._engine.reading.annotations import CallContext
 from kda_contracts.testing import make_decode_call
 
 THREADS = 8

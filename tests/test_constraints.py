@@ -13,7 +13,7 @@ import torch
 
 import kda_contracts as kc
 from kda_contracts import Float, Int, Tensor
-from kda_contracts.constraints import parse_constraint
+from kda_contracts._engine.grammar.constraints import parse_constraint
 
 
 def t(*shape, dtype=torch.float32):

@@ -13,8 +13,8 @@ import torch
 
 import kda_contracts as kc
 from kda_contracts import Float, Tensor
-from kda_contracts.docs import describe_contract, render_contract
-from kda_contracts.docstrings import HEADING, SUMMARY
+from kda_contracts._engine.tools.docs import describe_contract, render_contract
+from kda_contracts._engine.tools.docstrings import HEADING, SUMMARY
 
 PROJECT_DOC = """Project x onto w.
 
@@ -206,7 +206,8 @@ from kda_contracts import Float, Tensor
 @kc.contract
 def f(x: Float[Tensor, "B"]) -> None: ...
 
-print(kc.contract_docs(), "Contract (kda-contracts)::" in (f.__doc__ or ""), "kda_contracts.docs" in sys.modules)
+print(kc.contract_docs(), "Contract (kda-contracts)::" in (f.__doc__ or ""),
+      "kda_contracts._engine.tools.docs" in sys.modules)
 """
 
 

@@ -4,7 +4,7 @@ import subprocess
 import sys
 
 import kda_contracts as kc
-from kda_contracts.cli import main
+from kda_contracts.__main__ import main
 from kda_contracts.ops.packed_decode.demo import run_demo
 
 

@@ -2,8 +2,9 @@
 
 import pytest
 
-from kda_contracts.constraints import parse_constraint
-from kda_contracts.dims import (
+from kda_contracts._engine.errors import AnnotationError
+from kda_contracts._engine.grammar.constraints import parse_constraint
+from kda_contracts._engine.grammar.dims import (
     ANY,
     BinOp,
     Broadcast,
@@ -14,7 +15,6 @@ from kda_contracts.dims import (
     parse_dim,
     parse_shape,
 )
-from kda_contracts.errors import AnnotationError
 
 
 def test_packed_width_parses_into_a_tree_with_precedence():

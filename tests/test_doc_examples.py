@@ -25,8 +25,9 @@ from pathlib import Path
 import pytest
 
 import kda_contracts as kc
-from kda_contracts import adapters, opdef
-from kda_contracts import decorator as enforce
+from kda_contracts import adapters
+from kda_contracts._engine.contract import decorator as enforce
+from kda_contracts._engine.op import opdef
 
 pytest_plugins = ["pytester"]
 

@@ -12,9 +12,9 @@ import torch
 
 import kda_contracts as kc
 from kda_contracts import Float, Int, Tensor
-from kda_contracts import decorator as enforce
-from kda_contracts.cli import main
-from kda_contracts.docs import GENERATED_MARK, check, describe_contract, render_contract, write
+from kda_contracts.__main__ import main
+from kda_contracts._engine.contract import decorator as enforce
+from kda_contracts._engine.tools.docs import GENERATED_MARK, check, describe_contract, render_contract, write
 from kda_contracts.ops.packed_decode.contract import PACKED_DECODE_ARGS
 from kda_contracts.ops.packed_decode.diagrams import mixed_qkv_svg, state_pool_svg
 from kda_contracts.ops.packed_decode.docs import FILES, describe, generate
@@ -43,7 +43,7 @@ def test_generation_is_deterministic():
 
 def test_the_committed_docs_are_what_a_fresh_process_generates():
     """What CI's `kda-contracts docs --check` does, in a process of its own."""
-    proc = subprocess.run([sys.executable, "-m", "kda_contracts.cli", "docs", "--check"], cwd=ROOT,
+    proc = subprocess.run([sys.executable, "-m", "kda_contracts", "docs", "--check"], cwd=ROOT,
                           capture_output=True, text=True, check=False)
     assert proc.returncode == 0, proc.stdout + proc.stderr + "\n(run `kda-contracts docs` and commit docs/generated)"
 

@@ -12,9 +12,9 @@ import torch
 from dump_ops import NORM_CONFIG, GatherConfig, dump_gather, dump_rmsnorm, dump_scale_rows
 
 import kda_contracts as kc
-from kda_contracts.cli import main
-from kda_contracts.dump_reader import load_file, read_call_dump
-from kda_contracts.dump_report import check_call
+from kda_contracts.__main__ import main
+from kda_contracts._engine.tools.dump_reader import load_file, read_call_dump
+from kda_contracts._engine.tools.dump_report import check_call
 from kda_contracts.testing import make_decode_call
 
 TP2 = kc.KDAConfig.preset("kimi-linear-48b-a3b", tp_size=2)

@@ -12,7 +12,7 @@ from kda_kernels.interface import DecodeArgs, DecodeBackend
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import kda_contracts as kc
-from kda_contracts.memory import _apart, alias_violations
+from kda_contracts._engine.rules.memory import _apart, alias_violations
 from kda_contracts.ops.packed_decode.checks import slots_finite
 from kda_contracts.testing import make_decode_call, make_gdn_decode_call
 
@@ -363,7 +363,7 @@ def test_gdn_strict_warnings_name_gdn() -> None:
 
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from kda_contracts.memory import ValueChecksSkipped
+    from kda_contracts._engine.rules.memory import ValueChecksSkipped
 
     call = decode_call("gdn", 3, 8)
     with FakeTensorMode() as fake_mode:
@@ -430,7 +430,7 @@ def test_a_huge_int64_index_is_out_of_range_in_a_large_read() -> None:
 def test_a_functional_wrapper_of_a_fake_tensor_holds_no_data() -> None:
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from kda_contracts.memory import has_addresses
+    from kda_contracts._engine.rules.memory import has_addresses
 
     with FakeTensorMode() as mode:
         fake = mode.from_tensor(torch.zeros(3))

@@ -11,7 +11,7 @@ from pydantic import BaseModel
 
 import kda_contracts as kc
 from kda_contracts import Float, Tensor
-from kda_contracts.rules import Disjoint, DtypeIn, InnerDense, Slots
+from kda_contracts._engine.rules.tensor import Disjoint, DtypeIn, InnerDense, Slots
 
 
 class _Dims(BaseModel):

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import kda_contracts as kc
-from kda_contracts import decorator as enforce
+from kda_contracts._engine.contract import decorator as enforce
 from kda_contracts.ops.gdn_decode import docs as gdn_docs
 from kda_contracts.ops.gdn_decode.diagrams import gate_svg
 from kda_contracts.ops.gdn_decode.mistakes import MISTAKES, reproduce

@@ -17,8 +17,8 @@ import pytest
 import torch
 
 import kda_contracts as kc
-from kda_contracts import decorator as enforce
-from kda_contracts.import_hook import ImportHook
+from kda_contracts._engine.contract import decorator as enforce
+from kda_contracts._engine.tools.import_hook import ImportHook
 
 _ids = itertools.count()
 

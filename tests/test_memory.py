@@ -1,4 +1,4 @@
-"""kda_contracts.memory: which bytes tensors cover, decided exactly, across storages, in bounded
+"""kda_contracts._engine.rules.memory: which bytes tensors cover, decided exactly, across storages, in bounded
 memory. The property tests compare against brute force: the set of byte addresses of every
 element."""
 
@@ -14,8 +14,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import kda_contracts as kc
-from kda_contracts import memory
-from kda_contracts.memory import (
+from kda_contracts._engine.rules import memory
+from kda_contracts._engine.rules.memory import (
     NoAddressError,
     ValueChecksSkipped,
     alias_violations,

@@ -31,8 +31,9 @@ import pytest
 import torch
 
 import kda_contracts as kc
-from kda_contracts import Float, Tensor, modes
-from kda_contracts.spec import CallContext
+from kda_contracts import Float, Tensor
+from kda_contracts._engine import modes
+from kda_contracts._engine.reading.annotations import CallContext
 
 # Module-level mode objects, shared by every thread and task below (the usage that used to raise).
 OFF, CHECK, STRICT = kc.mode("off"), kc.mode("check"), kc.mode("strict")
@@ -521,6 +522,7 @@ import json, sys
 import kda_contracts as kc
 from kda_contracts import Float, Tensor
 import torch
+from kda_contracts._engine import modes
 
 def attempt(step):
     try:
@@ -545,9 +547,9 @@ def in_block():
         return kc.get_mode()
 
 def decorated_while_a_default_was_chosen():   # as in an in-process pytest session
-    previous = kc.modes.replace_default(kc.modes.CHECK)
+    previous = modes.replace_default(modes.CHECK)
     h = kc.contract(f)
-    kc.modes.replace_default(previous)
+    modes.replace_default(previous)
     return h(torch.ones(2))
 
 out = {"imported": True, "get_mode": attempt(kc.get_mode), "decorate": attempt(decorate),

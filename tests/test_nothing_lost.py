@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 import kda_contracts as kc
 from kda_contracts import Float, Tensor
-from kda_contracts.backends import BackendError
+from kda_contracts._engine.op.backends import BackendError
 from kda_contracts.testing import make_decode_call
 
 CFG = kc.KDAConfig(num_heads=2, num_v_heads=4, head_k_dim=8, head_v_dim=16)
@@ -99,8 +99,8 @@ def test_a_finite_but_absurd_scale_is_rolled_back_not_written():
 
 
 def test_strict_mode_copies_only_the_used_slots_not_the_pool():
-    from kda_contracts.spec import CallContext
-    from kda_contracts.transact import snapshot
+    from kda_contracts._engine.contract.transaction import snapshot
+    from kda_contracts._engine.reading.annotations import CallContext
 
     call = call_of(pool=64)
     c = kc.packed_decode.contracts["VK"]

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import kda_contracts as kc
+from kda_contracts._engine import modes
 from kda_contracts.testing import make_decode_call
 
 _PATH = Path(__file__).resolve().parent.parent / "benchmarks" / "overhead.py"
@@ -101,7 +102,7 @@ def test_off_identity_and_fresh_shapes(call):
     assert len(shapes) == 40 and (1, 6) not in shapes  # all new, and not the base call's (B, N)
     with kc.mode("check"):  # indices are not in range for every pool: check mode reads no values
         for args in calls:
-            kc.packed_decode_contract("VK").enforce((*args, None, None), None, kc.modes.CHECK)
+            kc.packed_decode_contract("VK").enforce((*args, None, None), None, modes.CHECK)
             ob.hand_written_validator(*args)
     with pytest.raises(RuntimeError):
         fresh.take(1)

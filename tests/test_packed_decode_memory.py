@@ -17,7 +17,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 import kda_contracts as kc
-from kda_contracts.memory import ValueChecksSkipped
+from kda_contracts._engine.rules.memory import ValueChecksSkipped
 from kda_contracts.ops.packed_decode.dump import check_dump, load_dump, save_dump
 from kda_contracts.testing import make_decode_call
 
@@ -146,7 +146,7 @@ def test_expanded_activations_are_read_once_and_a_nan_in_them_is_still_found():
 
 BOUNDED = textwrap.dedent("""
     import resource, sys, time
-    from kda_contracts.cli import main
+    from kda_contracts.__main__ import main
     def vm():
         return next(int(l.split()[1]) * 1024 for l in open("/proc/self/status") if l.startswith("VmSize:"))
     main(["validate", sys.argv[1], "--mode", "check"])  # warm: imports and first-call work
@@ -212,7 +212,7 @@ def test_strict_checks_of_meta_tensors_skip_with_a_warning_and_the_metadata_is_s
 
 
 def test_validate_of_a_dump_of_meta_tensors_notes_that_the_value_checks_were_skipped(tmp_path, capsys):
-    from kda_contracts.cli import main
+    from kda_contracts.__main__ import main
 
     path = tmp_path / "meta.pt"
     save_dump(path, {k: (v.to("meta") if isinstance(v, torch.Tensor) else v) for k, v in call().items()})
@@ -229,7 +229,7 @@ cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA de
 
 @cuda
 def test_on_cuda_aliasing_is_decided_by_device_addresses():
-    from kda_contracts.memory import overlap
+    from kda_contracts._engine.rules.memory import overlap
 
     x = torch.zeros(64, 128, device="cuda")
     assert not overlap(x[:, ::2], x[:, 1::2]) and overlap(torch.from_dlpack(x[3]), x.t())
@@ -255,7 +255,7 @@ def test_on_cuda_expanded_activations_allocate_nothing_of_their_logical_size():
     kc.validate_packed_decode(**c, strict=True)
     assert torch.cuda.max_memory_allocated() - base < 1 << 20  # the logical activations: 0.9 MiB bf16 + bools
     big = torch.zeros(1, 4096, device="cuda", dtype=torch.bfloat16).expand(2 ** 20, 4096)
-    from kda_contracts.memory import all_finite
+    from kda_contracts._engine.rules.memory import all_finite
 
     torch.cuda.reset_peak_memory_stats()
     assert all_finite(big) and torch.cuda.max_memory_allocated() - base < 1 << 20

@@ -15,9 +15,9 @@ import sys
 import pytest
 
 import kda_contracts as kc
-import kda_contracts.pytest_plugin
+import kda_contracts._engine.tools.pytest_plugin
 from kda_contracts import Float, Tensor
-from kda_contracts import decorator as enforce
+from kda_contracts._engine.contract import decorator as enforce
 
 pytest_plugins = ["pytester"]
 
@@ -65,7 +65,7 @@ def test_mode():
 
 # -- the session mode -------------------------------------------------------------------------------
 def test_the_plugin_is_registered_by_its_entry_point(request):
-    assert request.config.pluginmanager.get_plugin("kda_contracts") is kda_contracts.pytest_plugin
+    assert request.config.pluginmanager.get_plugin("kda_contracts") is kda_contracts._engine.tools.pytest_plugin
 
 
 def test_the_default_mode_under_pytest_is_strict(pytester):

@@ -14,8 +14,8 @@ import torch
 from dump_ops import GatherConfig, dump_fragile, dump_gather, dump_scale_rows
 
 import kda_contracts as kc
-from kda_contracts.cli import main
-from kda_contracts.dumps import FORMAT_KEY
+from kda_contracts.__main__ import main
+from kda_contracts._engine.tools.dumps import FORMAT_KEY
 from kda_contracts.ops.packed_decode.dump import save_dump
 from kda_contracts.testing import make_decode_call
 
@@ -193,7 +193,7 @@ def test_a_dump_of_an_op_whose_module_is_gone_exits_2(tmp_path, capsys, monkeypa
     path = kc.save_call(short_lived_ops.short_lived, tmp_path / "s.pt", torch.randn(2, 3))
     assert validate(path, capsys)[0] == 0
     (tmp_path / "short_lived_ops.py").unlink()
-    proc = subprocess.run([sys.executable, "-m", "kda_contracts.cli", "validate", str(path)], cwd=tmp_path,
+    proc = subprocess.run([sys.executable, "-m", "kda_contracts", "validate", str(path)], cwd=tmp_path,
                           capture_output=True, text=True, check=False)
     assert (proc.returncode, proc.stdout) == (2, "")
     assert proc.stderr == (f"kda-contracts validate: {path}: cannot import the op 'short_lived' from "
@@ -245,10 +245,10 @@ def test_the_help_documents_exit_codes_and_both_formats(capsys):
 def test_the_installed_command_replays_a_user_op_from_the_current_directory(tmp_path, bad_call):
     ok = kc.save_call(dump_scale_rows, tmp_path / "ok.pt", torch.randn(4, 8), torch.randn(8), torch.empty(4, 8))
     for path, want in ((ok, 0), (bad_call, 1)):
-        proc = subprocess.run([sys.executable, "-m", "kda_contracts.cli", "validate", str(path)], cwd=TESTS,
+        proc = subprocess.run([sys.executable, "-m", "kda_contracts", "validate", str(path)], cwd=TESTS,
                               capture_output=True, text=True, check=False)
         assert proc.returncode == want, proc.stderr
-    proc = subprocess.run([sys.executable, "-m", "kda_contracts.cli", "validate", str(ok)], cwd=tmp_path,
+    proc = subprocess.run([sys.executable, "-m", "kda_contracts", "validate", str(ok)], cwd=tmp_path,
                           capture_output=True, text=True, check=False)
     assert proc.returncode == 2
     assert "cannot import the op 'dump_scale_rows' from dump_ops:dump_scale_rows" in proc.stderr

@@ -18,13 +18,13 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from ..errors import ShapeError, ValueRangeError, Violation
-from ..facts import AxisMismatch
-from ..markers import Spec, Where
+from .._engine.errors import ShapeError, ValueRangeError, Violation
+from .._engine.facts import AxisMismatch
+from .._engine.model.markers import Spec, Where
+from .._engine.reading.annotations import CallContext
 from ..ops.packed_decode.config import KDAConfig
 from ..ops.packed_decode.dtypes import INDEX_DTYPES, STATE_DTYPES
 from ..ops.packed_decode.tp import TPMismatch, tp_mismatch_hint
-from ..spec import CallContext
 
 __all__ = ["HAS_SLOTS", "HINTS", "ConvStatePool", "Hidden", "SSMStatePool", "SlotIndices", "layer_dims",
            "slot_value_checks"]

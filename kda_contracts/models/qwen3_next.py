@@ -44,8 +44,8 @@ from jaxtyping import Float
 from kda_kernels import gdn_reference
 from torch import Tensor
 
-from ..decorator import contract
-from ..markers import Spec
+from .._engine.contract.decorator import contract
+from .._engine.model.markers import Spec
 from ..ops.gdn_decode.config import GDNConfig
 from ..ops.gdn_decode.decode import gdn_packed_decode
 from .layer_contracts import HAS_SLOTS, ConvStatePool, Hidden, SlotIndices, SSMStatePool, slot_value_checks

@@ -11,9 +11,9 @@ Example::
 
 from __future__ import annotations
 
-from ..errors import ShapeError, Violation
-from ..facts import AxisMismatch, RankMismatch
-from ..spec import CallContext
+from .._engine.errors import ShapeError, Violation
+from .._engine.facts import AxisMismatch, RankMismatch
+from .._engine.reading.annotations import CallContext
 from .layer_contracts import HINTS as SHARED_HINTS
 
 __all__ = ["HINTS"]

@@ -17,8 +17,8 @@ from typing import Annotated, Any
 import torch
 
 import kda_contracts as kc
-from kda_contracts import Float, Int, Tensor
 
+from ... import Float, Int, Tensor
 from ..packed_decode.contract import layout_resolver
 from ..packed_decode.dtypes import ACTIVATION_DTYPES, INDEX_DTYPES, STATE_DTYPES
 

@@ -3,7 +3,7 @@
 Whatever the docs config of the page (a Kimi-Linear one), GDN is shown for its own model,
 :data:`DOC_PRESET`: its pictures (the packed row with GVA, the gate against KDA's, both state
 layouts), the concrete shape of every argument per tensor-parallel degree, the op itself as the
-engine documents any ``kc.op`` (:func:`kda_contracts.module_docs.describe_op`: each variant's
+engine documents any ``kc.op`` (:func:`kda_contracts._engine.tools.module_docs.describe_op`: each variant's
 contract and every backend ``gdn_packed_decode.backends()`` lists, so new kernels appear by
 themselves), and its part of the error catalogue. :mod:`kda_contracts.ops.packed_decode.docs`
 puts these on the generated pages.
@@ -21,8 +21,8 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from ...docs import Section, describe_contract, mark_svg
-from ...module_docs import describe_op, op_section
+from ..._engine.tools.docs import Section, describe_contract, mark_svg
+from ..._engine.tools.module_docs import describe_op, op_section
 from ..packed_decode.diagrams import mixed_qkv_svg, state_pool_svg
 from ..packed_decode.mistakes import catalogue_lines
 from .config import GDNConfig

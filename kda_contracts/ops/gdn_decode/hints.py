@@ -14,9 +14,9 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import kda_contracts as kc
-from kda_contracts import ShapeError, config_dims
-from kda_contracts.facts import AxisMismatch, RankMismatch
 
+from ... import ShapeError, config_dims
+from ..._engine.facts import AxisMismatch, RankMismatch
 from ..packed_decode.hints import hint_index_dtype, hint_state_strides, hint_width, layout_hint, tp_renderer
 from ..packed_decode.tp import fits, tp_mismatch_hint
 from .config import GDNConfig

@@ -2,16 +2,16 @@
 before the kernel, aliasing, index range, duplicate slots and finiteness (:func:`value_checks`,
 the contract's ``value_checks``); after it, the promises the outputs must keep
 (:func:`check_outputs`). Both skip whatever would sync during CUDA-graph capture, and skip with a
-:class:`~kda_contracts.memory.ValueChecksSkipped` warning for tensors that hold no data (meta,
+:class:`~kda_contracts._engine.rules.memory.ValueChecksSkipped` warning for tensors that hold no data (meta,
 FakeTensorMode).
 
-Aliasing (:func:`kda_contracts.memory.alias_violations`, exact, by address, across storages): the
+Aliasing (:func:`kda_contracts._engine.rules.memory.alias_violations`, exact, by address, across storages): the
 call writes ``out`` whole and the pool's *used* slots (``ssm_state_indices`` in ``[0, N)``). So
 ``out`` must share no byte with any other argument, the pool's unused slots included (writing it
 would change them); an input may lie in an unused slot (the kernel neither reads nor writes it)
 but not in a used one. During CUDA-graph capture the slots cannot be read: only ``out`` is checked.
 
-Value checks read each broadcast (stride-0) value once (:func:`kda_contracts.memory.distinct_elements`),
+Value checks read each broadcast (stride-0) value once (:func:`kda_contracts._engine.rules.memory.distinct_elements`),
 so an ``.expand()``-ed activation of any logical size costs what it occupies. Each input, used slot
 and output row is reduced on the device to one probe (its largest magnitude: finite exactly when
 it is), and the probes come back with the indices in one read before the kernel and one after it.
@@ -30,9 +30,9 @@ import struct
 import torch
 from torch import Tensor
 
-from ...errors import ValueRangeError, Violation, raise_violations
-from ...memory import FINITE_CHUNK, distinct_elements, skip_value_checks, without_data
-from ...spec import CallContext
+from ..._engine.errors import ValueRangeError, Violation, raise_violations
+from ..._engine.reading.annotations import CallContext
+from ..._engine.rules.memory import FINITE_CHUNK, distinct_elements, skip_value_checks, without_data
 
 __all__ = ["check_outputs", "output_violations", "slot_probes", "slots_finite", "used_slots_finite",
            "value_checks"]
@@ -108,7 +108,7 @@ def _all_finite(values: Host) -> bool:
 def _probe(t: Tensor) -> Tensor:
     """A 0-dim tensor on ``t``'s device, finite exactly when every value of ``t`` is: the largest
     magnitude (``vector_norm(ord=inf)``: one reduction over the distinct values, see
-    :func:`~kda_contracts.memory.distinct_elements`; a NaN propagates, an infinity is its own
+    :func:`~kda_contracts._engine.rules.memory.distinct_elements`; a NaN propagates, an infinity is its own
     maximum, nothing can overflow, no copy or mask is made). 0 for integer and empty tensors."""
     v = distinct_elements(t)
     if not (v.dtype.is_floating_point or v.dtype.is_complex) or v.numel() == 0:

@@ -17,12 +17,12 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ...cli import Command, CommandError, DocsSource, DumpFormat, docs_command
-from ...dump_reader import LoadedFile
+from ..._engine.tools.cli import Command, CommandError, DocsSource, DumpFormat, docs_command
+from ..._engine.tools.dump_reader import LoadedFile
 from .config import PRESETS, KDAConfig
 
 if TYPE_CHECKING:
-    from ...module_docs import ModulePage
+    from ..._engine.tools.module_docs import ModulePage
 
 __all__ = ["commands", "config_from_arg", "dump_format"]
 

@@ -17,8 +17,8 @@ from typing import Any, Literal
 import torch
 from torch import Tensor
 
-from ...opdef import op
-from ...spec import CallContext, Dims
+from ..._engine.op.opdef import op
+from ..._engine.reading.annotations import CallContext, Dims
 from . import adapters
 from .checks import output_violations
 from .contract import OPTIONS, SYMBOLS, VARIANTS, resolve_layout
@@ -109,7 +109,7 @@ def validate_packed_decode(
         >>> dims.H, dims.provenance["H"]
         (32, 'from config (num_heads=32)')
     """
-    from ... import modes
+    from ..._engine import modes
 
     values = {"mixed_qkv": mixed_qkv, "a": a, "b": b, "A_log": A_log, "dt_bias": dt_bias, "scale": scale,
               "initial_state": initial_state, "out": out, "ssm_state_indices": ssm_state_indices,

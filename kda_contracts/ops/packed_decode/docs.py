@@ -2,13 +2,13 @@
 the per-TP-degree table and the backends; the catalogue of known mistakes with the messages the
 library really raises; the SVG pictures. GDN packed decode, the same call with another gate, gets
 its sections, pictures and catalogue on the same pages, for its own model
-(:mod:`kda_contracts.ops.gdn_decode.docs`). The engine (:mod:`kda_contracts.docs`) describes and
+(:mod:`kda_contracts.ops.gdn_decode.docs`). The engine (:mod:`kda_contracts._engine.tools.docs`) describes and
 renders the contracts and keeps the folder in step.
 
 Example::
 
     from kda_contracts import KDAConfig
-    from kda_contracts.docs import write
+    from kda_contracts._engine.tools.docs import write
     from kda_contracts.ops.packed_decode.docs import generate
     files = generate(KDAConfig.preset("kimi-linear-48b-a3b", tp_size=2), "kimi-linear-48b-a3b, tp_size=2")
     write(files, "docs/generated")
@@ -20,9 +20,9 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from ...backends import Backend
-from ...decorator import Contract, registered_contracts
-from ...docs import (
+from ..._engine.contract.decorator import Contract, registered_contracts
+from ..._engine.op.backends import Backend
+from ..._engine.tools.docs import (
     DO_NOT_EDIT,
     GENERATED_MARK,
     Section,
@@ -33,7 +33,7 @@ from ...docs import (
     render_reference,
     slug,
 )
-from ...module_docs import ModulePage, op_section
+from ..._engine.tools.module_docs import ModulePage, op_section
 from ..gdn_decode import docs as gdn_docs
 from ..gdn_decode.decode import gdn_packed_decode
 from . import adapters

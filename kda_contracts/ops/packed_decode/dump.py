@@ -36,10 +36,10 @@ from typing import Any
 import torch
 from pydantic import ValidationError
 
-from ...dump_reader import DumpError, LoadedFile, load_file
-from ...errors import ContractError, DeviceError, Violation, format_report
-from ...memory import without_data
-from ...spec import CallContext, Dims
+from ..._engine.errors import ContractError, DeviceError, Violation, format_report
+from ..._engine.reading.annotations import CallContext, Dims
+from ..._engine.rules.memory import without_data
+from ..._engine.tools.dump_reader import DumpError, LoadedFile, load_file
 from . import adapters
 from .config import PRESETS, KDAConfig
 from .contract import PACKED_DECODE_ARGS, packed_decode_contract, resolve_layout
@@ -123,7 +123,7 @@ def load_dump(path: str | os.PathLike[str], *, config: KDAConfig | None = None,
 
 def from_loaded(loaded: LoadedFile, *, config: KDAConfig | None = None,
                 state_layout: str | None = None) -> DecodeDump:
-    """:func:`load_dump` on a file already read with :func:`kda_contracts.dump_reader.load_file`."""
+    """:func:`load_dump` on a file already read with :func:`kda_contracts._engine.tools.dump_reader.load_file`."""
     p, raw, notes = loaded.path, loaded.raw, []
     if loaded.moved:
         notes.append(f"tensors saved on {', '.join(loaded.moved)} were loaded on the CPU (no such device here): "

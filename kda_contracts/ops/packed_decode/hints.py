@@ -1,7 +1,7 @@
 """Hints of the packed-decode contract: a fix for each known mistake (the catalogue in
 :mod:`.mistakes` makes each one). The public ones (width, index dtype, strides, layout, TP text)
-serve GDN's contract too, which shares those shapes. Hints read typed facts (:mod:`kda_contracts.facts`), the call's
-bound dims and, for the state layout, the layout the contract was built for; never message text.
+serve GDN's contract too, which shares those shapes. Hints read typed facts (``kc.facts``), the
+call's bound dims and, for the state layout, the layout the contract was built for; never message text.
 
 Example::
 
@@ -14,10 +14,10 @@ from collections.abc import Callable
 
 import torch
 
-from ...errors import DtypeError, LayoutError, ShapeError, Violation
-from ...facts import AxisMismatch, DtypeMismatch, LayoutBroken, RankMismatch, Unsolvable
-from ...markers import config_dim_source, config_dims
-from ...spec import CallContext
+from ..._engine.errors import DtypeError, LayoutError, ShapeError, Violation
+from ..._engine.facts import AxisMismatch, DtypeMismatch, LayoutBroken, RankMismatch, Unsolvable
+from ..._engine.model.markers import config_dim_source, config_dims
+from ..._engine.reading.annotations import CallContext
 from .config import KDAConfig
 from .tp import TPMismatch, tp_mismatch_hint
 

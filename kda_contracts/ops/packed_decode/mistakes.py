@@ -22,8 +22,8 @@ from typing import Any
 
 import torch
 
-from ...docs import cell
-from ...errors import ContractError, DeviceError, DtypeError, LayoutError, ShapeError, ValueRangeError
+from ..._engine.errors import ContractError, DeviceError, DtypeError, LayoutError, ShapeError, ValueRangeError
+from ..._engine.tools.docs import cell
 from ...testing import make_decode_call
 from .config import KDAConfig
 from .decode import validate_packed_decode

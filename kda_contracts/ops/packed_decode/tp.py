@@ -19,9 +19,9 @@ from dataclasses import dataclass
 
 from torch import Tensor
 
-from ...dims import Expr, Sym
-from ...errors import ShapeError, Violation
-from ...spec import CallContext
+from ..._engine.errors import ShapeError, Violation
+from ..._engine.grammar.dims import Expr, Sym
+from ..._engine.reading.annotations import CallContext
 from .config import KDAConfig
 
 __all__ = ["TPMismatch", "find_tp_mismatch", "tp_mismatch_hint"]

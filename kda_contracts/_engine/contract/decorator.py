@@ -1,0 +1,658 @@
+"""``@kc.contract``: a compiled :class:`Contract` (spec + generated checker + slow path) and the
+registry of contracts.
+
+The happy path is generated Python source: attribute reads, integer
+compares and set lookups, no loops, no dict of dims, no message building. It returns the bound
+dims as a tuple, or ``None`` at the first failed test; only then does the slow path
+(``ContractSpec.explain``) run to collect every violation with provenance and hints.
+
+beartype checks the non-tensor parameters and the Tensor-ness of tensor parameters through a
+shim function carrying the stripped annotations (principle 4).
+"""
+
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import inspect
+import itertools
+import keyword
+import warnings
+import weakref
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from types import NoneType
+from typing import Any, TypeVar, overload
+
+import torch
+from beartype import BeartypeConf, beartype
+from beartype.door import is_bearable
+from beartype.roar import BeartypeCallHintParamViolation
+
+from .. import modes
+from ..codegen.check_cache import cached_checker
+from ..codegen.checker import (
+    bool_for_float,
+    checked_parameters,
+    checker_names,
+    generate_checker,
+    generate_return_checker,
+)
+from ..codegen.config_views import ConfigViews, refuse_built_in_trace, walked_built_in_trace
+from ..codegen.snippets import Names
+from ..codegen.wrapper import wrapper_source
+from ..errors import (
+    AnnotationError,
+    ArgumentTypeError,
+    ContractError,
+    Violation,
+    hook_violations,
+    passthrough_for_compile,
+    raise_violations,
+    tracing,
+    uninspectable,
+)
+from ..explain.explainer import explain_return
+from ..model.markers import Where, config_nonint_dims, int_dim_fix
+from ..modes import made_in_trace
+from ..reading.annotations import NO_HINT, CallContext, ContractOptions, ContractSpec, Dims, build_spec
+from ..reading.members import accessors, contract_members, is_contracted
+from ..reading.structure import Plain
+from ..reading.type_trees import every_item_checker, read_types, traced_type_check, type_mismatch
+from ..tools import dumps
+from ..tools.docstrings import add_class_note, add_contract_doc, wants_doc
+from .body import body_uses_checks, runner
+
+__all__ = ["Contract", "contract", "register_contract", "registered_contracts"]
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+_BEARTYPE_CONF = BeartypeConf(is_pep484_tower=True)  # a float parameter accepts an int
+_REGISTRY: dict[str, Contract] = {}
+_ids = itertools.count()
+
+
+def registered_contracts() -> dict[str, Contract]:
+    """Every contract created with ``register=True`` (the default), by name (for docs, CLIs and
+    the pytest plugin's summary)."""
+    return dict(_REGISTRY)
+
+
+def register_contract(key: str, c: Contract) -> Contract:
+    """Add a contract built without the decorator to :func:`registered_contracts`."""
+    _REGISTRY[key] = c
+    return c
+
+
+def _strip_for_beartype(spec: ContractSpec) -> dict[str, Any]:
+    ann: dict[str, Any] = {}
+    for name, tp in spec.tensors.items():
+        ann[name] = torch.Tensor | None if tp.optional else torch.Tensor
+    for name, sp in spec.scalars.items():
+        ann[name] = sp.hint
+    return ann
+
+
+class Contract:
+    """A compiled contract: its spec, generated checker, and the ways to run it.
+
+    Usually made by :func:`contract`; ``fn.__kda_contract__`` holds it on the decorated function.
+
+    Example::
+
+        c = kc.contract(my_kernel_wrapper).__kda_contract__
+        dims = c.validate(*args)         # raises a ContractError listing every violation
+    """
+
+    def __init__(self, spec: ContractSpec, fn: Callable[..., Any]) -> None:
+        self.spec = spec
+        self.fn = fn
+        self.name = spec.name
+        self._param_names = checked_parameters(spec)
+        src, consts, self.types_in_checker = generate_checker(spec)
+        self.checker_source = src
+        self.views = ConfigViews(spec)
+        namespace: dict[str, Any] = {**consts, checker_names(spec)("views"): self.views}
+        exec(compile(src, f"<kda_contracts checker for {spec.name}>", "exec"), namespace)  # our own source
+        #: the generated checker itself; ``_check`` is it behind the eager cache of accepted metadata
+        self._check_uncached: Callable[..., tuple[int, ...] | None] = namespace["check"]
+        self._check: Callable[..., tuple[int, ...] | None] = cached_checker(spec, self._check_uncached, src, consts)
+        self.return_source: str | None = None
+        self._check_return: Callable[[Any, tuple[int, ...]], bool] | None = None
+        if spec.returns is not None:
+            self.return_source, rconsts = generate_return_checker(spec)
+            rns: dict[str, Any] = dict(rconsts)
+            exec(compile(self.return_source, f"<kda_contracts return checker for {spec.name}>", "exec"), rns)
+            self._check_return = rns["check_return"]
+        #: a return annotation without tensors (``-> int``, ``-> None``): beartype's verdict (for an
+        #: op, on what its backend returns, when the op returns that)
+        self._check_plain_return: Callable[..., bool] | None = None
+        inner = inspect.unwrap(fn)
+        made_by_wrapper = inner is not fn and _is_generator(inner) and not _is_generator(fn)
+        if spec.returns is None and spec.return_hint is not NO_HINT and not made_by_wrapper:
+            # (not for a wrapper such as contextlib.contextmanager's, whose annotations describe the
+            # generator it wraps, not what it returns)
+            self._check_plain_return = _plain_return_checker(spec.return_hint)
+        shim_src = f"def types({', '.join(self._param_names)}):\n    return None\n"
+        shim_ns: dict[str, Any] = {}
+        exec(compile(shim_src, f"<kda_contracts type shim for {spec.name}>", "exec"), shim_ns)
+        shim = shim_ns["types"]
+        shim.__annotations__ = _strip_for_beartype(spec)
+        shim.__qualname__ = spec.name  # beartype names the shim in its own messages
+        self._type_annotations = shim.__annotations__
+        # beartype's shim, then every item of a container argument (beartype samples one per call)
+        self.check_types: Callable[..., None] = every_item_checker(beartype(conf=_BEARTYPE_CONF)(shim),
+                                                                   self._param_names, shim.__annotations__)
+        self._provenance: dict[Any, Any] = {}
+        # Usage counters (for the pytest plugin's summary): checked calls and rejected calls.
+        # Under torch.compile ``calls`` counts traces: each is advanced by code dynamo runs at
+        # trace time and never traces or guards on (see modes.counting_mode), so the compiled
+        # code's runs do not count (they run no Python; dynamo's guards hold them to the shapes
+        # the contract accepted when tracing).
+        self.calls = 0
+        self.rejections = 0
+        # the mode in force, counting a call unless it is off (for entry points like packed_decode)
+        self.enter: Callable[[], int] = modes.counting_mode(self)
+        self._count = modes.counting_mode(self, modes.CHECK)
+        # under torch.compile the types are traced as isinstance tests (type_trees: dynamo cannot trace
+        # beartype), and a call they reject is reported at trace time as the contract's own error
+        self._type_nodes = {n: Plain(h, read_types(h)) for n, h in self._type_annotations.items()}
+        traced_type_check(self.check_types, self._param_names, self._type_nodes,
+                          _outside_compile(self._types_or_reject))
+        self._reject = _outside_compile(self._reject_positional)
+        self._strict_checks = eager_value_checks(self._strict_positional, self.name)
+
+    # -- the slow paths ----------------------------------------------------------------------
+    def _bind_values(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> dict[str, Any]:
+        ba = self.spec.signature.bind(*args, **kwargs)
+        ba.apply_defaults()
+        return dict(ba.arguments)
+
+    def _types_or_reject(self, *vals: Any) -> None:
+        """The type check at trace time (every item of a container, as the traced check): a
+        violation raises the contract's report, counted."""
+        values = dict(zip(self._param_names, vals, strict=True))
+        if self.type_violations(values):
+            self.fail_types(values)
+
+    def fail_types(self, values: Mapping[str, Any]) -> None:
+        """Count and raise the report of a call whose argument types beartype rejected (saving
+        the call when ``KDA_CONTRACTS_DUMP_DIR`` asks for it)."""
+        self.rejections += 1
+        with dumps.saving_rejection(self, values, self._config_for(values)):
+            violations = self.type_violations(values)
+            if not violations:  # the type check rejected what the explanation cannot name (not expected)
+                violations = [Violation(ArgumentTypeError, "(arguments)", "types that fit the annotations",
+                                        "rejected by the type check, which named no argument")]
+            raise_violations(self.name, violations, {}, {})
+
+    def type_violations(self, values: Mapping[str, Any]) -> list[Violation]:
+        out = []
+        for name, node in self._type_nodes.items():
+            v = values.get(name)
+            mismatch = type_mismatch(name, node, v)
+            if mismatch is not None:
+                expected, got = mismatch
+                if name in self.spec.tensors:
+                    expected = f"a torch.Tensor shaped {self.spec.tensors[name].symbolic()}"
+                    if self.spec.tensors[name].optional:
+                        expected += " or None"
+                out.append(Violation(ArgumentTypeError, name, expected, got))
+        for name in bool_for_float(self.spec, values):
+            if all(o.argument != name for o in out):
+                out.append(Violation(ArgumentTypeError, name, "float", f"bool ({values[name]!r})",
+                                     hint="a bool is not a number here; pass a float"))
+        return out
+
+    def fail(self, values: Mapping[str, Any], config: Any) -> None:
+        """Raise the full report for a call the fast path rejected (saved first when
+        ``KDA_CONTRACTS_DUMP_DIR`` is set: :mod:`kda_contracts._engine.tools.dumps`)."""
+        with dumps.saving_rejection(self, values, config):
+            tv = self.type_violations(values)
+            if self.spec.nested and modes.tracing_context():  # (at trace time: nothing to read yet)
+                tv += walked_built_in_trace(self.spec, values)
+            if tv:
+                self.rejections += 1
+                raise_violations(self.name, tv, {}, {})
+            try:
+                dims, prov, violations = self.spec.explain(values, config)
+            except ContractError:
+                raise
+            except Exception as exc:  # an object no rule foresaw: still a ContractError, never a crash
+                self.rejections += 1
+                raise_violations(self.name, [uninspectable(exc)], {}, {})
+            if violations:
+                self.rejections += 1
+                raise_violations(self.name, violations, dims, prov)
+        # The generated checker and the interpreter disagree: trust the interpreter, but say so.
+        warnings.warn(f"kda_contracts: the fast checker of {self.name} rejected a call the full check accepts; "
+                      "please report this with the call's shapes", RuntimeWarning, stacklevel=3)
+
+    def provenance(self, config: Any) -> dict[str, str]:
+        key = config is not None
+        if key:
+            if not _frozen(config):
+                return self.spec.provenance(config)
+            hit = self._provenance.get(id(config))  # a frozen config says the same every call
+            if hit is not None and hit[0]() is config:
+                return hit[1]  # type: ignore[no-any-return]
+            if len(self._provenance) > 64:
+                self._provenance.clear()
+            prov = self.spec.provenance(config)
+            try:  # weakly: the cache never keeps a config alive
+                self._provenance[id(config)] = (weakref.ref(config), prov)
+            except TypeError:
+                pass
+            return prov
+        cached = self._provenance.get(key)
+        if cached is None:
+            cached = self._provenance[key] = self.spec.provenance(None)
+        return cached
+
+    # -- public ------------------------------------------------------------------------------
+    def validate(self, *args: Any, _config: Any = None, **kwargs: Any) -> Dims:
+        """Check a call's arguments (whatever the mode) and return its bound :class:`Dims`."""
+        values = self._bind_values(args, kwargs)
+        config = _config if _config is not None else self._config_for(values)
+        return self.validate_values(values, config)
+
+    def enforce(self, vals: Sequence[Any], config: Any, mode: int = modes.CHECK) -> tuple[int, ...]:
+        """Run the checks of ``mode`` on arguments given positionally (every checked parameter, in
+        signature order); return the bound dims in ``spec.symbols`` order or raise. Counts a call."""
+        self._count()
+        return self.run_checks(vals, config, mode)
+
+    def run_checks(self, vals: Sequence[Any], config: Any, mode: int = modes.CHECK) -> tuple[int, ...]:
+        """:meth:`enforce` without counting, for a caller that counted with :attr:`enter`.
+
+        Traceable by torch.compile with ``fullgraph=True``: the checker's compares become guards,
+        everything else (beartype, the report, strict value checks) runs at trace time only."""
+        try:
+            if not self.types_in_checker:
+                self.check_types(*vals)
+            dims = self._check(*vals, config)
+        except BeartypeCallHintParamViolation:
+            dims = None
+        if dims is None:
+            dims = self._reject(*vals, config)
+        if mode == modes.STRICT and self.spec.value_checks is not None:
+            self._strict_checks(dims, *vals, config)
+        return dims
+
+    def _reject_positional(self, *vals_and_config: Any) -> tuple[int, ...]:
+        """Raise the report of a call the fast checker rejected (arguments positionally, then the
+        config); returns the dims only if the full check accepts the call after all."""
+        config = vals_and_config[-1]
+        values = dict(zip(self._param_names, vals_and_config[:-1], strict=True))
+        self.fail(values, config)
+        env, _, _ = self.spec.explain(values, config)
+        return tuple(env[s] for s in self.spec.symbols)
+
+    def _strict_positional(self, dims: tuple[int, ...], *vals_and_config: Any) -> dict[str, Any]:
+        config = vals_and_config[-1]
+        values = dict(zip(self._param_names, vals_and_config[:-1], strict=True))
+        return self.run_value_checks(values, config, dict(zip(self.spec.symbols, dims, strict=True)),
+                                     self.provenance(config))
+
+    def validate_values(self, values: Mapping[str, Any], config: Any = None, *, strict: bool = False) -> Dims:
+        """Check arguments given by name; ``strict`` adds the contract's value checks."""
+        vals = tuple(map(values.get, self._param_names))
+        dims = self.enforce(vals, config, modes.STRICT if strict else modes.CHECK)
+        return Dims(dict(zip(self.spec.symbols, dims, strict=True)), self.provenance(config))
+
+    def run_value_checks(self, values: Mapping[str, Any], config: Any, dims: dict[str, int],
+                         prov: dict[str, str]) -> dict[str, Any]:
+        """Strict mode: the contract's value checks (after a clean metadata check). Returns the
+        call's :attr:`CallContext.memo` (what the checks left for the rest of the call's checks)."""
+        if self.spec.value_checks is None:
+            return {}
+        ctx = CallContext(self.spec, values, config, dims, prov)
+        violations = hook_violations(self.spec.value_checks(ctx), f"{self.name}: value_checks")
+        if violations:
+            self.rejections += 1
+            with dumps.saving_rejection(self, values, config, stage="value checks"):
+                raise_violations(self.name, violations, dims, prov)
+        return ctx.memo
+
+    def wrap(self, fixed_mode: int | None = None) -> Callable[..., Any]:
+        """A function with ``fn``'s signature that enforces this contract, then calls ``fn``."""
+        return _build_wrapper(self, fixed_mode)
+
+    def explain(self, *args: Any, **kwargs: Any) -> tuple[Dims, list[Violation]]:
+        """Every violation of a call (empty when it is valid), without raising."""
+        values = self._bind_values(args, kwargs)
+        tv = self.type_violations(values)
+        if tv:
+            return Dims({}, {}), tv
+        d, prov, violations = self.spec.explain(values, self._config_for(values))
+        return Dims(d, prov), violations
+
+    def _config_for(self, values: Mapping[str, Any]) -> Any:
+        if self.spec.config_arg is not None:
+            config = values.get(self.spec.config_arg)
+            if config is not None and made_in_trace(config):  # (only while dynamo traces)
+                refuse_built_in_trace(self.spec, config)
+            return config
+        return self.spec.config
+
+    def check(self, *vals: Any, _cfg: Any = None) -> tuple[int, ...] | None:
+        """The generated fast checker on arguments given positionally: the bound dims in
+        ``spec.symbols`` order, or None when the call breaks the contract (no report)."""
+        return self._check(*vals, _cfg)
+
+    def result_checker(self) -> Callable[..., bool] | None:
+        """``check(result, dims, *checked arguments) -> bool`` for the return annotation (tensors or
+        not), or None when there is nothing to check."""
+        return self._check_return or self._check_plain_return
+
+    def check_return(self, result: Any, dims: tuple[int, ...], *vals: Any) -> None:
+        """Check a result against the return annotation (generated code), given the call's dims
+        and its checked arguments positionally; raise the report."""
+        check = self.result_checker()
+        if check is not None and not check(result, dims, *vals):
+            self.fail_return(result, dims, dict(zip(self._param_names, vals, strict=False)))
+
+    def fail_return(self, result: Any, dims: tuple[int, ...], values: Mapping[str, Any] | None = None) -> None:
+        """Raise the full report for a result the generated return checker rejected."""
+        env = dict(zip(self.spec.symbols, dims, strict=True))
+        violations = explain_return(self.spec, result, env, values)
+        if violations:
+            raise_violations(self.name, violations, env, self.provenance(None))
+        warnings.warn(f"kda_contracts: the fast return checker of {self.name} rejected a result the full check "
+                      "accepts; please report this with the result's shapes", RuntimeWarning, stacklevel=3)
+
+
+def _is_generator(fn: Any) -> bool:
+    return inspect.isgeneratorfunction(fn) or inspect.isasyncgenfunction(fn)
+
+
+def _plain_return_checker(hint: Any) -> Callable[[Any, tuple[int, ...]], bool]:
+    """``check_return`` for a return annotation without tensors: ``res is None`` for ``-> None``;
+    for a hint types alone decide, the isinstance tree of :func:`~kda_contracts._engine.reading.type_trees.read_types`
+    (beartype's verdict, which torch.compile traces: a symbolic size returned as ``-> int`` is not
+    specialised); else beartype's ``is_bearable`` on the result (at trace time under torch.compile)."""
+    if hint is NoneType:
+        return lambda res, dims, *args: res is None
+    tree = read_types(hint)  # isinstance tests that give beartype's verdict, traced by dynamo (None: more decides)
+    if tree is None:  # beartype, at trace time on the result alone (a Literal, a Protocol, a Callable ...)
+        bearable = modes.mark_constant_result(lambda res: is_bearable(res, hint, conf=_BEARTYPE_CONF))
+        return lambda res, dims, *args: bearable(res)
+    return lambda res, dims, *args: tree.match(res, {}, "return") is None
+
+
+def _outside_compile(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Mark ``fn`` so that torch.compile runs it in plain Python on the real arguments at trace
+    time instead of tracing it (beartype's wrapper, the report builder, strict value checks).
+    The generated shape checker itself *is* traced: its compares become guards. No eager cost:
+    the marker is an attribute on the same function object."""
+
+    @functools.wraps(fn)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except ContractError as err:
+            if tracing():
+                raise passthrough_for_compile(err) from None
+            raise
+
+    return modes.mark_constant_result(run)
+
+
+def _frozen(config: Any) -> bool:
+    """A pydantic model declared frozen (its fields, and so the provenance it gives, never change)."""
+    model_config = getattr(type(config), "model_config", None)
+    return isinstance(model_config, dict) and model_config.get("frozen") is True
+
+
+def eager_value_checks(fn: Callable[..., Any], name: str) -> Callable[..., Any]:
+    """``fn`` (strict mode's value checks, which read tensor values) in eager code; inside
+    torch.compile a warning at trace time instead, since reading values would break the graph
+    (and a check run while tracing would judge only the traced call's values): compiled code
+    is held to ``check`` mode. Costs the strict path one call; ``check`` mode nothing.
+
+    Example::
+
+        value_checks = eager_value_checks(run_value_checks, "my_op")
+    """
+    def warn() -> None:
+        warnings.warn(f"kda_contracts: {name}: strict mode's value checks read tensor values and cannot run inside "
+                      "torch.compile; the compiled code is checked as in check mode", RuntimeWarning, stacklevel=2)
+
+    inside = modes.mark_constant_result(warn)
+
+    @functools.wraps(fn)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        if torch.compiler.is_compiling():  # a constant under dynamo: the branch is not traced
+            return inside()
+        return fn(*args, **kwargs)
+
+    return run
+
+
+def _write_back(saved: list[tuple[torch.Tensor, torch.Tensor]] | None) -> None:
+    """Put back what a rejected strict call wrote, as an op's rollback does (a resized tensor gets
+    its shape back; one that cannot be written back whole is named in a RuntimeWarning)."""
+    from .transaction import restore
+
+    restore([(t, None, copy) for t, copy in saved or ()])
+
+
+def _guarded(run: Callable[..., Any], is_async: bool) -> Callable[..., Any]:
+    """``run(...)`` (the function, or its body runner with the call's dims first) that writes a
+    strict-mode snapshot back when anything propagates out of it, then re-raises: a ``kc.check`` in
+    the body, a contracted function it calls, a helper's check, the function's own error, a
+    KeyboardInterrupt. Strict mode is transactional: a call that does not return changes no tensor
+    it was declared to write. (The wrapper calls it only with a snapshot: not in check mode, nor
+    under torch.compile.)"""
+    if is_async:
+        async def guarded_async(saved: Any, *args: Any, **kwargs: Any) -> Any:
+            try:
+                return await run(*args, **kwargs)
+            except BaseException:
+                _write_back(saved)
+                raise
+
+        return guarded_async
+
+    def guarded(saved: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return run(*args, **kwargs)
+        except BaseException:
+            _write_back(saved)
+            raise
+
+    return guarded
+
+
+def _build_wrapper(c: Contract, fixed_mode: int | None) -> Callable[..., Any]:
+    spec = c.spec
+    names = c._param_names
+
+    def as_values(*vals: Any) -> dict[str, Any]:
+        return dict(zip(names, vals, strict=True))
+
+    def fail(*vals: Any) -> None:
+        values = as_values(*vals)
+        c.fail(values, c._config_for(values))
+
+    def fail_types(*vals: Any) -> None:
+        c.fail_types(as_values(*vals))
+
+    body = body_uses_checks(c.fn)
+    # strict mode copies every tensor the function is declared to write before it runs, and puts the
+    # copies back if the call does not return, or returns a rejected result: anything the function
+    # calls may reject the call midway (a kc.check in a helper, another contracted function), which
+    # its code does not show
+    mutated = [i for i, p in enumerate(names) if p in spec.tensors and spec.tensors[p].spec.mutated]
+
+    def snap(*vals: Any) -> list[tuple[torch.Tensor, torch.Tensor]] | None:
+        """Strict mode, before the function runs: a copy of each tensor it is declared to write
+        (not while torch.compile traces: the copy would become part of the graph)."""
+        if torch.compiler.is_compiling():
+            return None
+        return [(t, t.clone()) for t in (vals[i] for i in mutated) if isinstance(t, torch.Tensor)]
+
+    def fail_return(res: Any, saved: list[tuple[torch.Tensor, torch.Tensor]] | None, *vals: Any) -> None:
+        _write_back(saved)  # (strict mode: a rejected call changes no tensor)
+        # the dims again, from the arguments: under torch.compile the traced ones may be symbolic
+        dims = c._check(*vals, c._config_for(as_values(*vals)))
+        if dims is not None:
+            c.fail_return(res, dims, as_values(*vals))
+
+    written = [names[i] for i in mutated]
+
+    def strict(dims: tuple[int, ...], *vals: Any) -> None:
+        values = as_values(*vals)
+        config = c._config_for(values)
+        if written:  # what the function writes shares no byte with another argument (as an op's call)
+            from ..rules.memory import alias_violations, without_data
+
+            found = [] if without_data(values) else alias_violations(values, written, function=c.name)
+            if found:
+                c.rejections += 1
+                raise_violations(c.name, found, dict(zip(spec.symbols, dims, strict=True)), c.provenance(config))
+        c.run_value_checks(values, config, dict(zip(spec.symbols, dims, strict=True)), c.provenance(config))
+
+    fn_name = getattr(c.fn, "__name__", "wrapper")
+    if not fn_name.isidentifier() or keyword.iskeyword(fn_name):
+        fn_name = "wrapper"
+    n = Names([*(p for p in spec.signature.parameters), fn_name])
+    ns: dict[str, Any] = {
+        n("enter"): modes.counting_mode(c, fixed_mode),
+        n("types"): c.check_types,  # (marked in Contract.__init__)
+        n("TypeViolation"): BeartypeCallHintParamViolation,
+        n("fail_types"): _outside_compile(fail_types),
+        n("check"): c._check,
+        n("fail"): _outside_compile(fail),
+        n("strict"): eager_value_checks(strict, c.name),
+        n("fn"): c.fn,
+        n("check_return"): c.result_checker(),
+        n("fail_return"): _outside_compile(fail_return),
+        n("snap"): snap,
+        n("static_cfg"): spec.config,
+    }
+    for i, p in enumerate(spec.signature.parameters.values()):
+        if p.default is not inspect.Parameter.empty:
+            ns[n("default", i)] = p.default
+    is_async = inspect.iscoroutinefunction(c.fn)
+    ns[n("body")] = runner(spec.name, spec.symbols, c.fn, is_async)
+    ns[n("guarded_body")] = _guarded(ns[n("body")], is_async)
+    ns[n("guarded_fn")] = _guarded(c.fn, is_async)
+    src = wrapper_source(spec, fn_name, n, has_return=c.result_checker() is not None,
+                         value_checks=spec.value_checks is not None or bool(written),
+                         beartype_first=not c.types_in_checker,
+                         body=body, is_async=is_async, saves=bool(mutated))
+    exec(compile(src, f"<kda_contracts wrapper for {spec.name} #{next(_ids)}>", "exec"), ns)
+    wrapper = ns[fn_name]
+    functools.update_wrapper(wrapper, c.fn)
+    wrapper.__kda_contract__ = c  # type: ignore[attr-defined]
+    wrapper.__wrapped__ = c.fn  # type: ignore[attr-defined]
+    return wrapper
+
+
+@overload
+def contract(fn: F, /) -> F: ...
+@overload
+def contract(
+    *,
+    config: Any = None,
+    config_arg: str | None = None,
+    where: Iterable[str | Where] = (),
+    bind_first: Sequence[str] = (),
+    hints: Sequence[Callable[[Violation, CallContext], str | None]] = (),
+    value_checks: Callable[[CallContext], list[Violation]] | None = None,
+    mode: modes.ModeName | None = None,
+    name: str | None = None,
+    register: bool = True,
+    doc: bool | None = None,
+    autograd: bool = False,
+) -> Callable[[F], F]: ...
+def contract(
+    fn: Callable[..., Any] | None = None,
+    /,
+    *,
+    config: Any = None,
+    config_arg: str | None = None,
+    where: Iterable[str | Where] = (),
+    bind_first: Sequence[str] = (),
+    hints: Sequence[Callable[[Violation, CallContext], str | None]] = (),
+    value_checks: Callable[[CallContext], list[Violation]] | None = None,
+    mode: modes.ModeName | None = None,
+    name: str | None = None,
+    register: bool = True,
+    doc: bool | None = None,
+    autograd: bool = False,
+) -> Any:
+    """Enforce a function's jaxtyping annotations (plus ``kc.Spec``/``kc.Range``/``where``) per call.
+
+    - ``config``: a ``KDAConfig`` (or any object with ``contract_dims()``, or a pydantic model)
+      whose dims every call must agree with; ``config_arg`` instead names a parameter carrying one.
+    - ``where``: cross-argument constraints, e.g. ``["HV % H == 0"]``.
+    - ``bind_first``: tensors to bind dims from before the others (affects provenance only).
+    - ``hints``: callables ``(violation, ctx) -> str | None`` giving a fix for known mistakes.
+    - ``value_checks``: callable ``ctx -> [Violation]`` run in strict mode only.
+    - ``mode``: pin this contract's mode (``"off"`` returns ``fn`` itself); None follows
+      ``kc.mode``/``KDA_CONTRACTS_MODE``. If the mode in force at decoration is ``off``, ``fn`` is
+      returned unchanged: a true zero-cost switch.
+    - ``autograd``: tensors marked ``kc.Spec(mutated=True)`` may require grad (the function supports
+      autograd); by default one that does is rejected before anything is written.
+    - ``doc``: append the contract's shape table to the wrapper's ``__doc__`` (for ``help()``, IDE
+      hovers, Sphinx); None follows ``kc.set_contract_docs`` / ``KDA_CONTRACTS_DOC``.
+
+    Example::
+
+        @kc.contract(config=cfg, where=["HV % H == 0"])
+        def forward(x: Float[Tensor, "B D"], state: Float[Tensor, "N HV V K"]) -> Float[Tensor, "B HV*V"]:
+            ...
+    """
+    options = ContractOptions(config=config, config_arg=config_arg, where=tuple(where),
+                              bind_first=tuple(bind_first), hints=tuple(hints), value_checks=value_checks,
+                              mode=mode, name=name, register=register, doc=doc, autograd=autograd)
+    if fn is None:
+        return functools.partial(_decorate, options=options)
+    return _decorate(fn, options)
+
+
+def _contract_class(cls: type, options: ContractOptions) -> type:
+    """Contract every method of ``cls`` whose annotations mention a tensor type (see
+    :func:`~kda_contracts._engine.reading.members.contract_members`); a class with none is an AnnotationError
+    (nothing would be checked)."""
+    done = contract_members(cls, lambda fn, name: _decorate(fn, dataclasses.replace(options, name=name)),
+                            base=options.name)
+    if not done:
+        raise AnnotationError(f"{cls.__qualname__}: kc.contract on a class contracts its methods annotated with "
+                              "tensor types, and it has none")
+    cls.__kda_contracted__ = done  # type: ignore[attr-defined]
+    if wants_doc(options.doc) and any(is_contracted(f) for a in done for f in accessors(vars(cls)[a]).values()):
+        add_class_note(cls, done)
+    return cls
+
+
+def _decorate(fn: Callable[..., Any], options: ContractOptions) -> Any:
+    if inspect.isclass(fn):
+        return _contract_class(fn, options)
+    if isinstance(fn, (staticmethod, classmethod)):  # @kc.contract above @staticmethod / @classmethod
+        return type(fn)(_decorate(fn.__func__, options))
+    mode = options.mode
+    fixed = modes.parse_mode(mode, f"contract(mode={mode!r})") if mode is not None else None
+    spec = build_spec(fn, options)
+    wrong = config_nonint_dims(options.config)
+    for sym in spec.symbols:
+        if sym in wrong:
+            raise AnnotationError(f"{spec.name}: the config's {sym} is {wrong[sym]!r}, a {type(wrong[sym]).__name__}, "
+                                  f"so it binds no dim; dims are ints ({int_dim_fix(wrong[sym])})")
+    if options.config is None and options.config_arg is None:
+        for sp in spec.scalars.values():
+            if sp.match is not None:
+                raise AnnotationError(f"{spec.name}: argument {sp.name!r}: kc.MatchConfig({sp.match.attr!r}) compares "
+                                      "the value with a config, and this contract has none: give "
+                                      "kc.contract(config=...) or config_arg=")
+    if (fixed if fixed is not None else modes.current_mode()) == modes.OFF:
+        return fn
+    c = Contract(spec, fn)
+    if options.register:
+        _REGISTRY[c.name] = c
+    wrapper = c.wrap(fixed)
+    if wants_doc(options.doc):
+        add_contract_doc(wrapper, c)
+    return wrapper

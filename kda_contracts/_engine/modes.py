@@ -1,0 +1,467 @@
+"""Enforcement modes: ``off``, ``check`` (the default) and ``strict``.
+
+The mode in force is, in order: the innermost ``with kc.mode(...)`` of the current thread or
+asyncio task (a :class:`contextvars.ContextVar`, so threads and tasks do not leak into each
+other), else the process default, which starts as ``$KDA_CONTRACTS_MODE`` (empty or unset:
+``check``) and can be changed with :func:`set_default_mode`.
+
+A ``$KDA_CONTRACTS_MODE`` that names no mode does not break ``import kda_contracts`` (the pytest
+plugin is imported in every pytest session of the environment); instead the first read of the
+process default (a contracted call, :func:`get_mode`, ``@kc.contract`` without ``mode=``) raises
+a ValueError naming the variable and the allowed values, until :func:`set_default_mode` picks one.
+
+- ``off``: nothing is checked. A contract decorated while the mode is ``off`` returns the
+  original function object; a contract called while ``off`` costs one mode read.
+- ``check``: shapes, dtypes, devices, strides and scalar ranges; never reads tensor values, so it
+  never syncs the device.
+- ``strict``: ``check`` plus value checks that need tensor contents (index range, duplicate
+  slots, aliasing, finiteness).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import enum
+import functools
+import inspect
+import operator
+import os
+import sys
+from collections.abc import Callable, Generator
+from contextvars import ContextVar, Token
+from typing import Any, Literal, TypeVar
+
+import torch
+
+from .compile.trace_args import flatten, rebuild
+
+__all__ = ["CHECK", "ENV_VAR", "OFF", "STRICT", "ModeName", "current_mode", "get_mode", "mode", "set_default_mode"]
+
+ModeName = Literal["off", "check", "strict"]
+OFF, CHECK, STRICT = 0, 1, 2
+ENV_VAR = "KDA_CONTRACTS_MODE"
+_BY_NAME: dict[str, int] = {"off": OFF, "check": CHECK, "strict": STRICT}
+_NAMES = {v: k for k, v in _BY_NAME.items()}
+
+F = TypeVar("F", bound=Callable[..., object])
+# what a constant-result function gets as itself under torch.compile (see mark_constant_result)
+#: torch >= 2.13 (some of dynamo's behaviour the engine adapts to changed there; 2.12 is not checked)
+TORCH_2_13 = tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2]) >= (2, 13)
+_OBJECTS_PASS = TORCH_2_13
+_AS_ITSELF = (torch.Tensor, int, float, complex, str, bytes, type(None),
+              torch.dtype, torch.device, torch.Size,
+              tuple, list, dict, set, frozenset, type, enum.Enum, range, slice, type(len), type(lambda: None))
+
+
+def parse_mode(name: str, origin: str = "mode") -> int:
+    """The mode number of ``"off"``/``"check"``/``"strict"``; ValueError naming ``origin`` otherwise."""
+    try:
+        return _BY_NAME[name.strip().lower()]
+    except (KeyError, AttributeError):
+        raise ValueError(f"{origin}: unknown mode {name!r}; expected one of 'off', 'check', 'strict'") from None
+
+
+def default_from_environment(raw: str | None) -> tuple[int | None, str]:
+    """The process default a ``$KDA_CONTRACTS_MODE`` of ``raw`` asks for, as ``(mode, "")``, or
+    ``(None, why)`` when it names no mode. Empty (or blank) means unset: ``check``.
+
+    Example::
+
+        >>> default_from_environment(" Strict ")
+        (2, '')
+    """
+    if raw is None or not raw.strip():
+        return CHECK, ""
+    try:
+        return parse_mode(raw, ENV_VAR), ""
+    except ValueError as err:
+        return None, (f"{err} (empty or unset means 'check'). Set it to one of those or unset it, or choose the "
+                      "mode in code with kc.set_default_mode(...) or `with kc.mode(...)`")
+
+
+# The process default: a mode number, or None while $KDA_CONTRACTS_MODE names no mode (the
+# first read raises _default_problem, so a typo is never silently some other mode).
+_default, _default_problem = default_from_environment(os.environ.get(ENV_VAR))
+# The mode of the innermost `with kc.mode(...)` / `@kc.mode` here (unset or None: the process default).
+_local: ContextVar[int | None] = ContextVar("kda_contracts_mode", default=None)
+# The tokens that restore `_local` for the `with kc.mode(...)` blocks still open here, as a linked
+# list (innermost token, the rest or None). Kept per context rather than on the mode object, so
+# one object can be entered by many threads and tasks at once.
+_Opened = tuple[Token[int | None], Any]
+_outer: ContextVar[_Opened | None] = ContextVar("kda_contracts_mode_outer", default=None)
+
+
+def current_mode() -> int:
+    """The mode number in force here (0 off, 1 check, 2 strict). The hot path's one flag read.
+
+    Under torch.compile the mode is read once, when the function is traced (dynamo cannot trace
+    a ContextVar); a compiled function keeps the mode it was compiled in.
+    """
+    m = _local.get()
+    return _default if m is None else m  # type: ignore[return-value]  # never None: see below
+
+
+def _current_mode_or_explain() -> int:
+    """:func:`current_mode` in a process whose ``$KDA_CONTRACTS_MODE`` names no mode: reading
+    the default raises the explanation until :func:`set_default_mode` chooses one."""
+    m = _local.get()
+    if m is None:
+        if _default is None:
+            raise ValueError(_default_problem)
+        return _default
+    return m
+
+
+# Only such a process pays for the check (here and in counting_mode); elsewhere the default is
+# never None (replace_default refuses it).
+if _default_problem:
+    current_mode = _current_mode_or_explain
+
+
+def _by_reference(value: Any) -> bool:
+    """Whether dynamo hands ``value`` to a constant-result function by ``id`` (an object of a
+    user class, an nn.Module, a config) rather than as itself (tensors, plain constants): only on
+    torch < 2.13, which refuses such objects ("... is not a constant"); torch 2.13 hands them over
+    (an object built inside the compiled region has no id of its own there)."""
+    return not _OBJECTS_PASS and not isinstance(value, _AS_ITSELF)
+
+
+def made_in_trace(obj: Any) -> bool:
+    """Whether ``obj`` was built inside the region dynamo is tracing now: dynamo has then created it
+    without running its ``__init__`` (its attributes are pending in the trace), so what it holds
+    cannot be read at trace time. False outside a trace, or where dynamo's bookkeeping differs."""
+    if not tracing_context():
+        return False
+    try:
+        from torch._dynamo.symbolic_convert import InstructionTranslator
+        from torch._dynamo.variables.base import AttributeMutationNew
+
+        var = InstructionTranslator.current_tx().output.side_effects.id_to_variable.get(id(obj))
+        return var is not None and isinstance(var.mutation_type, AttributeMutationNew)
+    except Exception:  # dynamo internals moved: not known, so not refused
+        return False
+
+
+def tracing_context() -> bool:
+    """Whether a torch.compile/torch.export tracing context is active (also in the plain Python
+    dynamo runs at trace time, where torch 2.11's ``is_compiling()`` is False)."""
+    guards = sys.modules.get("torch._guards")
+    return guards is not None and guards.TracingContext.try_get() is not None
+
+
+def _concrete(value: Any) -> Any:
+    """A symbolic int or float (a dynamic scalar argument under torch.compile) as its value in the
+    traced call: read under dynamo, this specialises the trace on it (a guard), since a
+    constant-result function takes only constants. Plain values come back as they are."""
+    if isinstance(value, (int, torch.SymInt)) and not isinstance(value, bool):  # (dynamo: a SymInt is an int)
+        return operator.index(value)  # (dynamo keeps int(value) symbolic)
+    if isinstance(value, (float, torch.SymFloat)):
+        return value.__float__()  # (the same for a float; dynamo keeps float(value) symbolic)
+    return value
+
+
+def mark_constant_result(fn: F, *, at_trace: Callable[..., Any] | None = None) -> F:
+    """What ``torch.compiler.assume_constant_result`` does, without importing ``torch._dynamo``:
+    that import loads triton, and importing kda_contracts must not (the pytest plugin imports it
+    before a conftest can select the Triton interpreter, which must precede triton's import).
+
+    Dynamo traces a small stand-in (``_torchdynamo_inline``) that calls the real ``fn`` as a
+    constant-result function at trace time, with symbolic ints and floats specialised (dynamo
+    hands such functions only constants). Tensors and plain constants go to it as they are. Any
+    other object (a config, a model layer) goes as itself on torch 2.13; torch 2.11 refuses it
+    ("... is not a constant"), so there it goes by ``id``, which dynamo guards on (the object's
+    identity, ID_MATCH), and is looked up again before ``fn`` runs (the object is alive: the
+    frame being traced holds it). Lists, tuples and dicts are taken apart and rebuilt around their
+    leaves (:mod:`kda_contracts._engine.compile.trace_args`), so each leaf goes as above, at any depth. Eager
+    calls run ``fn`` unchanged: the stand-in is only an attribute of it. ``at_trace``, when
+    given, runs at trace time instead of ``fn`` (for a function whose exception must become the
+    contract's own error there: dynamo wraps any other exception a constant-result function
+    raises).
+
+    Example::
+
+        current_mode = mark_constant_result(current_mode)   # dynamo reads the mode at trace time
+    """
+    run = fn if at_trace is None else at_trace
+
+    def at_trace_time(layout: tuple[Any, ...], refs: tuple[bool, ...], names: tuple[str, ...], *leaves: Any) -> Any:
+        real = [ctypes.cast(a, ctypes.py_object).value if r else a for r, a in zip(refs, leaves, strict=True)]
+        values = [rebuild(part, real) for part in layout]
+        cut = len(values) - len(names)
+        return run(*values[:cut], **dict(zip(names, values[cut:], strict=True)))
+
+    at_trace_time._dynamo_marked_constant = True  # type: ignore[attr-defined]  # the flag dynamo reads
+
+    # closure-free (dynamo guards a stand-in's closure through the source of ``fn``, which has none)
+    ns = {"_kc_at_trace_time": at_trace_time, "_kc_by_reference": _by_reference, "_kc_concrete": _concrete,
+          "_kc_flatten": flatten}
+    exec(_TRACED_CODE, ns)  # our own source, compiled once
+    fn._torchdynamo_inline = ns["traced"]  # type: ignore[attr-defined]  # what dynamo traces instead of fn
+    return fn
+
+
+_TRACED_SOURCE = """
+def traced(*args, **kwargs):
+    leaves = []
+    layout = tuple(_kc_flatten(v, leaves) for v in (*args, *kwargs.values()))
+    values = tuple(_kc_concrete(v) for v in leaves)
+    refs = tuple(_kc_by_reference(v) for v in values)
+    return _kc_at_trace_time(layout, refs, tuple(kwargs), *(id(v) if r else v for v, r in zip(values, refs)))
+"""
+_TRACED_CODE = compile(_TRACED_SOURCE, "<kda_contracts constant-result stand-in>", "exec")
+
+
+# let dynamo evaluate the mode at trace time instead of tracing ContextVar.get
+current_mode = mark_constant_result(current_mode)
+
+
+def counting_mode(counter: Any, fixed: int | None = None) -> Callable[[], int]:
+    """A per-contract :func:`current_mode` (or ``fixed``, a pinned mode) that also advances
+    ``counter.calls`` whenever the mode is not ``off``: a contract's mode read and call count in
+    one call, so counting costs no extra call on the eager hot path.
+
+    Under torch.compile it is read like :func:`current_mode` (once, when the function is
+    traced; dynamo neither traces nor guards on it), so ``calls`` counts traces there: one per
+    compiled shape class, never one per run of the compiled code. Keep in step with
+    :func:`current_mode`.
+
+    Example::
+
+        enter = counting_mode(contract)
+        if enter():           # the mode, and contract.calls += 1 unless it is off
+            ...
+    """
+    if fixed is not None:
+        pinned = fixed
+
+        def enter_pinned() -> int:
+            counter.calls += 1
+            return pinned
+
+        return mark_constant_result(enter_pinned)
+    local = _local
+    if _default_problem:  # $KDA_CONTRACTS_MODE names no mode: read the default through a check
+        def enter_or_explain() -> int:
+            m = local.get()
+            if m is None:
+                if _default is None:
+                    raise ValueError(_default_problem)
+                m = _default
+            if m:
+                counter.calls += 1
+            return m
+
+        return mark_constant_result(enter_or_explain)
+
+    def enter() -> int:
+        m = local.get()
+        if m is None:
+            m = _default
+        if m:
+            counter.calls += 1
+        return m  # type: ignore[return-value]  # never None: see current_mode
+
+    return mark_constant_result(enter)
+
+
+def get_mode() -> ModeName:
+    """The name of the mode in force here.
+
+    Example::
+
+        >>> with kc.mode("strict"):
+        ...     kc.get_mode()
+        'strict'
+    """
+    return _NAMES[current_mode()]  # type: ignore[return-value]
+
+
+def set_default_mode(name: ModeName) -> None:
+    """Set the process-wide default (what applies outside any ``with kc.mode(...)``).
+
+    Example::
+
+        kc.set_default_mode("off")     # e.g. in a benchmark's setup
+    """
+    global _default
+    _default = parse_mode(name)
+
+
+def replace_default(value: int | None) -> int | None:
+    """Set the process default to a mode number, or back to None (what a ``$KDA_CONTRACTS_MODE``
+    naming no mode leaves); return the previous one. For save/restore (the pytest plugin).
+
+    Example::
+
+        previous = replace_default(STRICT)
+        ...
+        replace_default(previous)
+    """
+    global _default
+    if value is None and not _default_problem:
+        raise ValueError("replace_default(None): only a process whose $KDA_CONTRACTS_MODE names no mode has none")
+    previous, _default = _default, value
+    return previous
+
+
+class mode:
+    """Set the enforcement mode for a block or a function: ``with kc.mode("strict"): ...`` or
+    ``@kc.mode("off")``. Local to the current thread / asyncio task; nests. One object can be
+    entered by any number of threads and tasks at once, and re-entered.
+
+    On an async function, a generator function or an async generator function the mode holds
+    while the body runs, at every resumption, and the caller's mode is restored whenever the
+    body is suspended (at an ``await`` that suspends, at a ``yield``).
+
+    Example::
+
+        with kc.mode("strict"):
+            kc.packed_decode(...)     # also checks index range and duplicate slots
+
+        @kc.mode("off")
+        async def serve(request): ...
+    """
+
+    __slots__ = ("value",)
+
+    def __init__(self, name: ModeName) -> None:
+        self.value = parse_mode(name)
+
+    def __repr__(self) -> str:
+        return f"kc.mode({_NAMES[self.value]!r})"
+
+    def __enter__(self) -> mode:
+        _outer.set((_local.set(self.value), _outer.get()))
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        outer = _outer.get()
+        if outer is None:
+            raise RuntimeError(f"{self!r}: exited without a matching enter in this thread / task (a with-block "
+                               "around a yield, resumed elsewhere? decorate the generator with @kc.mode instead)")
+        token, rest = outer
+        _outer.set(rest)
+        try:
+            _local.reset(token)
+        except ValueError:  # entered in another context: a with-block across a yield, resumed elsewhere
+            old = token.old_value
+            _local.set(None if old is Token.MISSING else old)
+
+    def __call__(self, fn: F) -> F:
+        if inspect.isasyncgenfunction(fn):
+            wrapper = _async_generator_in_mode(fn, self.value)
+        elif inspect.iscoroutinefunction(fn):
+            wrapper = _coroutine_in_mode(fn, self.value)
+        elif inspect.isgeneratorfunction(fn):
+            wrapper = _generator_in_mode(fn, self.value)
+        else:
+            wrapper = _function_in_mode(fn, self.value)
+        return functools.wraps(fn)(wrapper)  # type: ignore[return-value]
+
+
+def _function_in_mode(fn: Callable[..., Any], value: int) -> Callable[..., Any]:
+    def run_in_mode(*args: Any, **kwargs: Any) -> Any:
+        token = _local.set(value)
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            _local.reset(token)
+
+    return run_in_mode
+
+
+class _Suspended:
+    """The mode state of one decorated generator or coroutine body between its resumptions: the
+    mode it runs in (its own ``with kc.mode`` blocks spanning a ``yield`` included) and what those
+    blocks restore. Swapped in for each step of the body and back out after it."""
+
+    __slots__ = ("mode", "outer")
+
+    def __init__(self, value: int) -> None:
+        self.mode: int | None = value
+        self.outer: _Opened | None = None
+
+    def resume(self) -> tuple[Token[int | None], Token[_Opened | None]]:
+        return _local.set(self.mode), _outer.set(self.outer)
+
+    def suspend(self, tokens: tuple[Token[int | None], Token[_Opened | None]]) -> None:
+        self.mode, self.outer = _local.get(), _outer.get()
+        _outer.reset(tokens[1])
+        _local.reset(tokens[0])
+
+
+def _steps(it: Any, body: _Suspended) -> Generator[Any, Any, Any]:
+    """``yield from it`` (PEP 380: send, throw, close, the return value), with ``body``'s mode in
+    force while ``it`` runs and the caller's back in force whenever ``it`` is suspended."""
+    send: Any = None
+    thrown: BaseException | None = None
+    while True:
+        tokens = body.resume()
+        try:
+            item = it.send(send) if thrown is None else it.throw(thrown)
+        except StopIteration as stop:
+            return stop.value
+        finally:
+            body.suspend(tokens)
+        thrown = None
+        try:
+            send = yield item
+        except GeneratorExit:
+            tokens = body.resume()
+            try:
+                it.close()
+            finally:
+                body.suspend(tokens)
+            raise
+        except BaseException as exc:
+            send, thrown = None, exc
+
+
+class _Awaiting:
+    """Awaits a step iterator (``await _Awaiting(_steps(coro, body))``)."""
+
+    __slots__ = ("steps",)
+
+    def __init__(self, steps: Generator[Any, Any, Any]) -> None:
+        self.steps = steps
+
+    def __await__(self) -> Generator[Any, Any, Any]:
+        return self.steps
+
+
+def _generator_in_mode(fn: Callable[..., Any], value: int) -> Callable[..., Any]:
+    def run_in_mode(*args: Any, **kwargs: Any) -> Generator[Any, Any, Any]:
+        return (yield from _steps(fn(*args, **kwargs), _Suspended(value)))
+
+    return run_in_mode
+
+
+def _coroutine_in_mode(fn: Callable[..., Any], value: int) -> Callable[..., Any]:
+    async def run_in_mode(*args: Any, **kwargs: Any) -> Any:
+        return await _Awaiting(_steps(fn(*args, **kwargs), _Suspended(value)))
+
+    return run_in_mode
+
+
+def _async_generator_in_mode(fn: Callable[..., Any], value: int) -> Callable[..., Any]:
+    # `async for` over the body, one asend/athrow/aclose at a time, each stepped by _steps.
+    async def run_in_mode(*args: Any, **kwargs: Any) -> Any:
+        agen, body = fn(*args, **kwargs), _Suspended(value)
+        send: Any = None
+        thrown: BaseException | None = None
+        while True:
+            step = agen.asend(send) if thrown is None else agen.athrow(thrown)
+            thrown = None
+            try:
+                item = await _Awaiting(_steps(step, body))
+            except StopAsyncIteration:
+                return
+            try:
+                send = yield item
+            except GeneratorExit:
+                await _Awaiting(_steps(agen.aclose(), body))
+                raise
+            except BaseException as exc:
+                send, thrown = None, exc
+
+    return run_in_mode

@@ -1,0 +1,579 @@
+"""Backends of an op (:mod:`kda_contracts.op`): who can run a validated call, and which one
+``backend="auto"`` picks.
+
+A :class:`Backend` declares its name, its kernel (the function, or ``"module:function"``
+imported on first use), the device types it runs on, its priority, the dtypes it supports per
+argument, constraints on the call's dims in the contract grammar (``"D % 16 == 0"``), the
+modules it needs and an optional availability probe. Nothing is imported until a backend is
+asked for; what cannot load says why.
+
+A kernel takes the op's own parameters (same names, same kinds, in the same order) and may add
+two keyword-only ones: ``dims`` (the call's bound dims, ``dims.B``) and ``variant`` (the
+contract variant of the call, for ops that have several). The signature is checked when the
+kernel is registered (or, for ``"module:function"``, when it is loaded).
+
+Example::
+
+    @my_op.backend("triton", devices=("cuda",), priority=30, where=["D % 16 == 0"],
+                   dtypes={"x": (torch.float16, torch.bfloat16)}, requires=("triton",))
+    def _(x, out, *, dims): ...
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import re
+from collections import namedtuple
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, NoReturn
+
+import torch
+
+from ..errors import AnnotationError, ContractError, Violation, raise_violations
+from ..grammar.constraints import Constraint, parse_constraint
+
+__all__ = ["EXTRA_PARAMETERS", "Backend", "BackendError", "BackendTable", "CallInfo", "Chosen", "signature_problem",
+           "verdict_lines"]
+
+EXTRA_PARAMETERS = ("dims", "variant")  # keyword-only parameters a kernel may add to the op's
+
+
+class BackendError(ContractError):
+    """The requested backend cannot run this call (not installed, wrong device, unsupported)."""
+
+    kind_name = "BackendError"
+
+
+@dataclass(frozen=True)
+class CallInfo:
+    """What a backend is told of a validated call to say whether it supports it."""
+
+    device_type: str
+    dtypes: Mapping[str, torch.dtype]  # the tensor arguments some backend has a dtypes= for
+    absent: frozenset[str]  # optional arguments passed as None
+    variant: str | None
+    dims: Mapping[str, int]
+
+
+def _dtype_names(dts: Iterable[torch.dtype]) -> str:
+    return "/".join(str(d).removeprefix("torch.") for d in dts)
+
+
+_DEVICE_TYPES = "a sequence of device types such as ('cpu', 'cuda') ('*': any device)"
+
+
+def _device_types_problem(devices: Sequence[Any]) -> str | None:
+    """Why ``devices`` are not all device types (``": 'CPU' is not ..."``), None when they are."""
+    for d in devices:
+        if isinstance(d, torch.device):
+            return f": {d!r} is a torch.device, not a device type (write {d.type!r})"
+        if not isinstance(d, str):
+            return f": {d!r} is not a str"
+        if d == "*":
+            continue
+        kind, colon, _ = d.partition(":")
+        if colon and re.fullmatch(r"[a-z][a-z0-9_]*", kind):
+            return f": {d!r} is a device, not a device type (write {kind!r}: a backend runs on every index)"
+        if not re.fullmatch(r"[a-z][a-z0-9_]*", d):  # (a plug-in's type torch learns later is fine)
+            return f": {d!r} is not a device type (they are lowercase names: 'cpu', 'cuda', 'mps', ...)"
+    return None
+
+
+def _read_dtypes(dtypes: Any) -> tuple[Any, str | None]:
+    """``dtypes=`` with its sequences as tuples, and why it is neither ``{"arg": (dtypes...)}`` nor
+    a sequence of dtypes (None when it is one)."""
+    if not isinstance(dtypes, Mapping):
+        return _read_dtype_list(dtypes)
+    out = {}
+    for arg, allowed in dtypes.items():
+        if not isinstance(arg, str):
+            return dtypes, f"{arg!r} is not an argument name"
+        out[arg], why = _read_dtype_list(allowed)
+        if why is not None:
+            return dtypes, f"{arg!r}: {why}"
+    return out, None
+
+
+def _read_dtype_list(allowed: Any) -> tuple[Any, str | None]:
+    if isinstance(allowed, torch.dtype):
+        return allowed, f"{allowed} alone is not a sequence (write ({allowed},))"
+    if isinstance(allowed, (str, bytes)) or not isinstance(allowed, Iterable):
+        return allowed, f"{allowed!r} is not a sequence of torch dtypes{_dtype_named(allowed, '({},)')}"
+    items = tuple(allowed)
+    bad = next((d for d in items if not isinstance(d, torch.dtype)), None)
+    if bad is not None:
+        return items, f"{bad!r} is not a torch.dtype{_dtype_named(bad, '{}')}"
+    return items, "no dtype is listed (the backend would never run)" if not items else None
+
+
+def _dtype_named(text: Any, spelling: str) -> str:
+    """`` (write torch.float32)`` when ``text`` is the name of a torch dtype ("float32")."""
+    named = getattr(torch, text, None) if isinstance(text, str) else None
+    return f" (write {spelling.format(named)})" if isinstance(named, torch.dtype) else ""
+
+
+@dataclass(frozen=True)
+class Backend:
+    """One backend of an op. ``priority`` orders ``backend="auto"``: the highest available
+    backend that supports the call wins (faster kernels get higher numbers).
+
+    - ``devices``: device types ``auto`` may pick it for; ``explicit_devices`` more that it runs
+      on only when asked by name (e.g. the CPU under ``TRITON_INTERPRET``; a callable is asked
+      per call).
+    - ``dtypes``: ``{"arg": (dtypes...)}``; a plain sequence applies to every floating-point
+      tensor argument of the op.
+    - ``where``: constraints on the call's dims; ``variants``: the contract variants it supports.
+    - ``requires``: modules it imports; ``availability``: a probe ``() -> (ok, why)``.
+    - ``op``: for a plug-in, the name of the op it is for.
+
+    A field dispatch could not use (``devices=("cuda:0",)``, ``priority=None``, ``kernel=42``)
+    is refused when the backend is made: an AnnotationError saying what the field takes.
+    """
+
+    name: str
+    kernel: str | Callable[..., Any]
+    devices: tuple[str, ...] = ("cpu", "cuda")
+    priority: int = 0
+    where: tuple[str, ...] = ()
+    dtypes: Mapping[str, Sequence[torch.dtype]] | Sequence[torch.dtype] | None = None
+    requires: tuple[str, ...] = ()
+    availability: Callable[[], tuple[bool, str]] | None = None
+    description: str = ""
+    explicit_devices: tuple[str, ...] | Callable[[], tuple[str, ...]] = ()
+    variants: tuple[str, ...] | None = None
+    op: str | None = None
+    _constraints: tuple[Constraint, ...] = field(default=(), init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        word = type(self).__name__.lower()  # "backend", or "adapter" for packed decode's kind
+        who = f"{self.op}: {word} {self.name!r}" if isinstance(self.op, str) else f"{word} {self.name!r}"
+        self._refuse_bad_declaration(who)
+        object.__setattr__(self, "_constraints", tuple(parse_constraint(w, who) for w in self.where))
+        for c in self._constraints:
+            if c.facts():  # a backend sees the call's dims, not its arguments: never skip silently
+                raise AnnotationError(f"{who}: where {c.text!r}: a backend constraint is on dims only; "
+                                      f"{', '.join(f.key for f in c.facts())} is not a dim")
+
+    def _refuse_bad_declaration(self, who: str) -> None:
+        """Refuse (AnnotationError) a field dispatch could not use, saying what it takes, and store
+        the sequences as tuples: a mistake here would otherwise raise on every call, or leave the
+        backend silently never chosen."""
+        def refuse(attr: str, takes: str, why: str = "") -> NoReturn:
+            raise AnnotationError(f"{who}: {attr}= takes {takes}, got {getattr(self, attr)!r}{why}")
+
+        if not isinstance(self.name, str) or not self.name:
+            refuse("name", "a non-empty str")
+        module, _, function = self.kernel.partition(":") if isinstance(self.kernel, str) else ("", "", "")
+        if not callable(self.kernel) and not (module and function):
+            refuse("kernel", "the kernel (a callable) or 'module:function' (imported on first use)")
+        if not isinstance(self.priority, int) or isinstance(self.priority, bool):
+            refuse("priority", "an int (backend='auto' tries the highest first)")
+        for attr in ("devices", "explicit_devices", "where", "requires", "variants"):
+            value = getattr(self, attr)
+            if (value is None and attr == "variants") or (attr == "explicit_devices" and callable(value)):
+                continue
+            takes = _DEVICE_TYPES if attr.endswith("devices") else "a sequence of strings"
+            if isinstance(value, str):  # ("cuda") is a string, not a tuple: never split it silently
+                refuse(attr, "a sequence of strings", f" (write ({value!r},))")
+            if not isinstance(value, Iterable):
+                refuse(attr, takes)
+            object.__setattr__(self, attr, tuple(value))
+            why = _device_types_problem(getattr(self, attr)) if attr.endswith("devices") else \
+                next((f": {v!r} is not a str" for v in getattr(self, attr) if not isinstance(v, str)), None)
+            if why is not None:
+                refuse(attr, takes, why)
+        if self.dtypes is not None:
+            dtypes, why = _read_dtypes(self.dtypes)
+            if why is not None:
+                refuse("dtypes", "{'arg': (torch.float16, ...)}, or a sequence of torch dtypes for every floating "
+                                 "tensor argument", f": {why}")
+            object.__setattr__(self, "dtypes", dtypes)
+        for attr, kind in (("availability", "a probe () -> (ok, why), or None"), ("op", "an op's name, or None")):
+            value = getattr(self, attr)
+            if value is not None and not (callable(value) if attr == "availability" else isinstance(value, str)):
+                refuse(attr, kind)
+
+    def load(self) -> Callable[..., Any]:
+        """The kernel itself (imported now when given as ``"module:function"``)."""
+        if callable(self.kernel):
+            return self.kernel
+        module, _, attr = self.kernel.partition(":")
+        fn: Callable[..., Any] = getattr(importlib.import_module(module), attr)
+        return fn
+
+    # -- what the table asks of a backend (subclasses may adapt other kernel conventions) --------
+    def dtype_table(self, floating: Sequence[str]) -> dict[str, frozenset[torch.dtype]]:
+        """The supported dtypes per argument (``floating``: the op's floating tensor arguments)."""
+        if self.dtypes is None:
+            return {}
+        if isinstance(self.dtypes, Mapping):
+            return {k: frozenset(v) for k, v in self.dtypes.items()}
+        return {k: frozenset(self.dtypes) for k in floating}
+
+    def key_args(self, floating: Sequence[str]) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        """``(tensor arguments whose dtype, optional arguments whose None-ness)`` this backend's
+        support depends on: what a call's selection key must hold for it."""
+        return tuple(self.dtype_table(floating)), ()
+
+    def extra_unsupported(self, info: CallInfo) -> list[str]:
+        """Reasons beyond device, dtypes, variants and dims (for subclasses)."""
+        return []
+
+    def signature_problem(self, kernel: Callable[..., Any], params: Sequence[inspect.Parameter]) -> str | None:
+        """Why ``kernel`` cannot be called as this op's backend (None when it can)."""
+        return signature_problem(kernel, params)[0]
+
+    def make_runner(self, kernel: Callable[..., Any], params: Sequence[inspect.Parameter],
+                    dims_types: Mapping[str | None, type]) -> Callable[..., Any]:
+        """``run(dims, variant, *op_args)``: calls ``kernel`` with the op's arguments (positional
+        ones by position, keyword-only ones by name) plus the extras its signature asks for; the
+        kernel itself when it asks for none (the dispatcher then calls it directly).
+        ``dims_types``: the named tuple of the dims of each variant (None: an op without)."""
+        _, wants = signature_problem(kernel, params)
+        if not wants:
+            return kernel  # called directly with the op's arguments
+        return _runner(kernel, params, dims_types, wants)
+
+
+def signature_problem(kernel: Callable[..., Any], params: Sequence[inspect.Parameter]) -> tuple[str | None, set[str]]:
+    """``(why not, extras)``: whether ``kernel`` has the op's parameters (names and kinds, in
+    order) and which of :data:`EXTRA_PARAMETERS` it adds as keyword-only parameters."""
+    try:
+        sig = inspect.signature(kernel)
+    except (TypeError, ValueError) as exc:
+        return f"its signature cannot be read ({exc})", set()
+    got = list(sig.parameters.values())
+    extras = {p.name for p in got if p.kind is p.KEYWORD_ONLY and p.name in EXTRA_PARAMETERS
+              and p.name not in {q.name for q in params}}
+    got = [p for p in got if p.name not in extras]
+    want = [(p.name, p.kind) for p in params]
+    have = [(p.name, p.kind) for p in got]
+    if have == want:
+        return None, extras
+    for i, ((wn, wk), (hn, hk)) in enumerate(zip(want, have, strict=False)):
+        if wn != hn:
+            return f"parameter {i + 1} is {hn!r}, the op's is {wn!r}", extras
+        if wk != hk:
+            return f"parameter {hn!r} is {hk.description}, the op's is {wk.description}", extras
+    if len(have) < len(want):
+        return f"missing parameter(s) {', '.join(n for n, _ in want[len(have):])}", extras
+    extra = [n for n, _ in have[len(want):]]
+    return (f"extra parameter(s) {', '.join(extra)} (a kernel may add only keyword-only "
+            f"{' and '.join(EXTRA_PARAMETERS)})"), extras
+
+
+def _runner(kernel: Callable[..., Any], params: Sequence[inspect.Parameter], dims_types: Mapping[str | None, type],
+            wants: set[str], *, dims_first: bool = False) -> Callable[..., Any]:
+    """``run(dims, variant, *op_args)`` calling ``kernel`` in kind (``dims_first``: with the raw
+    dims tuple and the variant as its first two arguments)."""
+    names = [p.name for p in params]
+    prefix = "_kc_"
+    while any(n.startswith(prefix) for n in names):
+        prefix += "_"
+    args = []
+    for p in params:
+        if p.kind is p.VAR_POSITIONAL:
+            args.append(f"*{p.name}")
+        elif p.kind is p.VAR_KEYWORD:
+            args.append(f"**{p.name}")
+        elif p.kind is p.KEYWORD_ONLY:
+            args.append(f"{p.name}={p.name}")
+        else:
+            args.append(p.name)
+    if dims_first:
+        args[:0] = [f"{prefix}d", f"{prefix}v"]
+    if "dims" in wants:
+        args.append(f"dims={prefix}D[{prefix}v]._make({prefix}d)")
+    if "variant" in wants:
+        args.append(f"variant={prefix}v")
+    formal = [f"*{p.name}" if p.kind is p.VAR_POSITIONAL else f"**{p.name}" if p.kind is p.VAR_KEYWORD
+              else p.name for p in params]
+    src = (f"def run({prefix}d, {prefix}v, {', '.join(formal)}):\n"
+           f"    return {prefix}k({', '.join(args)})\n")
+    ns: dict[str, Any] = {f"{prefix}k": kernel, f"{prefix}D": dims_types}
+    exec(compile(src, "<kda_contracts backend runner>", "exec"), ns)  # our own source
+    return ns["run"]
+
+
+# -- the backends of one op ---------------------------------------------------------------------
+class BackendTable:
+    """The backends of one op: registry, lazy loading, availability, selection and its cache.
+
+    ``params``: the op's parameters (what a kernel must take); ``symbols``: its dims, in the
+    order each variant's checker binds them (one entry, None, for an op without variants);
+    ``floating``: its floating tensor arguments; ``optional``: arguments that may be None.
+    ``on_change`` is called whenever the set of backends changes (the op rebuilds its key).
+    """
+
+    SELECTED_MAX = 512
+
+    def __init__(self, op_name: str, params: Sequence[inspect.Parameter], symbols: Mapping[str | None, Sequence[str]],
+                 floating: Sequence[str], on_change: Callable[[], None]) -> None:
+        self.op_name = op_name
+        self.params = tuple(params)
+        self.dims_types: dict[str | None, type] = {
+            v: namedtuple("BoundDims", s, rename=True) for v, s in symbols.items()}  # type: ignore[misc]
+        self.floating = tuple(floating)
+        #: arguments holding tensors inside containers (dtypes= cannot judge those)
+        self.contained: tuple[str, ...] = ()
+        self.on_change = on_change
+        self.registry: dict[str, Backend] = {}
+        self.runners: dict[str, Callable[..., Any]] = {}
+        self.direct: set[str] = set()  # backends whose runner is the kernel itself (no extras)
+        self.availability: dict[str, tuple[bool, str]] = {}
+        self.selected: dict[tuple[Any, ...], Chosen] = {}
+        self.plugin_errors: dict[str, str] = {}
+        self.plugins_loaded = False
+        self.plugin_loader: Callable[[], None] | None = None
+
+    # -- registry --------------------------------------------------------------------------------
+    def register(self, backend: Backend, *, replace: bool = False) -> Backend:
+        if not isinstance(backend, Backend):
+            raise AnnotationError(f"{self.op_name}: a backend must be a kda_contracts Backend, "
+                                  f"got {type(backend).__name__}")
+        if backend.name == "auto":
+            raise ValueError(f"{self.op_name}: 'auto' is not a backend name (it asks for the best one)")
+        if backend.name in self.registry and not replace:
+            raise ValueError(f"{self.op_name}: a backend named {backend.name!r} is already registered "
+                             "(pass replace=True)")
+        unknown = set(backend.dtype_table(self.floating)) - {p.name for p in self.params}
+        if unknown:
+            raise AnnotationError(f"{self.op_name}: backend {backend.name!r}: dtypes= names "
+                                  f"{', '.join(sorted(unknown))}, not parameters of the op")
+        # never silent: dtypes= is read from top-level tensors; tensors inside containers would be skipped
+        contained = set(self.contained) & (set(backend.dtypes) if isinstance(backend.dtypes, Mapping) else
+                                           set(self.contained) if backend.dtypes is not None else set())
+        if contained:
+            raise AnnotationError(f"{self.op_name}: backend {backend.name!r}: dtypes= cannot judge tensors inside "
+                                  f"a container ({', '.join(sorted(contained))}); name the top-level tensors it "
+                                  "applies to (dtypes={'x': (...)}) and check the others in the kernel")
+        variants = {v for v in self.dims_types if v is not None}
+        stray = set(backend.variants or ()) - variants
+        if stray:  # never silent: a typo would leave the backend unchosen forever
+            raise AnnotationError(f"{self.op_name}: backend {backend.name!r}: variants= names "
+                                  f"{', '.join(sorted(stray))}, not a variant of the op "
+                                  f"({'its variants: ' + ', '.join(sorted(variants)) if variants else 'it has none'})")
+        known = {s for t in self.dims_types.values() for s in t._fields}  # type: ignore[attr-defined]
+        for c in backend._constraints:
+            if not c.symbols() <= known:  # never silent: a typo would skip the constraint forever
+                raise AnnotationError(f"{self.op_name}: backend {backend.name!r}: where {c.text!r} names "
+                                      f"{', '.join(sorted(c.symbols() - known))}, not a dim of the op "
+                                      f"(its dims: {', '.join(sorted(known))})")
+        if callable(backend.kernel):
+            why = backend.signature_problem(backend.kernel, self.params)
+            if why is not None:
+                raise AnnotationError(f"{self.op_name}: backend {backend.name!r}: the kernel "
+                                      f"{getattr(backend.kernel, '__qualname__', backend.kernel)!r} does not take "
+                                      f"the op's parameters: {why}")
+        self.registry[backend.name] = backend
+        self.refresh(backend.name)
+        return backend
+
+    def unregister(self, name: str) -> None:
+        self.registry.pop(name, None)
+        self.refresh(name)
+
+    def refresh(self, name: str | None = None) -> None:
+        """Forget loaded kernels, availability and selections (of one backend, or all)."""
+        for cache in (self.runners, self.availability):
+            if name is None:
+                cache.clear()
+            else:
+                cache.pop(name, None)
+        self.selected.clear()
+        self.on_change()
+
+    def load_plugins(self) -> None:
+        if not self.plugins_loaded and self.plugin_loader is not None:
+            self.plugins_loaded = True
+            self.plugin_loader()
+
+    def names(self) -> list[str]:
+        """Registered backends, highest priority first."""
+        self.load_plugins()
+        return sorted(self.registry, key=lambda n: -self.registry[n].priority)
+
+    def get(self, name: str) -> Backend:
+        self.load_plugins()
+        try:
+            return self.registry[name]
+        except (KeyError, TypeError):  # (TypeError: an unhashable name, e.g. backend=["torch"])
+            raise BackendError(f"{self.op_name}: unknown backend {name!r}; registered: "
+                               f"{', '.join(self.names())} (or 'auto')", function=self.op_name) from None
+
+    # -- loading and availability ----------------------------------------------------------------
+    def available(self, b: Backend) -> tuple[bool, str]:
+        """``(True, "")`` when ``b`` can load here, else ``(False, why)``; cached per process."""
+        cached = self.availability.get(b.name)
+        if cached is None:
+            cached = self.availability[b.name] = self._probe(b)
+        return cached
+
+    def _probe(self, b: Backend) -> tuple[bool, str]:
+        for mod in b.requires:
+            try:
+                importlib.import_module(mod)
+            except Exception as exc:  # ImportError, or a package that breaks on import
+                kind = "is not installed" if isinstance(exc, ModuleNotFoundError) else f"fails to import ({exc})"
+                return False, f"{mod} {kind}"
+        if b.availability is not None:
+            try:
+                ok, why = b.availability()
+            except Exception as exc:  # a plug-in's probe must not break dispatch
+                return False, f"availability check failed: {exc!r}"
+            if not ok:
+                return False, why
+        if not callable(b.kernel):  # import it now: a broken or mis-shaped kernel is unavailable
+            try:
+                self.runner(b)
+            except Exception as exc:
+                return False, f"kernel {b.kernel!r} cannot be loaded: {exc}"
+        return True, ""
+
+    def runner(self, b: Backend) -> Callable[..., Any]:
+        """``run(dims, variant, *op_args)`` for backend ``b`` (its kernel loaded and checked)."""
+        fn = self.runners.get(b.name)
+        if fn is None:
+            kernel = b.load()
+            if not callable(b.kernel):
+                why = b.signature_problem(kernel, self.params)
+                if why is not None:
+                    raise TypeError(f"it does not take the op's parameters: {why}")
+            fn = b.make_runner(kernel, self.params, self.dims_types)
+            if fn is kernel:
+                self.direct.add(b.name)
+            self.runners[b.name] = fn
+        return fn
+
+    # -- support and selection -------------------------------------------------------------------
+    def unsupported(self, b: Backend, info: CallInfo, *, explicit: bool = False) -> list[str]:
+        """Why ``b`` cannot run a call (empty when it can); ``explicit``: asked for by name."""
+        why: list[str] = []
+        devices = b.devices + (self._explicit_devices(b) if explicit else ())
+        if info.device_type not in devices and "*" not in devices:
+            why.append(f"runs on {'/'.join(b.devices)}, not {info.device_type}")
+        for arg, allowed in b.dtype_table(self.floating).items():
+            got = info.dtypes.get(arg)
+            if got is not None and got not in allowed:
+                supports = _dtype_names(sorted(allowed, key=str))
+                why.append(f"{arg} dtype {_dtype_names([got])} not supported (supports {supports})")
+        if b.variants is not None and info.variant is not None and info.variant not in b.variants:
+            why.append(f"variant {info.variant} not supported")
+        why += b.extra_unsupported(info)
+        for c in b._constraints:
+            if not c.symbols() <= info.dims.keys():
+                continue
+            got_dims = ", ".join(f"{s}={info.dims[s]}" for s in sorted(c.symbols()))
+            try:
+                if not c.holds(dict(info.dims)):
+                    why.append(f"needs {c.text} (got {got_dims})")
+            except ZeroDivisionError:  # (a contract's where= fails such a call too: see explain)
+                why.append(f"where {c.text}: division by zero (got {got_dims})")
+        return why
+
+    def _explicit_devices(self, b: Backend) -> tuple[str, ...]:
+        """``b.explicit_devices``, asked now when it is a callable: one that raises is a
+        BackendError (its exception the cause), one that returns no device types an
+        AnnotationError saying what it must return."""
+        if not callable(b.explicit_devices):
+            return b.explicit_devices
+        try:
+            got = b.explicit_devices()
+        except (ContractError, AnnotationError):
+            raise
+        except Exception as exc:
+            raise_violations(self.op_name, [Violation(
+                BackendError, "backend", f"the explicit_devices() of backend {b.name!r} to name the device types "
+                                         "it runs on when asked by name", f"it raised {type(exc).__name__}: {exc}")],
+                {}, {}, cause=exc)
+        devices = tuple(got) if isinstance(got, Iterable) and not isinstance(got, str) else None
+        why = (f" (write ({got!r},))" if isinstance(got, str) else ": it is not a sequence") if devices is None \
+            else _device_types_problem(devices)
+        if devices is None or why is not None:
+            raise AnnotationError(f"{self.op_name}: backend {b.name!r}: explicit_devices() returned {got!r}; it must "
+                                  f"return {_DEVICE_TYPES}{why}")
+        return devices
+
+    def verdicts(self, info: CallInfo) -> list[tuple[Backend, list[str]]]:
+        """Every backend with the reasons it cannot run the call, highest priority first."""
+        out = []
+        for n in self.names():
+            b = self.registry[n]
+            reasons = self.unsupported(b, info)
+            if info.device_type in b.devices or "*" in b.devices:  # no need to import a GPU backend for a CPU call
+                ok, why = self.available(b)
+                reasons = ([why] if not ok else []) + reasons
+            out.append((b, reasons))
+        return out
+
+    def choose(self, backend: str, info: CallInfo, *, dims_free: bool = False) -> Backend:
+        """The named backend (which must support the call), or for ``"auto"`` the best one
+        (``dims_free``: among those whose support does not depend on the dims, as under
+        torch.compile, where the dims may be symbolic)."""
+        if backend != "auto":
+            b = self.get(backend)
+            ok, why = self.available(b)
+            reasons = ([why] if not ok else []) + self.unsupported(b, info, explicit=True)
+            if reasons:
+                raise_violations(self.op_name, [Violation(
+                    BackendError, "backend", f"a backend that can run this call ({backend!r} was asked for)",
+                    f"{backend!r}: {'; '.join(reasons)}",
+                    hint=f"pass backend='auto' to let kda_contracts pick, or see "
+                         f"{self.op_name}.explain_backends(...)")],
+                    dict(info.dims), {})
+            return b
+        table = self.verdicts(info)
+        chosen = next((b for b, r in table if not r and not (dims_free and b._constraints)), None)
+        if chosen is None:
+            raise_violations(self.op_name, [Violation(
+                BackendError, "backend", "an available backend that supports this call",
+                "; ".join(f"{b.name}: {', '.join(r)}" for b, r in table) or "no backend is registered")],
+                dict(info.dims), {})
+        assert chosen is not None  # raise_violations raised
+        return chosen
+
+    def select_cached(self, key: tuple[Any, ...], backend: str, make_info: Callable[[], CallInfo]) -> Chosen:
+        """The backend to run a call, cached by ``key`` (which must determine the call's
+        :class:`CallInfo`): one dict lookup once the key has been seen."""
+        hit = self.selected.get(key)
+        if hit is not None:
+            return hit
+        b = self.choose(backend, make_info())
+        chosen = Chosen(b.name, self.runner(b), b.name in self.direct)
+        if len(self.selected) >= self.SELECTED_MAX:
+            self.selected.clear()
+        self.selected[key] = chosen
+        return chosen
+
+
+@dataclass(frozen=True)
+class Chosen:
+    """A selected backend as the dispatcher sees it: its name and its runner, which takes
+    ``(dims, variant, *op_args)`` — or, when ``direct``, the op's arguments alone (the kernel
+    itself, when it asks for no extras: one call frame less)."""
+
+    name: str
+    run: Callable[..., Any]
+    direct: bool = False
+
+
+def verdict_lines(verdicts: Sequence[tuple[Backend, Sequence[str]]]) -> list[str]:
+    """One line per backend, as ``op.explain_backends`` words them: the one ``backend="auto"``
+    picks, those that support the call but rank lower, and why each other one cannot run it.
+
+    Example::
+
+        verdict_lines(table.verdicts(info))   # ['    fast: chosen (priority 30, ...)', ...]
+    """
+    lines, chosen = [], None
+    for b, reasons in verdicts:
+        if not reasons and chosen is None:
+            chosen = b.name
+            lines.append(f"{b.name:>8}: chosen (priority {b.priority}, the highest that supports this call)")
+        elif not reasons:
+            lines.append(f"{b.name:>8}: supports this call, but {chosen} has a higher priority")
+        else:
+            lines.append(f"{b.name:>8}: not chosen: {'; '.join(reasons)}")
+    return lines

@@ -1,0 +1,267 @@
+"""The binding plan: which argument binds each dim, in what order, and which dims are solved.
+
+Binding is order-independent: a fixed config binds first, then int
+scalars named like a dim, then tensor axes whose dim is a plain name (``bind_first`` tensors
+first, then argument order); a dim that is a linear expression with one unknown
+(``2*H*K+HV*V``) solves that unknown with a divisibility check. Everything else is a check
+against what is bound. An unconditional equality constraint ``x == expr`` binds ``x`` when
+nothing above does and ``expr`` is known (``x == 16 // itemsize(key_cache)``); solvers and such
+equalities run to a fixpoint, each step using what earlier ones bound, so the order of the
+arguments and of the constraints does not matter. A dim nothing can bind is an AnnotationError
+naming it. Argument facts (``itemsize(t)`` of a required tensor, ``t is None``) are known from the
+start.
+
+Example::
+
+    plan = plan_binding("f", tensors, scalars, constraints, returns, options)
+    plan.solvers[0]      # Solver(symbol='H', param='mixed_qkv', axis=1, ...)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from ..errors import AnnotationError
+from ..grammar.constraints import Constraint
+from ..grammar.dims import ArgFact, Broadcast, Const, DimSpec, Expr, Sym, Variadic, arg_fact, linear_form
+from ..model.markers import Where, config_dims
+
+if TYPE_CHECKING:
+    from .annotations import ContractOptions, ContractSpec, ScalarParam, TensorParam
+    from .structure import Node
+
+__all__ = ["AxisSource", "BindingPlan", "Derived", "Solver", "VariadicSource", "bound_dims", "dim_symbols",
+           "plan_binding", "weak_symbols", "widenable_variadics", "widened_key"]
+
+
+@dataclass(frozen=True)
+class AxisSource:
+    """Dim ``param.shape[axis]`` binds a symbol directly."""
+
+    param: str
+    axis: int
+
+
+@dataclass(frozen=True)
+class VariadicSource:
+    """Axes ``param.shape[start:len - after]`` carry a variadic dim (``broadcast``: ``#*name``)."""
+
+    param: str
+    start: int
+    after: int
+    broadcast: bool
+
+
+def dim_symbols(d: DimSpec) -> frozenset[str]:
+    """The symbols a dim mentions (a variadic dim's is its key, ``*name``)."""
+    if isinstance(d, Expr):
+        return d.symbols()
+    if isinstance(d, Broadcast):
+        return d.dim.symbols()
+    if isinstance(d, Variadic) and d.name is not None:
+        return frozenset((d.key,))
+    return frozenset()
+
+
+@dataclass(frozen=True)
+class Solver:
+    """``symbol = (param.shape[axis] - const) / coef``, from a dim linear in ``symbol``."""
+
+    symbol: str
+    param: str
+    axis: int
+    dim: Expr
+    coef: Expr
+    const: Expr
+
+
+@dataclass(frozen=True)
+class Derived:
+    """``symbol = expr``, from the unconditional equality constraint ``constraint`` (its text)."""
+
+    symbol: str
+    expr: Expr
+    constraint: str
+
+
+@dataclass(frozen=True)
+class BindingPlan:
+    symbols: tuple[str, ...]  # every bound dim, in the order reports list them
+    sources: dict[str, tuple[AxisSource, ...]]  # plain-name axes, in priority order
+    scalar_sources: dict[str, str]  # dim -> the int argument that carries it
+    solvers: tuple[Solver, ...]  # in solving order
+    config_only: tuple[str, ...]  # dims only the fixed config provides
+    broadcast_sources: dict[str, tuple[AxisSource, ...]]  # dims only broadcastable axes (#B) carry
+    nested_only: tuple[str, ...]  # dims only tensors inside containers carry (bound by the walk)
+    variadic_sources: dict[str, tuple[VariadicSource, ...]]  # *name -> the axes that carry it
+    steps: tuple[Solver | Derived, ...] = ()  # solvers and equality bindings, in binding order
+    facts: tuple[ArgFact, ...] = ()  # argument facts dims and constraints read (itemsize(t), t is None)
+
+
+def _symbols(tensors: Mapping[str, TensorParam], constraints: Iterable[tuple[Constraint, Where]],
+             returns: Iterable[TensorParam], static_cfg: set[str]) -> list[str]:
+    """Every symbol, in first-appearance order (tensors, then config dims that constraints or the
+    return use)."""
+    symbols: list[str] = []
+    for tp in tensors.values():
+        for d in tp.dims:
+            symbols += [s for s in sorted(dim_symbols(d)) if s not in symbols and arg_fact(s) is None]
+    used = {s for c, _ in constraints for s in c.symbols()}
+    used |= {s for tp in returns for d in tp.dims for s in dim_symbols(d)}
+    symbols += [s for s in sorted(static_cfg) if s not in symbols and s in used]
+    symbols += [s for c, _ in constraints for s in c.dims() if s not in symbols]  # bound by an equality
+    return symbols
+
+
+def _solvers(tensors: Mapping[str, TensorParam], order: list[str], known: set[str]) -> list[Solver]:
+    """Repeatedly find a dim of a required tensor that is linear in exactly one unknown."""
+    solvers: list[Solver] = []
+    progress = True
+    while progress:
+        progress = False
+        for n in order:
+            tp = tensors[n]
+            if tp.optional:
+                continue
+            for axis, d in tp.fixed_axes():
+                if not isinstance(d, Expr):
+                    continue
+                unknown = d.symbols() - known
+                if len(unknown) != 1:
+                    continue
+                (x,) = unknown
+                lin = linear_form(d, x)
+                if lin is None or (isinstance(lin[0], Const) and lin[0].value == 0):
+                    continue  # (not linear in x, or x drops out: "N+0*M" binds no M)
+                solvers.append(Solver(x, n, axis, d, lin[0], lin[1]))
+                known.add(x)
+                progress = True
+    return solvers
+
+
+def _steps(tensors: Mapping[str, TensorParam], order: list[str], constraints: Iterable[tuple[Constraint, Where]],
+           known: set[str]) -> list[Solver | Derived]:
+    """Solvers to exhaustion, then the first equality that binds a new dim, until neither binds
+    one: the fixpoint, whatever the order of arguments and constraints."""
+    steps: list[Solver | Derived] = []
+    while True:
+        steps += _solvers(tensors, order, known)
+        new = next((Derived(x, e, c.text) for c, _ in constraints for x, e in c.equalities()
+                    if x not in known and e.symbols() <= known), None)
+        if new is None:
+            return steps
+        steps.append(new)
+        known.add(new.symbol)
+
+
+def _facts(qualname: str, tensors: Mapping[str, TensorParam], scalars: Mapping[str, ScalarParam],
+           constraints: Iterable[tuple[Constraint, Where]], returns: Iterable[TensorParam]) -> list[ArgFact]:
+    """The argument facts the contract reads; AnnotationError for one it cannot know."""
+    used = {s for c, _ in constraints for s in c.symbols()}
+    used |= {s for tp in tensors.values() for d in tp.dims for s in dim_symbols(d)}
+    facts = [f for s in sorted(used) if (f := arg_fact(s)) is not None]
+    for f in facts:
+        if f.kind == "itemsize" and (f.arg not in tensors or tensors[f.arg].optional):
+            why = "an optional tensor (it may be None)" if f.arg in tensors else "not a tensor argument"
+            raise AnnotationError(f"{qualname}: {f.key}: {f.arg!r} is {why}; itemsize() takes a required "
+                                  "tensor argument")
+        if f.kind == "none" and not ((f.arg in tensors and tensors[f.arg].optional)
+                                     or (f.arg in scalars and scalars[f.arg].optional)):
+            raise AnnotationError(f"{qualname}: where {f.key!r}: {f.arg!r} is not an argument that may be None "
+                                  "(annotate it `... | None`)")
+    for tp in returns:
+        if any(arg_fact(s) for d in tp.dims for s in dim_symbols(d)):
+            raise AnnotationError(f"{qualname}: {tp.name}: itemsize() cannot be used in the return annotation; "
+                                  "bind a dim with a constraint (where=['x == 16 // itemsize(k)']) and use it")
+    return facts
+
+
+def plan_binding(qualname: str, tensors: Mapping[str, TensorParam], scalars: Mapping[str, ScalarParam],
+                 constraints: tuple[tuple[Constraint, Where], ...], returns: tuple[TensorParam, ...] | None,
+                 options: ContractOptions, nested: Mapping[str, Node] | None = None) -> BindingPlan:
+    """Plan how every dim of a contract is bound; raise AnnotationError for a dim nothing binds."""
+    static_cfg = set(config_dims(options.config)) if options.config is not None else set()
+    symbols = _symbols(tensors, constraints, returns or (), static_cfg)
+    order = list(options.bind_first) + [n for n in tensors if n not in options.bind_first]
+    sources: dict[str, list[AxisSource]] = {}
+    bsources: dict[str, list[AxisSource]] = {}
+    vsources: dict[str, list[VariadicSource]] = {}
+    for n in order:
+        tp = tensors[n]
+        if tp.optional:
+            continue  # an argument that may be None cannot be what a dim hangs on
+        for axis, d in tp.fixed_axes():
+            if isinstance(d, Sym):
+                sources.setdefault(d.name, []).append(AxisSource(n, axis))
+            elif isinstance(d, Broadcast) and isinstance(d.dim, Sym):
+                bsources.setdefault(d.dim.name, []).append(AxisSource(n, axis))
+        v, vi = tp.variadic, tp.variadic_index
+        if v is not None and v.name is not None and vi is not None:
+            vsources.setdefault(v.key, []).append(VariadicSource(n, vi, len(tp.dims) - 1 - vi, v.broadcast))
+    scalar_sources = {sp.name: sp.name for sp in scalars.values()
+                      if sp.hint is int and sp.name in symbols and not sp.optional}
+    direct = set(sources) | set(scalar_sources) | static_cfg
+    config_only = [s for s in symbols if s in static_cfg and s not in sources and s not in scalar_sources]
+    facts = _facts(qualname, tensors, scalars, constraints, returns or ())
+    # a dim an expression solves exactly ("2*N") is bound by the solver, not by the broadcastable
+    # axes that also carry it ("#N"): those may all be 1, which binds nothing
+    base = direct | set(vsources) | {f.key for f in facts}
+    solved = {s.symbol for s in _steps(tensors, order, constraints, set(base))}
+    bsources = {k: v for k, v in bsources.items() if k not in direct and k not in solved}
+    steps = _steps(tensors, order, constraints, base | set(bsources))
+    solvers = [s for s in steps if isinstance(s, Solver)]
+    known = base | set(bsources) | {s.symbol for s in steps}
+    nested = nested or {}
+    nested_only = sorted({s for node in nested.values() for s in node.plain_symbols()} - known)
+    symbols += [s for s in nested_only if s not in symbols]
+    symbols += [s for node in nested.values() for s in sorted(node.symbols()) if s not in symbols]
+    known |= set(nested_only)
+    unbound = [s for s in symbols if s not in known]
+    for c, _w in constraints:
+        unbound += [s for s in sorted(c.symbols()) if s not in known and s not in unbound]
+    for r in returns or ():
+        for d in r.dims:
+            unbound += [s for s in sorted(dim_symbols(d)) if s not in known and s not in unbound]
+    if unbound:
+        where_used = []
+        for s in unbound:
+            users = [f"{tp.name}: {tp.dim_str!r}" for tp in tensors.values()
+                     if any(s in dim_symbols(d) for d in tp.dims)]
+            users += [f"{name}: {node}" for name, node in nested.items() if s in node.symbols()]
+            where_used.append(f"{s!r} (in {', '.join(users) or 'a constraint or the return'})")
+        raise AnnotationError(
+            f"{qualname}: cannot bind dim {', '.join(where_used)}: no required tensor has it as a plain dim, "
+            "no config or int argument provides it, no dim is linear in it alone, and no constraint "
+            "equates it to known dims. Add an argument "
+            "that carries it, pass a config that fixes it, or rewrite the expression."
+        )
+    return BindingPlan(tuple(symbols), {k: tuple(v) for k, v in sources.items()}, scalar_sources,
+                       tuple(solvers), tuple(config_only), {k: tuple(v) for k, v in bsources.items()},
+                       tuple(nested_only),
+                       {k: tuple(v) for k, v in vsources.items()}, tuple(steps), tuple(facts))
+
+
+def bound_dims(symbols: tuple[str, ...], values: tuple[Any, ...], weak: frozenset[str] = frozenset()
+               ) -> dict[str, Any]:
+    """The dims a call bound, leaving out those bound to nothing; a variadic dim only
+    broadcastable occurrences bound goes by ``#*name``, so a result may still widen it."""
+    return {widened_key(k, weak): v for k, v in zip(symbols, values, strict=True) if v is not None}
+
+
+def widened_key(key: str, widenable: frozenset[str]) -> str:
+    """The name a dim goes by in a walk's environment: ``#*name`` for a widenable variadic dim."""
+    return "#" + key if key in widenable and key.startswith("*") else key
+
+
+def widenable_variadics(spec: ContractSpec) -> frozenset[str]:
+    """Variadic dims only broadcastable arguments carry (``#*name``): a container item or the
+    result may still widen them, as torch's broadcasting would."""
+    return frozenset(k for k, srcs in spec.variadic_sources.items() if all(s.broadcast for s in srcs))
+
+
+def weak_symbols(spec: ContractSpec) -> frozenset[str]:
+    """Dims that may be bound to nothing at run time (None): those only tensors inside containers
+    carry (an empty list), and those only broadcastable axes carry (all of size 1)."""
+    return frozenset(spec.nested_only) | frozenset(spec.broadcast_sources) | widenable_variadics(spec)
