@@ -38,6 +38,8 @@ from ._engine.model.markers import Spec as Spec
 from ._engine.model.markers import Where as Where
 from ._engine.model.markers import config_dim_source as config_dim_source
 from ._engine.model.markers import config_dims as config_dims
+from ._engine.model.spec import CallContext as CallContext
+from ._engine.model.spec import Dims as Dims
 from ._engine.modes import get_mode as get_mode
 from ._engine.modes import mode as mode
 from ._engine.modes import set_default_mode as set_default_mode
@@ -49,14 +51,13 @@ from ._engine.op.opdef import op as op
 # Last: the name ``ops`` is both this function and the package of the ops we ship, whose import
 # above bound it to the package (which is callable too, as a fallback; see ops/__init__.py).
 from ._engine.op.opdef import ops as ops
-from ._engine.reading.annotations import CallContext as CallContext
-from ._engine.reading.annotations import Dims as Dims
 from ._engine.tools.docstrings import contract_docs as contract_docs
 from ._engine.tools.docstrings import set_contract_docs as set_contract_docs
 from ._engine.tools.dumps import save_call as save_call
 from ._engine.tools.import_hook import ImportHook as ImportHook
 from ._engine.tools.import_hook import ImportHookWarning as ImportHookWarning
 from ._engine.tools.import_hook import install_import_hook as install_import_hook
+from ._engine.version import __version__ as __version__
 from .ops.gdn_decode import GDN_PRESETS as GDN_PRESETS
 from .ops.gdn_decode import GDNConfig as GDNConfig
 from .ops.gdn_decode import gdn_packed_decode as gdn_packed_decode
@@ -68,5 +69,3 @@ from .ops.packed_decode import explain_backends as explain_backends
 from .ops.packed_decode import packed_decode as packed_decode
 from .ops.packed_decode import packed_decode_contract as packed_decode_contract
 from .ops.packed_decode import validate_packed_decode as validate_packed_decode
-
-__version__ = "0.1.0.dev0"

@@ -28,7 +28,7 @@ import kda_contracts as kc
 from kda_contracts import Float, Tensor
 from kda_contracts._engine.codegen.config_views import ConfigViews
 from kda_contracts._engine.model.markers import CONFIG_LACKS, config_dims, config_dtypes
-from kda_contracts._engine.reading.annotations import CallContext
+from kda_contracts._engine.model.spec import CallContext
 from kda_contracts.testing import make_decode_call
 
 THREADS = 8

@@ -12,7 +12,7 @@ from kda_kernels.interface import DecodeArgs, DecodeBackend
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import kda_contracts as kc
-from kda_contracts._engine.rules.memory import _apart, alias_violations
+from kda_contracts._engine.rules.aliasing import _apart, alias_violations
 from kda_contracts.ops.packed_decode.checks import slots_finite
 from kda_contracts.testing import make_decode_call, make_gdn_decode_call
 

@@ -37,6 +37,7 @@ from hypothesis import strategies as st
 from pydantic import BaseModel
 
 import kda_contracts as kc
+from kda_contracts._engine.explain.explainer import explain_call
 
 # -- budget ------------------------------------------------------------------------------------------
 # A share of the loaded profile's examples: "dev" or "ci" (200), or "long" (5000) for local runs:
@@ -619,7 +620,7 @@ def _check_case(call: Call, strict: bool) -> None:
         values = dict(call.args, config=call.config, state_layout=call.state_layout)
         vals = [values[n] for n in c._param_names]
         fast = c.check(*vals, _cfg=call.config)
-        dims, _, violations = c.spec.explain(values, call.config)
+        dims, _, violations = explain_call(c.spec, values, call.config)
         assert (fast is None) == bool(violations), \
             f"fast checker {'rejects' if fast is None else 'accepts'}, interpreter finds {violations}: {call.mutations}"
         if fast is not None:

@@ -20,8 +20,8 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "kda_contracts"
 MODULE_LINES, FUNCTION_LINES = 500, 80
 # What the restructure (issue 28) has not reached yet; each entry goes as its step lands.
-UNFINISHED_CYCLES = 4
-UNFINISHED_ABOVE = {"kda_contracts._engine.tools.dumps"}
+UNFINISHED_CYCLES = 3
+UNFINISHED_ABOVE: set[str] = set()
 UNFINISHED_LONG = {"kda_contracts._engine.contract.decorator", "kda_contracts._engine.explain.explainer",
                    "kda_contracts._engine.op.backends", "kda_contracts._engine.op.opdef",
                    "kda_contracts._engine.reading.annotations", "kda_contracts._engine.reading.structure",

@@ -15,10 +15,10 @@ from hypothesis import strategies as st
 
 import kda_contracts as kc
 from kda_contracts._engine.rules import memory
+from kda_contracts._engine.rules.aliasing import alias_violations
 from kda_contracts._engine.rules.memory import (
     NoAddressError,
     ValueChecksSkipped,
-    alias_violations,
     distinct_elements,
     overlap,
     self_overlap,

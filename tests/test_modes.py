@@ -33,7 +33,7 @@ import torch
 import kda_contracts as kc
 from kda_contracts import Float, Tensor
 from kda_contracts._engine import modes
-from kda_contracts._engine.reading.annotations import CallContext
+from kda_contracts._engine.model.spec import CallContext
 
 # Module-level mode objects, shared by every thread and task below (the usage that used to raise).
 OFF, CHECK, STRICT = kc.mode("off"), kc.mode("check"), kc.mode("strict")

@@ -72,8 +72,8 @@ def test_strict_mode_rolls_back_a_backend_that_raises_half_way(faulty):
 
 def test_check_mode_says_it_does_not_roll_back(faulty):
     call = call_of()
-    with kc.mode("check"), pytest.raises(BackendError, match="check mode does not roll back: the tensors the op "
-                                                             "writes may be partly written"):
+    with kc.mode("check"), pytest.raises(BackendError, match="check mode keeps no copy: initial_state, out may hold "
+                                                             "partial writes"):
         kc.packed_decode(**call, backend="faulty")
 
 
@@ -86,7 +86,7 @@ def test_strict_mode_rolls_back_a_call_its_after_checks_reject(faulty):
     assert_unchanged(call, before)
     text = str(info.value)
     assert text.startswith("packed_decode (after backend 'faulty')(): 2 contract violations")  # NaN, padding
-    assert "strict mode rolled the call back: every tensor the op writes is as it was before the call" in text
+    assert "strict mode rolled the call back: every tensor the call writes is as it was before the call" in text
 
 
 def test_a_finite_but_absurd_scale_is_rolled_back_not_written():
@@ -99,14 +99,16 @@ def test_a_finite_but_absurd_scale_is_rolled_back_not_written():
 
 
 def test_strict_mode_copies_only_the_used_slots_not_the_pool():
-    from kda_contracts._engine.contract.transaction import snapshot
-    from kda_contracts._engine.reading.annotations import CallContext
+    from kda_contracts._engine.contract.transaction import Transaction, written_parts
+    from kda_contracts._engine.model.spec import CallContext
 
     call = call_of(pool=64)
     c = kc.packed_decode.contracts["VK"]
     dims = dict(kc.validate_packed_decode(**call))
-    saved = snapshot(kc.packed_decode, CallContext(c.spec, dict(call, config=None), None, dims, {}))
-    copied = {t.data_ptr(): copy.numel() for t, _, copy in saved}
+    ctx = CallContext(c.spec, dict(call, config=None), None, dims, {})
+    saved = Transaction.begin(ctx.values, written_parts(kc.packed_decode.written, "packed_decode", ctx))
+    assert saved is not None
+    copied = {s.tensor.data_ptr(): s.copy.numel() for s in saved.saved}
     assert copied[call["initial_state"].data_ptr()] == 2 * 4 * 16 * 8  # 2 used slots of 64
     assert copied[call["out"].data_ptr()] == call["out"].numel()
 

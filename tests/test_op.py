@@ -296,7 +296,7 @@ def test_a_third_party_backend_plugs_in_through_its_entry_point(tmp_path, monkey
     dist = tmp_path / "my_op_plugin-1.0.dist-info"
     dist.mkdir()
     (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: my-op-plugin\nVersion: 1.0\n")
-    (dist / "entry_points.txt").write_text("[kda_contracts._engine.op.backends]\nplugin = my_op_plugin:backends\n"
+    (dist / "entry_points.txt").write_text("[kda_contracts.backends]\nplugin = my_op_plugin:backends\n"
                                            "broken = my_op_plugin:does_not_exist\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     from kda_contracts._engine.op import opdef as op_module

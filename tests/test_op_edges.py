@@ -40,7 +40,7 @@ def test_a_plugin_backend_is_judged_by_its_own_declaration_on_the_very_first_cal
     dist = tmp_path / "first_call_plugin-1.0.dist-info"
     dist.mkdir()
     (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: first-call-plugin\nVersion: 1.0\n")
-    (dist / "entry_points.txt").write_text("[kda_contracts._engine.op.backends]\nhalf = first_call_plugin:backends\n")
+    (dist / "entry_points.txt").write_text("[kda_contracts.backends]\nhalf = first_call_plugin:backends\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.setattr(op_module, "_plugins_loaded", False)
     op = make_op("first_call_op")

@@ -9,24 +9,11 @@ error listing all of them; its class derives from every subclass involved, so
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, TypeVar
 
 _F = TypeVar("_F")
-
-__all__ = [
-    "AnnotationError",
-    "ArgumentTypeError",
-    "ContractError",
-    "DeviceError",
-    "DtypeError",
-    "LayoutError",
-    "ShapeError",
-    "ValueRangeError",
-    "Violation",
-]
 
 
 class AnnotationError(TypeError):
@@ -208,27 +195,6 @@ def _rebuild_error(kinds, message, function, violations, dims, provenance):
 _PASSTHROUGH: dict[type[ContractError], type[ContractError]] = {}
 
 
-def tracing() -> bool:
-    """Whether torch.compile (or torch.export) is tracing: in traced code, where dynamo reads
-    ``torch.compiler.is_compiling()`` as True, and in the plain Python it runs at trace time (a
-    constant-result function, a fake kernel). torch 2.13 sets ``is_compiling``'s flag around
-    constant-result functions; torch 2.11 does not, and there the active tracing context tells.
-    Cheap enough for error paths, not meant for an eager hot path (a context lookup).
-
-    Example::
-
-        except ContractError as err:
-            if tracing():
-                raise passthrough_for_compile(err) from None
-    """
-    torch = sys.modules.get("torch")
-    if torch is None:
-        return False
-    from .modes import tracing_context  # (modes imports torch; errors does not)
-
-    return torch.compiler.is_compiling() or tracing_context()
-
-
 def passthrough_for_compile(err: ContractError) -> ContractError:
     """The same error as a class that also derives from AssertionError and IndexError.
 
@@ -281,3 +247,10 @@ def raise_violations(
     cls = error_class_for([v.kind for v in violations])
     message = format_report(function, violations, dims, provenance)
     raise cls(message, function=function, violations=violations, dims=dims, provenance=provenance) from cause
+
+
+def _hint_text(tp: Any) -> str:
+    """A hint as a report words it: a class by its name, anything else without module prefixes."""
+    if isinstance(tp, type):
+        return tp.__name__
+    return str(tp).replace("jaxtyping.", "").replace("typing.", "").replace("torch.", "")

@@ -18,18 +18,6 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = [
-    "AxisMismatch",
-    "ConfigMismatch",
-    "ConstraintFailed",
-    "DeviceMismatch",
-    "DtypeMismatch",
-    "Fact",
-    "LayoutBroken",
-    "RankMismatch",
-    "Unsolvable",
-]
-
 
 class Fact:
     """Base of every fact."""

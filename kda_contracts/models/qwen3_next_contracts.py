@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from .._engine.errors import ShapeError, Violation
 from .._engine.facts import AxisMismatch, RankMismatch
-from .._engine.reading.annotations import CallContext
+from .._engine.model.spec import CallContext
 from .layer_contracts import HINTS as SHARED_HINTS
 
 __all__ = ["HINTS"]

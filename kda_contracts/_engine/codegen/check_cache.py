@@ -54,8 +54,6 @@ from .checker import checked_parameters
 from .config_views import config_ref
 from .snippets import Names
 
-__all__ = ["cached_checker", "guards_available"]
-
 #: entries kept per contract (one per distinct call metadata: B changes under continuous batching)
 MAX_ENTRIES = 256
 #: keys counted (a key is remembered from its second accepted call), per contract

@@ -17,10 +17,10 @@ from typing import Any
 
 import torch
 
-from ..grammar.dims import ANY, Broadcast, Expr, Sym, broadcast_dim, broadcast_sizes, fits_variadic
-from ..reading.annotations import ContractSpec, TensorParam, split_optional
-from ..reading.plan import Derived, bound_dims, dim_symbols, weak_symbols, widenable_variadics, widened_key
-from ..reading.structure import match_dims, walk_containers
+from ..grammar.dims import ANY, Broadcast, Expr, Sym, broadcast_dim, broadcast_sizes, dim_symbols, fits_variadic
+from ..model.nodes import match_dims, walk_containers
+from ..model.spec import ContractSpec, Derived, TensorParam, bound_dims, weak_symbols, widenable_variadics, widened_key
+from ..reading.arrays import split_optional
 from ..rules.scalar import MatchesConfig
 from ..rules.tensor import DtypeIn, SameDtype
 from .config_views import config_view_layout
@@ -47,9 +47,6 @@ from .snippets import (
     Gen,
     Names,
 )
-
-__all__ = ["Names", "generate_checker", "generate_return_checker"]
-
 
 _SIMPLE_TYPES: dict[Any, tuple[type, ...]] = {
     # beartype's verdict for these hints, as isinstance (BeartypeConf(is_pep484_tower=True): a

@@ -16,14 +16,11 @@ from typing import Any
 
 import torch
 
+from ..compile.marks import made_in_trace, mark_constant_result
 from ..compile.trace_args import flatten
 from ..errors import ArgumentTypeError, ContractError, Violation, passthrough_for_compile, raise_violations
 from ..model.markers import CONFIG_LACKS, config_dims, config_is_frozen, config_nonint_dims, int_dim_fix
-from ..modes import made_in_trace, mark_constant_result
-from ..reading.annotations import ContractSpec
-
-__all__ = ["ConfigViews", "config_ref", "config_view_layout", "dim_type_violations", "refuse_built_in_trace",
-           "walked_built_in_trace"]
+from ..model.spec import ContractSpec
 
 
 def config_view_layout(spec: ContractSpec) -> tuple[list[str], list[str]]:

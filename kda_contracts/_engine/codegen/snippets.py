@@ -14,8 +14,6 @@ from typing import Any
 
 from ..rules.tensor import Rule, Slots
 
-__all__ = ["Gen", "Names"]
-
 
 # -- naming and snippets -------------------------------------------------------------------------
 class Names:

@@ -10,11 +10,9 @@ from __future__ import annotations
 
 import inspect
 
-from ..reading.annotations import ContractSpec
+from ..model.spec import ContractSpec
 from .checker import checked_parameters
 from .snippets import Names
-
-__all__ = ["formal_parameters", "wrapper_source"]
 
 
 def formal_parameters(signature: inspect.Signature, names: Names,

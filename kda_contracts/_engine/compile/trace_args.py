@@ -1,6 +1,6 @@
 """How a constant-result function's arguments cross from dynamo's trace into plain Python.
 
-Dynamo hands a constant-result function (see :func:`kda_contracts._engine.modes.mark_constant_result`)
+Dynamo hands a constant-result function (see :func:`.marks.mark_constant_result`)
 only values it can turn into constants one by one: a tensor, a plain constant, an object (torch
 2.13). A list, tuple or dict is a constant only when everything in it is one, so a list of
 tensors, a tuple of symbolic sizes (``tuple(x.shape)`` under ``dynamic=True``), a dict of
@@ -25,8 +25,6 @@ from collections import OrderedDict
 from typing import Any
 
 import torch
-
-__all__ = ["flatten", "rebuild"]
 
 #: a layout: a leaf's index, ("seq", class, items) or ("map", class, keys, values)
 Layout = Any

@@ -27,6 +27,7 @@ from typing import Any
 
 import torch
 
+from ..compile.marks import mark_constant_result, tracing
 from ..errors import (
     AnnotationError,
     ContractError,
@@ -35,14 +36,11 @@ from ..errors import (
     Violation,
     passthrough_for_compile,
     raise_violations,
-    tracing,
 )
 from ..grammar.dims import parse_shape
-from ..modes import mark_constant_result
-from ..reading.structure import is_array_type, match_dims
+from ..model.nodes import match_dims
+from ..reading.arrays import is_array_type
 from ..rules.tensor import dtype_name, fmt_ints
-
-__all__ = ["body_uses_checks", "check", "dims", "in_body"]
 
 _BODY_NAMES = frozenset({"check", "dims", "isinstance"})
 
@@ -170,7 +168,7 @@ def check(t: Any, spec: Any, name: str = "tensor") -> Any:
     where = call.name if call is not None else "kc.check"
     dtypes = None
     if is_array_type(spec):
-        from ..reading.annotations import array_dtypes
+        from ..reading.arrays import array_dtypes
 
         dim_str, dtypes = spec.dim_str, array_dtypes(spec, None, f"{where}: check({name})")
     elif isinstance(spec, str):

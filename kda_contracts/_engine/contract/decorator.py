@@ -29,7 +29,7 @@ from beartype import BeartypeConf, beartype
 from beartype.door import is_bearable
 from beartype.roar import BeartypeCallHintParamViolation
 
-from .. import modes
+from .. import hooks, modes
 from ..codegen.check_cache import cached_checker
 from ..codegen.checker import (
     bool_for_float,
@@ -40,7 +40,9 @@ from ..codegen.checker import (
 )
 from ..codegen.config_views import ConfigViews, refuse_built_in_trace, walked_built_in_trace
 from ..codegen.snippets import Names
+from ..codegen.types import every_item_checker, traced_type_check
 from ..codegen.wrapper import wrapper_source
+from ..compile.marks import made_in_trace, mark_constant_result, tracing, tracing_context
 from ..errors import (
     AnnotationError,
     ArgumentTypeError,
@@ -49,21 +51,19 @@ from ..errors import (
     hook_violations,
     passthrough_for_compile,
     raise_violations,
-    tracing,
     uninspectable,
 )
-from ..explain.explainer import explain_return
+from ..explain.explainer import explain_call, explain_return
 from ..model.markers import Where, config_nonint_dims, int_dim_fix
-from ..modes import made_in_trace
-from ..reading.annotations import NO_HINT, CallContext, ContractOptions, ContractSpec, Dims, build_spec
+from ..model.nodes import Plain
+from ..model.spec import NO_HINT, CallContext, ContractOptions, ContractSpec, Dims
+from ..reading.annotations import build_spec
 from ..reading.members import accessors, contract_members, is_contracted
-from ..reading.structure import Plain
-from ..reading.type_trees import every_item_checker, read_types, traced_type_check, type_mismatch
-from ..tools import dumps
-from ..tools.docstrings import add_class_note, add_contract_doc, wants_doc
+from ..reading.type_trees import read_types, type_mismatch
+from ..rules.aliasing import alias_violations, tensor_leaves
+from ..rules.memory import without_data
 from .body import body_uses_checks, runner
-
-__all__ = ["Contract", "contract", "register_contract", "registered_contracts"]
+from .transaction import ROLLED_BACK, Transaction, guarded, partial_writes, rollback
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -109,6 +109,8 @@ class Contract:
         self.fn = fn
         self.name = spec.name
         self._param_names = checked_parameters(spec)
+        #: the arguments a call may write (``kc.Spec(mutated=True)``), in signature order
+        self.written = tuple(n for n, tp in spec.tensors.items() if tp.spec.mutated)
         src, consts, self.types_in_checker = generate_checker(spec)
         self.checker_source = src
         self.views = ConfigViews(spec)
@@ -179,7 +181,7 @@ class Contract:
         """Count and raise the report of a call whose argument types beartype rejected (saving
         the call when ``KDA_CONTRACTS_DUMP_DIR`` asks for it)."""
         self.rejections += 1
-        with dumps.saving_rejection(self, values, self._config_for(values)):
+        with hooks.rejecting(self, values, self._config_for(values)):
             violations = self.type_violations(values)
             if not violations:  # the type check rejected what the explanation cannot name (not expected)
                 violations = [Violation(ArgumentTypeError, "(arguments)", "types that fit the annotations",
@@ -207,15 +209,15 @@ class Contract:
     def fail(self, values: Mapping[str, Any], config: Any) -> None:
         """Raise the full report for a call the fast path rejected (saved first when
         ``KDA_CONTRACTS_DUMP_DIR`` is set: :mod:`kda_contracts._engine.tools.dumps`)."""
-        with dumps.saving_rejection(self, values, config):
+        with hooks.rejecting(self, values, config):
             tv = self.type_violations(values)
-            if self.spec.nested and modes.tracing_context():  # (at trace time: nothing to read yet)
+            if self.spec.nested and tracing_context():  # (at trace time: nothing to read yet)
                 tv += walked_built_in_trace(self.spec, values)
             if tv:
                 self.rejections += 1
                 raise_violations(self.name, tv, {}, {})
             try:
-                dims, prov, violations = self.spec.explain(values, config)
+                dims, prov, violations = explain_call(self.spec, values, config)
             except ContractError:
                 raise
             except Exception as exc:  # an object no rule foresaw: still a ContractError, never a crash
@@ -285,7 +287,7 @@ class Contract:
         config = vals_and_config[-1]
         values = dict(zip(self._param_names, vals_and_config[:-1], strict=True))
         self.fail(values, config)
-        env, _, _ = self.spec.explain(values, config)
+        env, _, _ = explain_call(self.spec, values, config)
         return tuple(env[s] for s in self.spec.symbols)
 
     def _strict_positional(self, dims: tuple[int, ...], *vals_and_config: Any) -> dict[str, Any]:
@@ -310,7 +312,7 @@ class Contract:
         violations = hook_violations(self.spec.value_checks(ctx), f"{self.name}: value_checks")
         if violations:
             self.rejections += 1
-            with dumps.saving_rejection(self, values, config, stage="value checks"):
+            with hooks.rejecting(self, values, config, stage="value checks"):
                 raise_violations(self.name, violations, dims, prov)
         return ctx.memo
 
@@ -324,7 +326,7 @@ class Contract:
         tv = self.type_violations(values)
         if tv:
             return Dims({}, {}), tv
-        d, prov, violations = self.spec.explain(values, self._config_for(values))
+        d, prov, violations = explain_call(self.spec, values, self._config_for(values))
         return Dims(d, prov), violations
 
     def _config_for(self, values: Mapping[str, Any]) -> Any:
@@ -352,10 +354,16 @@ class Contract:
         if check is not None and not check(result, dims, *vals):
             self.fail_return(result, dims, dict(zip(self._param_names, vals, strict=False)))
 
-    def fail_return(self, result: Any, dims: tuple[int, ...], values: Mapping[str, Any] | None = None) -> None:
-        """Raise the full report for a result the generated return checker rejected."""
+    def fail_return(self, result: Any, dims: tuple[int, ...], values: Mapping[str, Any] | None = None, *,
+                    rolled_back: bool | None = None) -> None:
+        """Raise the full report for a result the generated return checker rejected. The call ran:
+        ``rolled_back`` says whether strict mode put back what it wrote (True), or nothing was
+        (False: each argument it is declared to write may hold its writes, and the report says so)."""
         env = dict(zip(self.spec.symbols, dims, strict=True))
         violations = explain_return(self.spec, result, env, values)
+        note = ROLLED_BACK if rolled_back else partial_writes(self.written) if rolled_back is False else ""
+        if note:
+            violations = [dataclasses.replace(v, details=(*v.details, note)) for v in violations]
         if violations:
             raise_violations(self.name, violations, env, self.provenance(None))
         warnings.warn(f"kda_contracts: the fast return checker of {self.name} rejected a result the full check "
@@ -375,7 +383,7 @@ def _plain_return_checker(hint: Any) -> Callable[[Any, tuple[int, ...]], bool]:
         return lambda res, dims, *args: res is None
     tree = read_types(hint)  # isinstance tests that give beartype's verdict, traced by dynamo (None: more decides)
     if tree is None:  # beartype, at trace time on the result alone (a Literal, a Protocol, a Callable ...)
-        bearable = modes.mark_constant_result(lambda res: is_bearable(res, hint, conf=_BEARTYPE_CONF))
+        bearable = mark_constant_result(lambda res: is_bearable(res, hint, conf=_BEARTYPE_CONF))
         return lambda res, dims, *args: bearable(res)
     return lambda res, dims, *args: tree.match(res, {}, "return") is None
 
@@ -395,7 +403,7 @@ def _outside_compile(fn: Callable[..., Any]) -> Callable[..., Any]:
                 raise passthrough_for_compile(err) from None
             raise
 
-    return modes.mark_constant_result(run)
+    return mark_constant_result(run)
 
 
 def _frozen(config: Any) -> bool:
@@ -418,7 +426,7 @@ def eager_value_checks(fn: Callable[..., Any], name: str) -> Callable[..., Any]:
         warnings.warn(f"kda_contracts: {name}: strict mode's value checks read tensor values and cannot run inside "
                       "torch.compile; the compiled code is checked as in check mode", RuntimeWarning, stacklevel=2)
 
-    inside = modes.mark_constant_result(warn)
+    inside = mark_constant_result(warn)
 
     @functools.wraps(fn)
     def run(*args: Any, **kwargs: Any) -> Any:
@@ -429,39 +437,13 @@ def eager_value_checks(fn: Callable[..., Any], name: str) -> Callable[..., Any]:
     return run
 
 
-def _write_back(saved: list[tuple[torch.Tensor, torch.Tensor]] | None) -> None:
-    """Put back what a rejected strict call wrote, as an op's rollback does (a resized tensor gets
-    its shape back; one that cannot be written back whole is named in a RuntimeWarning)."""
-    from .transaction import restore
-
-    restore([(t, None, copy) for t, copy in saved or ()])
-
-
-def _guarded(run: Callable[..., Any], is_async: bool) -> Callable[..., Any]:
-    """``run(...)`` (the function, or its body runner with the call's dims first) that writes a
-    strict-mode snapshot back when anything propagates out of it, then re-raises: a ``kc.check`` in
-    the body, a contracted function it calls, a helper's check, the function's own error, a
-    KeyboardInterrupt. Strict mode is transactional: a call that does not return changes no tensor
-    it was declared to write. (The wrapper calls it only with a snapshot: not in check mode, nor
-    under torch.compile.)"""
-    if is_async:
-        async def guarded_async(saved: Any, *args: Any, **kwargs: Any) -> Any:
-            try:
-                return await run(*args, **kwargs)
-            except BaseException:
-                _write_back(saved)
-                raise
-
-        return guarded_async
-
-    def guarded(saved: Any, *args: Any, **kwargs: Any) -> Any:
-        try:
-            return run(*args, **kwargs)
-        except BaseException:
-            _write_back(saved)
-            raise
-
-    return guarded
+def _call_kind(fn: Callable[..., Any]) -> str:
+    """How a contracted function runs, for its strict-mode guard (:func:`transaction.guarded`)."""
+    if inspect.isasyncgenfunction(fn):
+        return "async generator"
+    if inspect.isgeneratorfunction(fn):
+        return "generator"
+    return "async" if inspect.iscoroutinefunction(fn) else "function"
 
 
 def _build_wrapper(c: Contract, fixed_mode: int | None) -> Callable[..., Any]:
@@ -485,29 +467,28 @@ def _build_wrapper(c: Contract, fixed_mode: int | None) -> Callable[..., Any]:
     # its code does not show
     mutated = [i for i, p in enumerate(names) if p in spec.tensors and spec.tensors[p].spec.mutated]
 
-    def snap(*vals: Any) -> list[tuple[torch.Tensor, torch.Tensor]] | None:
-        """Strict mode, before the function runs: a copy of each tensor it is declared to write
-        (not while torch.compile traces: the copy would become part of the graph)."""
+    written = [names[i] for i in mutated]
+    whole = dict.fromkeys(written)
+
+    def snap(*vals: Any) -> Transaction | None:
+        """Strict mode, before the function runs: its transaction, a copy of each tensor it is
+        declared to write (not while torch.compile traces: the copy would become part of the graph)."""
         if torch.compiler.is_compiling():
             return None
-        return [(t, t.clone()) for t in (vals[i] for i in mutated) if isinstance(t, torch.Tensor)]
+        return Transaction.begin({names[i]: vals[i] for i in mutated}, whole)
 
-    def fail_return(res: Any, saved: list[tuple[torch.Tensor, torch.Tensor]] | None, *vals: Any) -> None:
-        _write_back(saved)  # (strict mode: a rejected call changes no tensor)
+    def fail_return(res: Any, saved: Transaction | None, *vals: Any) -> None:
+        rollback(saved)  # (strict mode: a rejected call changes no tensor)
         # the dims again, from the arguments: under torch.compile the traced ones may be symbolic
         dims = c._check(*vals, c._config_for(as_values(*vals)))
         if dims is not None:
-            c.fail_return(res, dims, as_values(*vals))
-
-    written = [names[i] for i in mutated]
+            c.fail_return(res, dims, as_values(*vals), rolled_back=bool(saved))
 
     def strict(dims: tuple[int, ...], *vals: Any) -> None:
         values = as_values(*vals)
         config = c._config_for(values)
         if written:  # what the function writes shares no byte with another argument (as an op's call)
-            from ..rules.memory import alias_violations, without_data
-
-            found = [] if without_data(values) else alias_violations(values, written, function=c.name)
+            found = [] if without_data(values) else alias_violations(tensor_leaves(values), written, function=c.name)
             if found:
                 c.rejections += 1
                 raise_violations(c.name, found, dict(zip(spec.symbols, dims, strict=True)), c.provenance(config))
@@ -535,9 +516,10 @@ def _build_wrapper(c: Contract, fixed_mode: int | None) -> Callable[..., Any]:
         if p.default is not inspect.Parameter.empty:
             ns[n("default", i)] = p.default
     is_async = inspect.iscoroutinefunction(c.fn)
+    kind = _call_kind(c.fn)
     ns[n("body")] = runner(spec.name, spec.symbols, c.fn, is_async)
-    ns[n("guarded_body")] = _guarded(ns[n("body")], is_async)
-    ns[n("guarded_fn")] = _guarded(c.fn, is_async)
+    ns[n("guarded_body")] = guarded(ns[n("body")], kind)
+    ns[n("guarded_fn")] = guarded(c.fn, kind)
     src = wrapper_source(spec, fn_name, n, has_return=c.result_checker() is not None,
                          value_checks=spec.value_checks is not None or bool(written),
                          beartype_first=not c.types_in_checker,
@@ -623,8 +605,8 @@ def _contract_class(cls: type, options: ContractOptions) -> type:
         raise AnnotationError(f"{cls.__qualname__}: kc.contract on a class contracts its methods annotated with "
                               "tensor types, and it has none")
     cls.__kda_contracted__ = done  # type: ignore[attr-defined]
-    if wants_doc(options.doc) and any(is_contracted(f) for a in done for f in accessors(vars(cls)[a]).values()):
-        add_class_note(cls, done)
+    if any(is_contracted(f) for a in done for f in accessors(vars(cls)[a]).values()):
+        hooks.class_decorated(cls, done, options.doc)
     return cls
 
 
@@ -653,6 +635,5 @@ def _decorate(fn: Callable[..., Any], options: ContractOptions) -> Any:
     if options.register:
         _REGISTRY[c.name] = c
     wrapper = c.wrap(fixed)
-    if wants_doc(options.doc):
-        add_contract_doc(wrapper, c)
+    hooks.decorated(wrapper, c, options.doc)
     return wrapper

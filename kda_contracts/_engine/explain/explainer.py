@@ -29,11 +29,18 @@ from ..facts import (
     Unsolvable,
 )
 from ..grammar.constraints import Constraint
-from ..grammar.dims import Broadcast, Expr, Sym, Variadic, broadcast_dim, broadcast_sizes, fits_variadic
+from ..grammar.dims import Broadcast, Expr, Sym, Variadic, broadcast_dim, broadcast_sizes, dim_symbols, fits_variadic
 from ..model.markers import CONFIG_LACKS, ConfigKindError, config_dim_source, config_dims, config_dtypes, is_int_dim
-from ..reading.annotations import CallContext, ContractSpec, TensorParam, derived_provenance
-from ..reading.plan import Derived, bound_dims, dim_symbols, widenable_variadics
-from ..reading.structure import match_dims, walk_containers
+from ..model.nodes import match_dims, walk_containers
+from ..model.spec import (
+    CallContext,
+    ContractSpec,
+    Derived,
+    TensorParam,
+    bound_dims,
+    derived_provenance,
+    widenable_variadics,
+)
 from ..rules.scalar import MatchesConfig
 from ..rules.tensor import (
     Contiguous,
@@ -47,8 +54,6 @@ from ..rules.tensor import (
     dtype_name,
     fmt_ints,
 )
-
-__all__ = ["Explainer", "explain_return"]
 
 
 class Explainer:
@@ -409,6 +414,19 @@ class Explainer:
                 if rule.broken(**values):
                     self.violations.append(rule.violation(**values))
                     break
+
+
+def explain_call(spec: ContractSpec, values: Mapping[str, Any], config: Any
+                 ) -> tuple[dict[str, int], dict[str, str], list[Violation]]:
+    """Interpret the contract on one call; return (dims, provenance, violations).
+
+    This is the specification the generated fast checker must agree with.
+
+    Example::
+
+        dims, provenance, violations = explain_call(contract.spec, {"x": x, "w": w}, None)
+    """
+    return Explainer(spec, values, config).run()
 
 
 def explain_return(spec: ContractSpec, result: Any, env: Mapping[str, int],

@@ -36,9 +36,6 @@ from typing import Any
 from ..errors import AnnotationError
 from .dims import _CMP, _KEYWORDS, ArgFact, Expr, Sym, _Parser, arg_fact
 
-__all__ = ["AllOf", "AnyOf", "Compare", "Cond", "Constraint", "IfElse", "IsNone", "Member", "Not", "Pow2",
-           "parse_constraint"]
-
 
 class Cond:
     """A node of a constraint: a condition over dims and argument facts."""

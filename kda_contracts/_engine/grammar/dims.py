@@ -29,19 +29,6 @@ from typing import Any
 
 from ..errors import AnnotationError
 
-__all__ = [
-    "ANY",
-    "ArgFact",
-    "BinOp",
-    "Const",
-    "Expr",
-    "ItemSize",
-    "Sym",
-    "arg_fact",
-    "parse_dim",
-    "parse_shape",
-]
-
 
 class Expr:
     """A node of a dim expression."""
@@ -470,3 +457,14 @@ def fits_variadic(sizes: Sequence[int], broadcastable: bool, bound: Sequence[int
         return True
     return broadcast_sizes((bound, True), (sizes, broadcastable)) == tuple(bound) if broadcastable \
         else tuple(sizes) == tuple(bound)
+
+
+def dim_symbols(d: DimSpec) -> frozenset[str]:
+    """The symbols a dim mentions (a variadic dim's is its key, ``*name``)."""
+    if isinstance(d, Expr):
+        return d.symbols()
+    if isinstance(d, Broadcast):
+        return d.dim.symbols()
+    if isinstance(d, Variadic) and d.name is not None:
+        return frozenset((d.key,))
+    return frozenset()

@@ -25,9 +25,6 @@ import torch
 
 from ..errors import AnnotationError, ContractError, ShapeError
 
-__all__ = ["CONFIG_LACKS", "MatchConfig", "Range", "Spec", "Where", "config_dim_source", "config_dims",
-           "config_dtypes"]
-
 
 # -- what users write next to an annotation ------------------------------------------------------
 @dataclass(frozen=True)
@@ -176,7 +173,6 @@ class Where:
     expr: str
     hint: str | None = None
     kind: type[ContractError] = ShapeError
-
 
 
 # -- config access (KDAConfig, any object with contract_dims(), or a plain pydantic model) -------

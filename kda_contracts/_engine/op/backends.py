@@ -34,9 +34,6 @@ import torch
 from ..errors import AnnotationError, ContractError, Violation, raise_violations
 from ..grammar.constraints import Constraint, parse_constraint
 
-__all__ = ["EXTRA_PARAMETERS", "Backend", "BackendError", "BackendTable", "CallInfo", "Chosen", "signature_problem",
-           "verdict_lines"]
-
 EXTRA_PARAMETERS = ("dims", "variant")  # keyword-only parameters a kernel may add to the op's
 
 

@@ -24,14 +24,13 @@ from .. import modes
 from ..codegen.checker import checked_parameters
 from ..codegen.snippets import Names
 from ..codegen.wrapper import formal_parameters
+from ..compile.marks import mark_constant_result
 from ..contract.decorator import _outside_compile
 from ..errors import AnnotationError, ContractError, Violation, raise_violations
 from .backends import BackendError, CallInfo, Chosen, signature_problem
 
 if TYPE_CHECKING:
     from .opdef import Op
-
-__all__ = ["KeyLayout", "build_dispatcher"]
 
 
 @dataclass(frozen=True)
@@ -117,7 +116,8 @@ def build_dispatcher(o: Op) -> Any:
         ns[n("compiling")] = torch.compiler.is_compiling
         ns[n("fail_return")] = _outside_compile(
             lambda vk, r, *vc: o.contracts[vk].fail_return(r, o.contracts[vk]._check(*vc) or (),
-                                                           dict(zip(o.contracts[vk]._param_names, vc, strict=False))))
+                                                           dict(zip(o.contracts[vk]._param_names, vc, strict=False)),
+                                                           rolled_back=False))
         lines += [f"    if ({mode} == 1 or {mode} == 2 and {n('compiling')}()) and "
                   f"not {n('check_returns')}[{v}]({res}, {dims}{sep}{plain}):",
                   f"        {n('fail_return')}({v}, {res}{sep}{plain}, {cfg})"]
@@ -284,7 +284,7 @@ def bootstrap(o: Op) -> Callable[..., Any]:
             o._dispatch = build_dispatcher(o)
             built.append(True)
 
-    prepared = modes.mark_constant_result(prepare)
+    prepared = mark_constant_result(prepare)
 
     def first_call(self: Op, *args: Any, **kwargs: Any) -> Any:
         prepared()

@@ -38,24 +38,30 @@ from typing import Any, NoReturn, TypeVar
 
 import torch
 
-from .. import modes
+from .. import hooks, modes
 from ..contract.body import body_uses_checks, runner
 from ..contract.decorator import Contract, _outside_compile, register_contract
-from ..contract.transaction import ROLLED_BACK, Saved, restore, snapshot, written_parts
-from ..errors import AnnotationError, ArgumentTypeError, ContractError, Violation, hook_violations, raise_violations
-from ..explain.explainer import explain_return
+from ..contract.transaction import ROLLED_BACK, Transaction, partial_writes, rollback, written_parts
+from ..errors import (
+    AnnotationError,
+    ArgumentTypeError,
+    ContractError,
+    Violation,
+    _hint_text,
+    hook_violations,
+    raise_violations,
+)
+from ..explain.explainer import explain_call, explain_return
 from ..model.markers import Where
-from ..reading.annotations import NO_HINT, CallContext, ContractOptions, Dims, _hint_text, build_spec
+from ..model.spec import NO_HINT, CallContext, ContractOptions, Dims
+from ..reading.annotations import build_spec
 from ..reading.structure import mentions_array
 from ..rules.memory import has_addresses, without_data
-from ..tools.dumps import saving_rejection
 from .backends import Backend, BackendError, BackendTable, CallInfo, Chosen, _runner, verdict_lines
 from .dispatch import bootstrap, build_dispatcher
 
-__all__ = ["Op", "op", "ops"]
-
 _OPS: dict[str, Op] = {}
-PLUGIN_GROUP = "kda_contracts._engine.op.backends"
+PLUGIN_GROUP = "kda_contracts.backends"
 _PLUGIN_ERRORS: dict[str, str] = {}  # entry point -> why it failed to load
 _PENDING: dict[str, list[tuple[Backend, bool]]] = {}  # op name -> plug-in backends waiting for it
 _plugins_loaded = False
@@ -90,7 +96,7 @@ class _Reference(Backend):
 
 # -- plug-ins -------------------------------------------------------------------------------------
 def load_plugins(*, force: bool = False) -> dict[str, str]:
-    """Attach the backends of the ``kda_contracts._engine.op.backends`` entry-point group to their ops
+    """Attach the backends of the ``kda_contracts.backends`` entry-point group to their ops
     (once). An entry point's value is a :class:`Backend` with ``op=`` set, or a callable
     returning one or several. Returns the plug-ins that failed to load, with why: a broken
     plug-in never breaks dispatch, and ``explain_backends`` lists it."""
@@ -347,16 +353,16 @@ class Op:
         cannot be read without a sync: only arguments written whole are checked. ``parts``: what
         ``written=`` said of this call, if the caller asked already (having found that its tensors
         hold data)."""
-        from ..rules.memory import alias_violations
+        from ..rules.aliasing import alias_violations, tensor_leaves
 
         if parts is None:
             if without_data(ctx.values):  # meta or fake tensors: no addresses (the value checks said so)
                 return []
-            parts = written_parts(self, ctx)
+            parts = written_parts(self.written, self.name, ctx)
         if any(isinstance(v, torch.Tensor) and v.is_cuda for v in ctx.values.values()) and \
                 torch.cuda.is_current_stream_capturing():
             parts = {k: None for k, rows in parts.items() if rows is None}
-        return alias_violations(ctx.values, parts, function=self.name) if parts else []
+        return alias_violations(tensor_leaves(ctx.values), parts, function=self.name) if parts else []
 
     def call_info(self, values: Mapping[str, Any], dims: Mapping[str, int], variant: str | None) -> CallInfo:
         """What the backends are told of a validated call."""
@@ -425,21 +431,21 @@ class Op:
         env = dict(zip(c.spec.symbols, dims, strict=True))
         ctx = CallContext(c.spec, values, config, env, c.provenance(config), memo=memo if memo is not None else {})
         # asked once (the aliasing check and the snapshot share it); not of tensors without data
-        parts = None if without_data(values) else written_parts(self, ctx)
+        parts = None if without_data(values) else written_parts(self.written, self.name, ctx)
         violations = [] if parts is None else self.alias_violations(ctx, parts)
         if violations:
             c.rejections += 1
             raise_violations(self.name, violations, env, ctx.provenance)
-        saved = snapshot(self, ctx, parts)
+        saved = None if parts is None else Transaction.begin(values, parts)
         try:
             res = run()
         except Exception as exc:
-            restore(saved)
+            rollback(saved)
             if isinstance(exc, ContractError):
                 raise
             self._failed(chosen.name, exc, rolled_back=saved is not None)
         except BaseException:  # KeyboardInterrupt, SystemExit, a cancelled task: rolled back, then on its way
-            restore(saved)
+            rollback(saved)
             raise
         violations = self._checks_after(ctx, variant, chosen, res, saved)
         if violations:
@@ -447,15 +453,15 @@ class Op:
             if saved is not None:
                 violations = [dataclasses.replace(v, details=(*v.details, ROLLED_BACK)) for v in violations]
             try:  # saved (KDA_CONTRACTS_DUMP_DIR) as the backend left it, then rolled back
-                with saving_rejection(self, values, config, stage="after", backend=chosen.name):
+                with hooks.rejecting(self, values, config, stage="after", backend=chosen.name):
                     raise_violations(f"{self.name} (after backend {chosen.name!r})", violations, env,
                                      ctx.provenance)
             finally:
-                restore(saved)
+                rollback(saved)
         return res
 
     def _checks_after(self, ctx: CallContext, variant: str | None, chosen: Chosen, res: Any,
-                      saved: Saved | None) -> list[Violation]:
+                      saved: Transaction | None) -> list[Violation]:
         """Strict mode, after the backend: the result against the return annotation, then the
         op's ``after`` checks (a check that raises is a BackendError, the call rolled back)."""
         c = self.contracts[variant]
@@ -471,13 +477,13 @@ class Op:
         try:
             found = self.after(ctx, chosen.name)
         except Exception as exc:
-            restore(saved)
+            rollback(saved)
             self._hook_failed("after", "the op's after checks to run on the backend's outputs", exc, subject="they",
                               hint="strict mode restored every tensor the op writes" if saved is not None else None)
         try:
             return hook_violations(found, f"{self.name}: after")
         except AnnotationError:
-            restore(saved)  # (the contract's mistake: the call changes nothing either way)
+            rollback(saved)  # (the contract's mistake: the call changes nothing either way)
             raise
 
     # -- the op's own hooks, run during a call ---------------------------------------------------
@@ -561,8 +567,7 @@ class Op:
     def _failed(self, backend: str, exc: BaseException, *, rolled_back: bool = False) -> None:
         """A backend raised: a BackendError naming it, the original as its cause."""
         what = ("strict mode restored every tensor the op writes" if rolled_back else
-                "check mode does not roll back: the tensors the op writes may be partly written "
-                "(strict mode snapshots and restores them)")
+                partial_writes(self.contract.written) or "the op writes no tensor in place")
         raise_violations(self.name, [Violation(
             BackendError, "backend", f"backend {backend!r} to run the validated call",
             f"it raised {type(exc).__name__}: {exc}", hint=what)], {}, {}, cause=exc)
@@ -575,7 +580,8 @@ class Op:
         d = c._check(*vals_and_cfg)
         if d is None:
             try:
-                env, _, _ = c.spec.explain(dict(zip(c._param_names, vals_and_cfg[:-1], strict=True)), vals_and_cfg[-1])
+                values = dict(zip(c._param_names, vals_and_cfg[:-1], strict=True))
+                env, _, _ = explain_call(c.spec, values, vals_and_cfg[-1])
             except Exception:
                 return None
             return tuple(env.get(s, -1) for s in c.spec.symbols)

@@ -35,15 +35,15 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ..errors import AnnotationError, ContractError, passthrough_for_compile, tracing
+from ..compile.marks import TORCH_2_13, tracing
+from ..errors import AnnotationError, ContractError, passthrough_for_compile
 from ..grammar.dims import ANY, Broadcast, Expr, Variadic
-from ..modes import TORCH_2_13
-from ..reading.annotations import TensorParam, split_optional
+from ..model.spec import TensorParam
+from ..reading.arrays import split_optional
 
 if TYPE_CHECKING:
     from .opdef import Op
 
-__all__ = ["make_torch_op"]
 
 _SCALARS = (float, int, bool, str)
 # torch 2.13's dynamo lets an IndexError out of a fake kernel as itself (errors.passthrough_for_compile);

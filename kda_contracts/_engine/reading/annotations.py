@@ -25,27 +25,34 @@ import inspect
 import typing
 import warnings
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, replace
-from types import NoneType, UnionType
+from dataclasses import replace
+from types import NoneType
 from typing import Any
 
 import torch
 from beartype.door import is_bearable
 
-from ..errors import AnnotationError, Violation
-from ..grammar.constraints import Constraint, parse_constraint
-from ..grammar.dims import ArgFact, DimSpec, Variadic, parse_shape
+from ..errors import AnnotationError, _hint_text
+from ..grammar.constraints import parse_constraint
+from ..grammar.dims import Variadic, parse_shape
 from ..model.markers import (
     DTYPE_ROLES,
     MatchConfig,
     Range,
     Spec,
     Where,
-    config_dim_source,
-    config_dims,
     config_dtypes,
     read_metadata,
 )
+from ..model.spec import (
+    NO_HINT,
+    ContractOptions,
+    ContractSpec,
+    NestedParam,
+    ScalarParam,
+    TensorParam,
+)
+from ..model.type_verdict import BEARTYPE_CONF
 from ..rules.scalar import scalar_param_rules
 from ..rules.tensor import (
     Contiguous,
@@ -56,237 +63,12 @@ from ..rules.tensor import (
     SameDevice,
     SameDtype,
     Writable,
-    dtype_name,
 )
-from .plan import AxisSource, Derived, Solver, VariadicSource, plan_binding
-from .structure import BEARTYPE_CONF, Node, mentions_array, read_structure, unalias
-
-__all__ = ["CallContext", "ContractOptions", "ContractSpec", "Dims", "build_spec", "dtype_name"]
-
-_TORCH_DTYPE_BY_NAME: dict[str, torch.dtype] = {
-    name: dt for name in dir(torch) if isinstance(dt := getattr(torch, name, None), torch.dtype)
-}
-
+from .arrays import _is_jaxtyping_array, array_dtypes, split_optional, unalias, unsupported_array_type
+from .plan import plan_binding
+from .structure import mentions_array, read_structure
 
 # -- the parsed contract -------------------------------------------------------------------------
-@dataclass(frozen=True)
-class TensorParam:
-    name: str
-    dim_str: str
-    dims: tuple[DimSpec, ...]
-    dtypes: frozenset[torch.dtype]
-    spec: Spec
-    optional: bool
-    rules: tuple[Rule, ...] = ()  # dtype, device and stride rules, in checking order
-
-    @property
-    def rank(self) -> int:
-        """The number of axes (with a variadic dim: the fewest it can have)."""
-        return len(self.dims) - (self.variadic_index is not None)
-
-    @property
-    def variadic_index(self) -> int | None:
-        """Where the variadic dim (``*name``, ``...``) stands among ``dims``, if there is one."""
-        return next((i for i, d in enumerate(self.dims) if isinstance(d, Variadic)), None)
-
-    @property
-    def variadic(self) -> Variadic | None:
-        i = self.variadic_index
-        return None if i is None else self.dims[i]  # type: ignore[return-value]
-
-    def fixed_axes(self) -> list[tuple[int, DimSpec]]:
-        """Every dim but the variadic one with the index of its axis: counted from the front before
-        the variadic dim, from the back (negative) after it."""
-        v = self.variadic_index
-        if v is None:
-            return list(enumerate(self.dims))
-        return [(i, d) for i, d in enumerate(self.dims[:v])] + \
-               [(i - len(self.dims), d) for i, d in enumerate(self.dims) if i > v]
-
-    def symbolic(self) -> str:
-        return "[" + ", ".join(str(d) for d in self.dims) + "]"
-
-
-@dataclass(frozen=True)
-class ScalarParam:
-    name: str
-    hint: Any  # the type beartype checks (Annotated metadata stripped)
-    range: Range | None
-    optional: bool
-    binds: str | None  # the dim symbol an int parameter binds, if named like one
-    match: MatchConfig | None = None
-    rules: tuple[Rule, ...] = ()  # range, then config agreement, then the constraints below
-    constraints: tuple[Rule, ...] = ()  # from annotated_types / pydantic Field metadata
-
-
-@dataclass(frozen=True)
-class NestedParam:
-    """An argument whose annotation has tensors inside a container, union, dataclass or model."""
-
-    name: str
-    node: Node
-    rules: tuple[Rule, ...] = ()  # length / predicate constraints on the value itself
-
-
-@dataclass(frozen=True)
-class ContractOptions:
-    """Every option of a contract, as ``kc.contract(...)`` received it (see its docstring)."""
-
-    config: Any = None  # a config fixed at decoration
-    config_arg: str | None = None  # or the parameter that carries one per call
-    where: tuple[str | Where, ...] = ()  # cross-argument constraints
-    bind_first: tuple[str, ...] = ()  # tensors to bind dims from first (provenance only)
-    hints: tuple[Callable[[Violation, CallContext], str | None], ...] = ()
-    value_checks: Callable[[CallContext], list[Violation]] | None = None  # strict mode only
-    mode: str | None = None  # pins the contract's mode
-    name: str | None = None  # the name errors and docs use (default: the qualname)
-    register: bool = True  # list it in kc.registered_contracts()
-    autograd: bool = False  # tensors marked Spec(mutated=True) may require grad (the op supports autograd)
-    doc: bool | None = None  # append the shape table to __doc__ (None: kc.set_contract_docs / $KDA_CONTRACTS_DOC)
-
-
-@dataclass
-class ContractSpec:
-    """Everything the engine knows about one contract, built once at decoration time."""
-
-    name: str
-    signature: inspect.Signature
-    tensors: dict[str, TensorParam]
-    scalars: dict[str, ScalarParam]
-    nested: dict[str, NestedParam]  # tensors inside containers, unions, dataclasses, models
-    returns: tuple[TensorParam, ...] | None  # None: no tensor return contract
-    returns_tuple: bool
-    where: tuple[tuple[Constraint, Where], ...]
-    symbols: tuple[str, ...]  # the order in which bound dims are reported
-    sources: dict[str, tuple[AxisSource, ...]]
-    scalar_sources: dict[str, str]
-    solvers: tuple[Solver, ...]
-    broadcast_sources: dict[str, tuple[AxisSource, ...]]  # dims only broadcastable axes carry
-    variadic_sources: dict[str, tuple[VariadicSource, ...]]  # *name -> the axes that carry it
-    nested_only: tuple[str, ...]  # dims only tensors inside containers carry (bound by the walk)
-    config_only: tuple[str, ...]  # dims bound by the fixed config alone (no argument carries them)
-    options: ContractOptions
-    first_tensor: str | None = None
-    steps: tuple[Solver | Derived, ...] = ()  # solvers and equality bindings, in binding order
-    facts: tuple[ArgFact, ...] = ()  # argument facts read by dims and constraints (itemsize(t), t is None)
-    #: a return annotation without tensors (``-> int``, ``-> None``, ``-> list[str]``), checked with
-    #: beartype after the call; ``NO_HINT`` when there is none (unannotated, ``Any``, ``object``)
-    return_hint: Any = inspect.Parameter.empty
-
-    @property
-    def config(self) -> Any:
-        return self.options.config
-
-    @property
-    def config_arg(self) -> str | None:
-        return self.options.config_arg
-
-    @property
-    def hints(self) -> tuple[Callable[[Violation, CallContext], str | None], ...]:
-        return self.options.hints
-
-    @property
-    def value_checks(self) -> Callable[[CallContext], list[Violation]] | None:
-        return self.options.value_checks
-
-    # -- provenance of a successful binding (static: every required tensor was usable) --------
-    def provenance(self, config: Any) -> dict[str, str]:
-        prov: dict[str, str] = {}
-        cfg_dims = config_dims(config)
-        for sym in self.symbols:
-            if sym in cfg_dims:
-                prov[sym] = f"from config ({config_dim_source(config, sym)})"
-            elif sym in self.scalar_sources:
-                prov[sym] = f"from {self.scalar_sources[sym]}"
-            elif self.sources.get(sym):
-                src = self.sources[sym][0]
-                prov[sym] = f"from {src.param}.shape[{src.axis}]"
-            elif sym in self.nested_only:  # bound by the first tensor inside a container that carries it
-                holders = [n for n, p in self.nested.items() if sym in p.node.symbols()]
-                prov[sym] = f"from the tensors inside {', '.join(holders)}"
-            else:
-                for s in self.steps:
-                    if s.symbol == sym:
-                        prov[sym] = derived_provenance(s)
-                        break
-        return prov
-
-    # -- the slow path: every violation, with provenance ---------------------------------------
-    def explain(self, values: Mapping[str, Any], config: Any) -> tuple[dict[str, int], dict[str, str],
-                                                                        list[Violation]]:
-        """Interpret the contract on one call; return (dims, provenance, violations).
-
-        This is the specification the generated fast checker must agree with.
-        """
-        from ..explain.explainer import Explainer  # the slow path imports this module
-
-        return Explainer(self, values, config).run()
-
-
-def derived_provenance(step: Solver | Derived) -> str:
-    """Where a solved or equality-bound dim came from, as reports say it."""
-    if isinstance(step, Derived):
-        return f"from where {step.constraint}"
-    return f"solved from {step.param}.shape[{step.axis}] = {step.dim}"
-
-
-@dataclass
-class CallContext:
-    """What hints and value checks see of a call: its arguments, config and bound dims.
-
-    ``memo`` is shared by one call's strict-mode checks, in order: the contract's value checks,
-    the op's ``written=`` (asked for the aliasing check and the snapshot) and its ``after=``
-    checks. A check may leave there what it read from the device, so that the next one need not
-    read it again (packed decode's value checks leave the host copy of the indices they read in
-    their single sync, and ``written=`` takes the used slots from it instead of syncing again).
-    """
-
-    spec: ContractSpec
-    values: Mapping[str, Any]
-    config: Any
-    dims: dict[str, int]
-    provenance: dict[str, str]
-    violations: list[Violation] = field(default_factory=list)
-    memo: dict[str, Any] = field(default_factory=dict)
-
-
-class Dims(Mapping[str, int]):
-    """The dims a call bound, by symbol, with where each came from.
-
-    Example::
-
-        >>> dims = kc.validate_packed_decode(...)
-        >>> dims.H, dims["HV"], dims.provenance["HV"]
-        (32, 32, 'from initial_state.shape[1]')
-    """
-
-    __slots__ = ("_provenance", "_values")
-
-    def __init__(self, values: dict[str, int], provenance: dict[str, str]) -> None:
-        self._values = values
-        self._provenance = provenance
-
-    @property
-    def provenance(self) -> dict[str, str]:
-        return dict(self._provenance)
-
-    def __getattr__(self, name: str) -> int:
-        try:
-            return self._values[name]
-        except KeyError:
-            raise AttributeError(name) from None
-
-    def __getitem__(self, key: str) -> int:
-        return self._values[key]
-
-    def __iter__(self):
-        return iter(self._values)
-
-    def __len__(self) -> int:
-        return len(self._values)
-
-    def __repr__(self) -> str:
-        return "Dims(" + ", ".join(f"{k}={v}" for k, v in self._values.items()) + ")"
 
 
 def tensor_rules(tp: TensorParam, first_tensor: str | None, autograd: bool = False) -> tuple[Rule, ...]:
@@ -310,50 +92,6 @@ def tensor_rules(tp: TensorParam, first_tensor: str | None, autograd: bool = Fal
 
 
 # -- reading annotations -------------------------------------------------------------------------
-def unsupported_array_type(hint: Any) -> str | None:
-    """Why a jaxtyping array annotation's array class cannot be checked, or None (torch.Tensor).
-    A subclass (``Float[nn.Parameter, "D"]``) is refused rather than widened to any tensor: the
-    checks test ``torch.Tensor``, so a plain tensor would pass where the annotation asks for more."""
-    array_type = hint.array_type
-    if array_type is torch.Tensor:
-        return None
-    name = getattr(array_type, "__qualname__", repr(array_type))
-    if isinstance(array_type, type) and issubclass(array_type, torch.Tensor):
-        return (f"{name} is a subclass of torch.Tensor, which contracts do not check as such (any tensor would "
-                f"pass): annotate {getattr(hint.dtype, '__name__', 'Shaped')}[Tensor, "
-                f"{hint.dim_str!r}] and test isinstance(..., {name}) in the body if it matters")
-    return f"only torch.Tensor arrays are supported, got {array_type!r}"
-
-
-def _is_jaxtyping_array(tp: Any) -> bool:
-    return isinstance(tp, type) and hasattr(tp, "dim_str") and hasattr(tp, "dtypes") and hasattr(tp, "array_type")
-
-
-def split_optional(tp: Any) -> tuple[Any, bool]:
-    origin = typing.get_origin(tp)
-    if origin in (typing.Union, UnionType):
-        args = [a for a in typing.get_args(tp) if a is not NoneType]
-        if len(args) == 1 and len(args) != len(typing.get_args(tp)):
-            return args[0], True
-    return tp, False
-
-
-def array_dtypes(array_type: Any, spec: Spec | None, where: str) -> frozenset[torch.dtype]:
-    """The dtypes a jaxtyping array annotation allows, narrowed by ``Spec(dtypes=...)``."""
-    names = array_type.dtypes
-    if not isinstance(names, (list, tuple, set, frozenset)):  # Shaped[...]: jaxtyping's "any dtype"
-        names = tuple(_TORCH_DTYPE_BY_NAME)
-    allowed = frozenset(_TORCH_DTYPE_BY_NAME[n] for n in names if n in _TORCH_DTYPE_BY_NAME)
-    if spec is not None and spec.dtypes is not None:
-        narrowed = frozenset(spec.dtypes)
-        if not narrowed <= allowed:
-            extra = ", ".join(sorted(dtype_name(d) for d in narrowed - allowed))
-            raise AnnotationError(f"{where}: Spec(dtypes=...) allows {extra}, outside the annotation's dtype "
-                                  f"category {array_type.dtype.__name__}")
-        allowed = narrowed
-    if not allowed:
-        raise AnnotationError(f"{where}: no torch dtype is allowed by the annotation")
-    return allowed
 
 
 def _read_param(name: str, annotation: Any, where: str) -> TensorParam | ScalarParam | NestedParam | None:
@@ -509,9 +247,6 @@ def _read_params(qualname: str, sig: inspect.Signature, hints_map: Mapping[str, 
     return tensors, scalars, nested
 
 
-NO_HINT: Any = inspect.Parameter.empty  # no return annotation to check (ContractSpec.return_hint's default)
-
-
 def _plain_return(qualname: str, ret: Any) -> Any:
     """A return annotation without tensors, as beartype checks it (``NO_HINT``: nothing to check).
     Metadata beartype would ignore (kc.Range, annotated_types bounds) is refused, not dropped."""
@@ -594,13 +329,6 @@ def _read_returns(qualname: str, ret: Any) -> tuple[tuple[TensorParam, ...] | No
     if any(isinstance(r, TensorParam) for r in read):
         raise AnnotationError(f"{qualname}: a tuple return contract must be all tensors")
     return None, False
-
-
-def _hint_text(tp: Any) -> str:
-    """A hint as a report words it: a class by its name, anything else without module prefixes."""
-    if isinstance(tp, type):
-        return tp.__name__
-    return str(tp).replace("jaxtyping.", "").replace("typing.", "").replace("torch.", "")
 
 
 def _check_options(qualname: str, options: ContractOptions, sig: inspect.Signature,

@@ -25,8 +25,6 @@ from typing import Any
 from ..errors import AnnotationError
 from .structure import mentions_array
 
-__all__ = ["accessors", "contract_members", "is_contracted", "wants_contract"]
-
 Decorate = Callable[[Callable[..., Any], str], Any]  # (function, contract name) -> what replaces it
 _SUFFIX = {"fset": ".setter", "fdel": ".deleter"}  # names of a property's other accessors' contracts
 

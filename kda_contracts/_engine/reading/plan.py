@@ -20,84 +20,23 @@ Example::
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from ..errors import AnnotationError
 from ..grammar.constraints import Constraint
-from ..grammar.dims import ArgFact, Broadcast, Const, DimSpec, Expr, Sym, Variadic, arg_fact, linear_form
+from ..grammar.dims import ArgFact, Broadcast, Const, Expr, Sym, arg_fact, dim_symbols, linear_form
 from ..model.markers import Where, config_dims
+from ..model.spec import (
+    AxisSource,
+    BindingPlan,
+    Derived,
+    Solver,
+    VariadicSource,
+)
 
 if TYPE_CHECKING:
-    from .annotations import ContractOptions, ContractSpec, ScalarParam, TensorParam
-    from .structure import Node
-
-__all__ = ["AxisSource", "BindingPlan", "Derived", "Solver", "VariadicSource", "bound_dims", "dim_symbols",
-           "plan_binding", "weak_symbols", "widenable_variadics", "widened_key"]
-
-
-@dataclass(frozen=True)
-class AxisSource:
-    """Dim ``param.shape[axis]`` binds a symbol directly."""
-
-    param: str
-    axis: int
-
-
-@dataclass(frozen=True)
-class VariadicSource:
-    """Axes ``param.shape[start:len - after]`` carry a variadic dim (``broadcast``: ``#*name``)."""
-
-    param: str
-    start: int
-    after: int
-    broadcast: bool
-
-
-def dim_symbols(d: DimSpec) -> frozenset[str]:
-    """The symbols a dim mentions (a variadic dim's is its key, ``*name``)."""
-    if isinstance(d, Expr):
-        return d.symbols()
-    if isinstance(d, Broadcast):
-        return d.dim.symbols()
-    if isinstance(d, Variadic) and d.name is not None:
-        return frozenset((d.key,))
-    return frozenset()
-
-
-@dataclass(frozen=True)
-class Solver:
-    """``symbol = (param.shape[axis] - const) / coef``, from a dim linear in ``symbol``."""
-
-    symbol: str
-    param: str
-    axis: int
-    dim: Expr
-    coef: Expr
-    const: Expr
-
-
-@dataclass(frozen=True)
-class Derived:
-    """``symbol = expr``, from the unconditional equality constraint ``constraint`` (its text)."""
-
-    symbol: str
-    expr: Expr
-    constraint: str
-
-
-@dataclass(frozen=True)
-class BindingPlan:
-    symbols: tuple[str, ...]  # every bound dim, in the order reports list them
-    sources: dict[str, tuple[AxisSource, ...]]  # plain-name axes, in priority order
-    scalar_sources: dict[str, str]  # dim -> the int argument that carries it
-    solvers: tuple[Solver, ...]  # in solving order
-    config_only: tuple[str, ...]  # dims only the fixed config provides
-    broadcast_sources: dict[str, tuple[AxisSource, ...]]  # dims only broadcastable axes (#B) carry
-    nested_only: tuple[str, ...]  # dims only tensors inside containers carry (bound by the walk)
-    variadic_sources: dict[str, tuple[VariadicSource, ...]]  # *name -> the axes that carry it
-    steps: tuple[Solver | Derived, ...] = ()  # solvers and equality bindings, in binding order
-    facts: tuple[ArgFact, ...] = ()  # argument facts dims and constraints read (itemsize(t), t is None)
+    from ..model.nodes import Node
+    from ..model.spec import ContractOptions, ScalarParam, TensorParam
 
 
 def _symbols(tensors: Mapping[str, TensorParam], constraints: Iterable[tuple[Constraint, Where]],
@@ -243,25 +182,3 @@ def plan_binding(qualname: str, tensors: Mapping[str, TensorParam], scalars: Map
                        {k: tuple(v) for k, v in vsources.items()}, tuple(steps), tuple(facts))
 
 
-def bound_dims(symbols: tuple[str, ...], values: tuple[Any, ...], weak: frozenset[str] = frozenset()
-               ) -> dict[str, Any]:
-    """The dims a call bound, leaving out those bound to nothing; a variadic dim only
-    broadcastable occurrences bound goes by ``#*name``, so a result may still widen it."""
-    return {widened_key(k, weak): v for k, v in zip(symbols, values, strict=True) if v is not None}
-
-
-def widened_key(key: str, widenable: frozenset[str]) -> str:
-    """The name a dim goes by in a walk's environment: ``#*name`` for a widenable variadic dim."""
-    return "#" + key if key in widenable and key.startswith("*") else key
-
-
-def widenable_variadics(spec: ContractSpec) -> frozenset[str]:
-    """Variadic dims only broadcastable arguments carry (``#*name``): a container item or the
-    result may still widen them, as torch's broadcasting would."""
-    return frozenset(k for k, srcs in spec.variadic_sources.items() if all(s.broadcast for s in srcs))
-
-
-def weak_symbols(spec: ContractSpec) -> frozenset[str]:
-    """Dims that may be bound to nothing at run time (None): those only tensors inside containers
-    carry (an empty list), and those only broadcastable axes carry (all of size 1)."""
-    return frozenset(spec.nested_only) | frozenset(spec.broadcast_sources) | widenable_variadics(spec)

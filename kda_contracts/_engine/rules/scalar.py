@@ -18,8 +18,6 @@ from ..errors import ContractError, ValueRangeError, Violation
 from ..facts import ConfigMismatch
 from .tensor import CONFIG_ABSENT, Rule, Slots
 
-__all__ = ["LengthIn", "MatchesConfig", "MultipleOf", "Satisfies", "ScalarInRange"]
-
 
 # -- scalars -------------------------------------------------------------------------------------
 @dataclass(frozen=True)

@@ -28,20 +28,6 @@ from ..errors import ArgumentTypeError, ContractError, DeviceError, DtypeError, 
 from ..facts import DeviceMismatch, DtypeMismatch, LayoutBroken
 from ..grammar.dims import BinOp, Const, Expr
 
-__all__ = [
-    "Contiguous",
-    "Disjoint",
-    "DtypeIn",
-    "InnerDense",
-    "Rule",
-    "SameDevice",
-    "SameDtype",
-    "Slots",
-    "Writable",
-    "blocks_disjoint",
-    "dense_strides",
-]
-
 
 def dtype_name(dt: torch.dtype) -> str:
     return str(dt).removeprefix("torch.")
@@ -232,7 +218,6 @@ class DtypeIn(Rule):
         if data["config_pins"]:
             return f"**{data['config_pins']}** (config `{self.role}_dtype`; allowed without it: {text})"
         return text + (f" (config `{self.role}_dtype` may pin one)" if self.role else "")
-
 
 
 @dataclass(frozen=True)

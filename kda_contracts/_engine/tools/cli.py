@@ -30,7 +30,6 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from .module_docs import ModulePage
 
-__all__ = ["Command", "CommandError", "DocsSource", "DumpFormat", "docs_command", "main", "validate_command"]
 
 DEFAULT_DOCS_DIR = "docs/generated"
 

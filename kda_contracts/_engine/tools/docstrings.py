@@ -35,10 +35,11 @@ import warnings
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from .. import hooks
+
 if TYPE_CHECKING:
     from ..contract.decorator import Contract
 
-__all__ = ["ENV_VAR", "HEADING", "SUMMARY", "contract_docs", "contract_docstring", "set_contract_docs", "wants_doc"]
 
 ENV_VAR = "KDA_CONTRACTS_DOC"
 HEADING = "Contract (kda-contracts)::"
@@ -117,3 +118,18 @@ def add_class_note(cls: type, methods: Sequence[str]) -> None:
     note = f"Contracted methods (kda-contracts): {names}; each method's docstring has its shape table."
     doc = inspect.cleandoc(cls.__doc__) + "\n\n" if cls.__doc__ and cls.__doc__.strip() else ""
     cls.__doc__ = doc + note
+
+
+def _document(wrapper: Callable[..., Any], c: Any, option: bool | None) -> None:
+    """The decoration hook: the shape table in the docstring when the contract asks for it."""
+    if wants_doc(option) and hasattr(c, "spec"):
+        add_contract_doc(wrapper, c)
+
+
+def _note_class(cls: type, methods: Sequence[str], option: bool | None) -> None:
+    if wants_doc(option):
+        add_class_note(cls, methods)
+
+
+hooks.on_decorated(_document)
+hooks.on_class_decorated(_note_class)

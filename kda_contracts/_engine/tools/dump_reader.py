@@ -35,9 +35,6 @@ if TYPE_CHECKING:
     from ..contract.decorator import Contract
     from ..op.opdef import Op
 
-__all__ = ["CallDump", "DumpError", "LoadedFile", "Placeholder", "SavedConfig", "is_call_dump", "load_file",
-           "read_call_dump"]
-
 
 class DumpError(Exception):
     """The file is not a usable dump (``kda-contracts validate`` exits 2); the message says why."""

@@ -25,8 +25,9 @@ import torch
 
 from ..contract.decorator import Contract
 from ..errors import ContractError, DeviceError, Violation, format_report, uninspectable
+from ..explain.explainer import explain_call
+from ..model.spec import CallContext, Dims
 from ..op.backends import Backend, verdict_lines
-from ..reading.annotations import CallContext, Dims
 from ..rules.tensor import SameDevice
 from .dump_reader import CallDump, Placeholder, SavedConfig
 from .dumps import DUMP_DIR_ENV, TAG
@@ -34,7 +35,6 @@ from .dumps import DUMP_DIR_ENV, TAG
 if TYPE_CHECKING:
     from ..op.opdef import Op
 
-__all__ = ["CallReport", "check_call"]
 
 EXIT_VALID, EXIT_INVALID = 0, 1
 _SAVED_KEYS = ("by", "mode", "stage", "backend", "backend_asked", "error")
@@ -131,7 +131,7 @@ def _explain(contract: Contract, values: Mapping[str, Any], config: Any) -> tupl
     if tv:
         return Dims({}, {}), tv
     try:
-        env, prov, violations = contract.spec.explain(values, config)
+        env, prov, violations = explain_call(contract.spec, values, config)
     except ContractError as err:
         return Dims(dict(err.dims), dict(err.provenance)), list(err.violations)
     except Exception as exc:  # as on the live path: an object no rule foresaw is a violation

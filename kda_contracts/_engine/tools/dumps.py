@@ -1,7 +1,7 @@
 """Dumps of a call, for any op or contract: :func:`save_call` writes one, and with
 ``KDA_CONTRACTS_DUMP_DIR`` set every call rejected in ``check`` or ``strict`` mode is written
-there (:func:`saving_rejection`, the engine's hook). ``kda-contracts validate DUMP`` replays
-one (:mod:`kda_contracts._engine.tools.dump_reader`, :mod:`kda_contracts._engine.tools.dump_report`).
+there (this module listens to the engine's rejection hook). ``kda-contracts validate DUMP``
+replays one (:mod:`.dump_reader`, :mod:`.dump_report`).
 
 A dump is one ``torch.save`` file that ``torch.load(weights_only=True)`` reads: a dict of
 tensors and plain values, never a pickled object. Tensors are saved as torch saves them (their
@@ -29,29 +29,28 @@ Example::
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import enum
 import os
 import re
 import reprlib
 import warnings
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
 
-from .. import modes
-from ..errors import ContractError, tracing
+from .. import hooks, modes
+from ..compile.marks import tracing
+from ..errors import ContractError
 from ..model.markers import config_dim_source, config_dims, config_dtypes
+from ..version import __version__
 
 if TYPE_CHECKING:
     from ..contract.decorator import Contract
     from ..op.opdef import Op
 
-__all__ = ["DUMP_DIR_ENV", "DUMP_MAX_BYTES_ENV", "DUMP_MAX_ENV", "FORMAT_KEY", "FORMAT_VERSION", "TAG",
-           "save_call", "saving_rejection"]
 
 FORMAT_KEY = "kda_contracts_dump"  # the key that marks a file as a call dump; its value: the format version
 FORMAT_VERSION = 1
@@ -217,7 +216,7 @@ def build_dump(op: Op | None, contract: Contract, variant: str | None, values: M
     target = {"kind": "op" if op is not None else "contract", "name": op.name if op is not None else contract.name,
               "ref": ref_of(fn), "variant": variant,
               "variant_args": list(op._variant_params) if op is not None else []}
-    from ... import __version__
+
 
     return {
         FORMAT_KEY: FORMAT_VERSION, "target": target, "arguments": arguments, "config_arg": cfg_arg,
@@ -265,24 +264,6 @@ def save_call(target: Any, path: str | os.PathLike[str], /, *args: Any, **kwargs
 
 
 # -- saved automatically when a call is rejected -----------------------------------------------------
-@contextlib.contextmanager
-def saving_rejection(target: Contract | Op, values: Mapping[str, Any], config: Any, *, stage: str = "contract",
-                     backend: str | None = None) -> Iterator[None]:
-    """Around the raise of a rejected call: with ``KDA_CONTRACTS_DUMP_DIR`` set, save the call
-    there first. Re-raises the ContractError unchanged (its message ends with the dump's path).
-
-    Example::
-
-        with saving_rejection(contract, values, config, stage="value checks"):
-            raise_violations(name, violations, dims, prov)
-    """
-    try:
-        yield
-    except ContractError as err:
-        _save_rejected(target, values, config, err, stage, backend)
-        raise
-
-
 def _warn(message: str) -> None:
     try:
         warnings.warn(message, RuntimeWarning, stacklevel=4)
@@ -365,3 +346,10 @@ def _write_bounded(directory: Path, name: str, limit: int, data: dict[str, Any])
         _warn(f"kda_contracts: {directory} already holds {limit} dumps ({DUMP_MAX_ENV}={limit}); later rejected "
               "calls are not saved (the oldest are kept: remove them to save more)")
     return None
+
+
+def _on_rejection(event: hooks.Rejection) -> None:
+    _save_rejected(event.target, event.values, event.config, event.error, event.stage, event.backend)
+
+
+hooks.on_rejection(_on_rejection)

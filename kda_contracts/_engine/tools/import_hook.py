@@ -50,8 +50,6 @@ from ..contract.decorator import contract, register_contract
 from ..errors import AnnotationError
 from ..reading.members import Decorate, contract_members, wants_contract
 
-__all__ = ["ImportHook", "ImportHookWarning", "install_import_hook"]
-
 _SELF = "kda_contracts"
 _LISTED = 5  # module names a warning lists before "and N more"
 

@@ -36,9 +36,6 @@ from ..op.backends import Backend
 from ..op.opdef import Op, ops
 from .docs import GENERATED_MARK, Section, cell, describe_contract, render_contract, render_reference
 
-__all__ = ["ModulePage", "describe_backend", "describe_modules", "describe_op", "empty_modules", "generate",
-           "in_modules", "op_section", "select"]
-
 _BACKEND_FIELDS = frozenset(f.name for f in dataclasses.fields(Backend))
 
 

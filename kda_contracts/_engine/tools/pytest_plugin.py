@@ -46,8 +46,6 @@ from .. import modes
 from ..contract.decorator import Contract, registered_contracts
 from .import_hook import ImportHook, ImportHookWarning, install_import_hook
 
-__all__ = ["ModeControl"]
-
 MODES = ("strict", "check", "off")
 _EXPECTED = "expected one of 'strict', 'check', 'off'"
 _FIX_ENV = (f" (empty or unset means the ini option, else strict). Set {modes.ENV_VAR} to one of those or unset it, "

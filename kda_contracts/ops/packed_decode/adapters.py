@@ -37,7 +37,7 @@ if TYPE_CHECKING:
 __all__ = ["Adapter", "BackendError", "available", "describe", "get", "load_plugins", "names", "refresh", "register",
            "unregister", "verdicts"]
 
-ENTRY_POINT_GROUP = "kda_contracts.adapters"  # the older group; ``kda_contracts._engine.op.backends`` serves any op
+ENTRY_POINT_GROUP = "kda_contracts.adapters"  # the older group; ``kda_contracts.backends`` serves any op
 _INTERFACE_ARGS = 9  # mixed_qkv ... indices, then the keywords below
 _INTERFACE_KEYWORDS = ("num_heads", "use_qk_l2norm", "lower_bound", "state_layout")
 _PLUGIN_ERRORS: dict[str, str] = {}
@@ -138,7 +138,7 @@ def register(adapter: Backend, *, replace: bool = False) -> Backend:
 
     Third-party packages can instead expose an :class:`Adapter` (or a callable returning one or
     several) under the entry-point group ``kda_contracts.adapters`` (or any op's group,
-    ``kda_contracts._engine.op.backends``); it is loaded on first use.
+    ``kda_contracts.backends``); it is loaded on first use.
     """
     if not isinstance(adapter, Backend):
         raise TypeError(f"register() takes a kda_contracts.adapters.Adapter, got {type(adapter).__name__}")
@@ -156,7 +156,7 @@ def refresh(name: str | None = None) -> None:
 
 def load_plugins(*, force: bool = False) -> dict[str, str]:
     """Register the adapters of the ``kda_contracts.adapters`` entry-point group (once), and the
-    packed-decode backends of ``kda_contracts._engine.op.backends``. Returns the plug-ins that failed to
+    packed-decode backends of ``kda_contracts.backends``. Returns the plug-ins that failed to
     load, with why; a broken plug-in never breaks dispatch (``explain_backends`` lists it)."""
     from ..._engine.op.opdef import load_plugins as load_op_plugins
 
@@ -171,7 +171,7 @@ def load_plugins(*, force: bool = False) -> dict[str, str]:
 
 def load_all() -> None:
     """Packed decode's plug-in loader: the ``kda_contracts.adapters`` group, then the op's
-    backends of ``kda_contracts._engine.op.backends``."""
+    backends of ``kda_contracts.backends``."""
     from importlib.metadata import entry_points
 
     table = _op().table

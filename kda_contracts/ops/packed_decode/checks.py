@@ -31,7 +31,7 @@ import torch
 from torch import Tensor
 
 from ..._engine.errors import ValueRangeError, Violation, raise_violations
-from ..._engine.reading.annotations import CallContext
+from ..._engine.model.spec import CallContext
 from ..._engine.rules.memory import FINITE_CHUNK, distinct_elements, skip_value_checks, without_data
 
 __all__ = ["check_outputs", "output_violations", "slot_probes", "slots_finite", "used_slots_finite",

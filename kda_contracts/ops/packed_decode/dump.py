@@ -37,7 +37,7 @@ import torch
 from pydantic import ValidationError
 
 from ..._engine.errors import ContractError, DeviceError, Violation, format_report
-from ..._engine.reading.annotations import CallContext, Dims
+from ..._engine.model.spec import CallContext, Dims
 from ..._engine.rules.memory import without_data
 from ..._engine.tools.dump_reader import DumpError, LoadedFile, load_file
 from . import adapters

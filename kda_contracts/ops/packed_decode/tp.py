@@ -21,7 +21,7 @@ from torch import Tensor
 
 from ..._engine.errors import ShapeError, Violation
 from ..._engine.grammar.dims import Expr, Sym
-from ..._engine.reading.annotations import CallContext
+from ..._engine.model.spec import CallContext
 from .config import KDAConfig
 
 __all__ = ["TPMismatch", "find_tp_mismatch", "tp_mismatch_hint"]

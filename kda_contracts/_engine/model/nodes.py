@@ -1,0 +1,367 @@
+"""TODO docstring."""
+
+from __future__ import annotations
+
+import collections.abc as cabc
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from beartype.door import is_bearable
+
+from ..compile.marks import mark_constant_result
+from ..errors import ArgumentTypeError, DtypeError, ShapeError
+from ..grammar.dims import (
+    ANY,
+    Broadcast,
+    DimSpec,
+    Expr,
+    Sym,
+    Variadic,
+    broadcast_sizes,
+    dim_symbols,
+    fits_variadic,
+)
+from ..rules.tensor import DtypeIn, dtype_name
+from .type_verdict import BEARTYPE_CONF, Problem, deep_problem, safe_repr, words
+
+
+class Node:
+    """One level of a container annotation."""
+
+    def match(self, value: Any, env: dict[str, Any], path: str) -> Problem | None:
+        raise NotImplementedError
+
+    def symbols(self) -> frozenset[str]:
+        return frozenset()
+
+    def plain_symbols(self) -> frozenset[str]:
+        """The symbols some tensor inside carries as a plain dim (so a walk can bind them)."""
+        return frozenset()
+
+
+@dataclass(frozen=True)
+class Leaf(Node):
+    """A tensor: its dims and allowed dtypes."""
+
+    text: str
+    dims: tuple[DimSpec, ...]
+    dtypes: frozenset[torch.dtype]
+    # the dtype rule's test, made once (torch.compile traces the walk: nothing is compiled then)
+    dtype_broken: Any = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "dtype_broken", DtypeIn(self.text, self.dtypes).compiled_test())
+
+    def __str__(self) -> str:
+        return f"Tensor[{self.text}]"
+
+    def symbols(self) -> frozenset[str]:
+        return frozenset().union(*(dim_symbols(d) for d in self.dims))
+
+    def plain_symbols(self) -> frozenset[str]:
+        return frozenset(d.name for d in self.dims if isinstance(d, Sym)) | frozenset(
+            d.key for d in self.dims if isinstance(d, Variadic) and d.name is not None)
+
+    def match(self, value: Any, env: dict[str, Any], path: str) -> Problem | None:
+        if not isinstance(value, torch.Tensor):
+            return ArgumentTypeError, f"{path}: expected a torch.Tensor, got {type(value).__name__}"
+        if self.dtype_broken(dtype=value.dtype, config_value=None):
+            allowed = " or ".join(sorted(dtype_name(d) for d in self.dtypes))
+            return DtypeError, f"{path}: dtype {dtype_name(value.dtype)}, expected {allowed}"
+        why = match_dims(self.dims, tuple(value.shape), env)
+        return None if why is None else (ShapeError, words("{}: shape {}: {}", path, tuple(value.shape), why))
+
+
+UNEVALUABLE = "cannot be evaluated with the bound dims"
+
+
+def walk_containers(walks: tuple[tuple[str, Any, Any], ...], env: dict[str, Any]) -> dict[str, Problem]:
+    """Walk each ``(name, node, value)`` container argument with the dims bound so far (each walk
+    binds the dims its tensors carry first), and return the problems by name. A walk that stops at
+    a dim expression it cannot evaluate yet (``N+1`` where only a later argument binds ``N``) is
+    walked again after the others, as long as that binds more: the verdict does not depend on the
+    arguments' order (binding is order-independent). The fast and slow paths both call this."""
+    problems: dict[str, Problem] = {}
+    pending = walks
+    while pending:
+        deferred = []
+        for name, node, value in pending:
+            problem = node.match(value, env, name)
+            if problem is None:
+                problems.pop(name, None)
+                continue
+            problems[name] = problem
+            if problem[1].endswith(UNEVALUABLE):
+                deferred.append((name, node, value))
+        if len(deferred) == len(pending):  # nothing more was bound: these stay as they are
+            break
+        pending = tuple(deferred)
+    return problems
+
+
+def match_dims(dims: tuple[DimSpec, ...], shape: tuple[int, ...], env: dict[str, Any]) -> str | None:
+    """Match a shape against dims, binding unbound plain dims (and variadic dims) in ``env`` at
+    their first occurrence; None when it fits, else why not."""
+    vi = next((i for i, d in enumerate(dims) if isinstance(d, Variadic)), None)
+    fixed = len(dims) - (vi is not None)
+    if (len(shape) < fixed) if vi is not None else (len(shape) != fixed):
+        return f"expected rank {'≥ ' if vi is not None else ''}{fixed}, got {len(shape)}"
+    after = 0 if vi is None else len(dims) - 1 - vi
+    for i, d in enumerate(dims):
+        if isinstance(d, Variadic):
+            sizes = shape[i:len(shape) - after]
+            if d.name is None:
+                continue
+            bound = env.get(d.key)
+            widenable = env.get("#" + d.key)  # bound only by broadcastable occurrences so far
+            if bound is None and widenable is not None:
+                merged = broadcast_sizes((widenable, True), (sizes, True))
+                if merged is None or (not d.broadcast and merged != tuple(sizes)):
+                    return words("dims {}: {} does not broadcast with {}", d, sizes, widenable)
+                if d.broadcast:
+                    env["#" + d.key] = merged
+                else:
+                    del env["#" + d.key]
+                    env[d.key] = merged
+            elif bound is None:
+                env[("#" if d.broadcast else "") + d.key] = tuple(sizes)
+            elif d.broadcast:  # it must broadcast to what a plain occurrence fixed
+                if broadcast_sizes((bound, True), (sizes, True)) != tuple(bound):
+                    return words("dims {}: {} does not broadcast to {}", d, sizes, bound)
+            elif not fits_variadic(sizes, False, bound):
+                return words("dims {}: expected {}, got {}", d, bound, sizes)
+            continue
+        axis = i if vi is None or i < vi else i - len(dims)
+        size = shape[axis]
+        expr = d.dim if isinstance(d, Broadcast) else d
+        if d is ANY or (isinstance(d, Broadcast) and size == 1) or not isinstance(expr, Expr):
+            continue
+        if isinstance(expr, Sym) and env.get(expr.name) is None:
+            env[expr.name] = size
+            continue
+        try:
+            want = expr.evaluate(env)
+        except (KeyError, TypeError, ZeroDivisionError):
+            return f"dim {axis} ({d}) {UNEVALUABLE}"
+        if size != want:
+            return words("dim {} ({}): expected {}, got {}", axis, d, want, size)
+    return None
+
+
+@dataclass(frozen=True)
+class Plain(Node):
+    """A non-tensor part of a container annotation (checked with beartype's verdict; under
+    torch.compile by ``types``, see :func:`_plain_match_traced`)."""
+
+    hint: Any
+    types: Node | None = field(default=None, compare=False)  # type_trees.read_types(hint)
+
+    def __str__(self) -> str:
+        return getattr(self.hint, "__name__", str(self.hint))
+
+    def match(self, value: Any, env: dict[str, Any], path: str) -> Problem | None:
+        if self.hint is Any:
+            return None
+        if self.types is not None:  # every item of a container (beartype samples one)
+            return self.types.match(value, env, path)
+        return deep_problem(value, self.hint, path)
+
+    @mark_constant_result
+    def bearable(self, value: Any) -> bool:
+        """beartype's verdict, at trace time under torch.compile (on the value: guarded on it)."""
+        return is_bearable(value, self.hint, conf=BEARTYPE_CONF)
+
+
+def _plain_match_traced(self: Plain, value: Any, env: dict[str, Any], path: str) -> Problem | None:
+    """:meth:`Plain.match` as torch.compile traces it: beartype cannot be traced, so a hint that
+    types alone decide is checked by its type tree (isinstance on every item: dynamo guards on
+    the items' types, never on objects or sizes); any other hint (a Literal, a Protocol) by
+    beartype at trace time, on the value (so guarded on it: one graph per object or value)."""
+    if self.hint is Any:
+        return None
+    if self.types is not None:
+        return self.types.match(value, env, path)
+    if self.bearable(value):
+        return None
+    return ArgumentTypeError, words("{}: expected {}, got {}", path, self, type(value).__name__)
+
+
+Plain.match._torchdynamo_inline = _plain_match_traced  # type: ignore[attr-defined]  # what dynamo traces
+
+
+@dataclass(frozen=True)
+class SequenceOf(Node):
+    """``list[X]``, ``tuple[X, ...]``, ``Sequence[X]``: every item is an X."""
+
+    kind: type
+    item: Node
+    text_ok: bool = False  # a str is a Sequence of str (beartype's verdict; a tensor container refuses it)
+
+    def __str__(self) -> str:
+        return f"{self.kind.__name__}[{self.item}{', ...' if self.kind is tuple else ''}]"
+
+    def symbols(self) -> frozenset[str]:
+        return self.item.symbols()
+
+    def plain_symbols(self) -> frozenset[str]:
+        return self.item.plain_symbols()
+
+    def match(self, value: Any, env: dict[str, Any], path: str) -> Problem | None:
+        if not isinstance(value, self.kind) or (isinstance(value, (str, bytes)) and not self.text_ok):
+            return ArgumentTypeError, f"{path}: expected a {self.kind.__name__}, got {type(value).__name__}"
+        classes = getattr(self.item, "by_type", None)
+        if classes is not None:  # items a type decides: each distinct type once (C loops), no path per item
+            items: Any = value
+            if all(issubclass(t, classes) for t in set(map(type, items))):
+                return None
+            i, item = next((i, v) for i, v in enumerate(items) if not isinstance(v, classes))
+            return self.item.match(item, env, f"{path}[{i}]")
+        for i, item in enumerate(value):  # type: ignore[var-annotated, arg-type]
+            problem = self.item.match(item, env, f"{path}[{i}]")
+            if problem is not None:
+                return problem
+        return None
+
+
+@dataclass(frozen=True)
+class TupleOf(Node):
+    """``tuple[X, Y]`` and NamedTuples: one node per position."""
+
+    items: tuple[Node, ...]
+
+    def __str__(self) -> str:
+        return "tuple[" + ", ".join(str(i) for i in self.items) + "]"
+
+    def symbols(self) -> frozenset[str]:
+        return frozenset().union(*(i.symbols() for i in self.items))
+
+    def plain_symbols(self) -> frozenset[str]:
+        return frozenset().union(*(i.plain_symbols() for i in self.items))
+
+    def match(self, value: Any, env: dict[str, Any], path: str) -> Problem | None:
+        if not isinstance(value, tuple) or len(value) != len(self.items):
+            got = f"a tuple of {len(value)}" if isinstance(value, tuple) else type(value).__name__
+            return ArgumentTypeError, f"{path}: expected a tuple of {len(self.items)}, got {got}"
+        for i, (node, item) in enumerate(zip(self.items, value, strict=True)):
+            problem = node.match(item, env, f"{path}[{i}]")
+            if problem is not None:
+                return problem
+        return None
+
+
+@dataclass(frozen=True)
+class MappingOf(Node):
+    """``dict[K, X]``, ``Mapping[K, X]``: every key a K, every value an X."""
+
+    key: Node
+    value: Node
+    kind: type = cabc.Mapping  # dict for dict[K, X] in a type tree (a tensor container takes any mapping)
+
+    def __str__(self) -> str:
+        return f"{getattr(self.kind, '__name__', 'Mapping')}[{self.key}, {self.value}]"
+
+    def symbols(self) -> frozenset[str]:
+        return self.value.symbols()
+
+    def plain_symbols(self) -> frozenset[str]:
+        return self.value.plain_symbols()
+
+    def match(self, value: Any, env: dict[str, Any], path: str) -> Problem | None:
+        if not isinstance(value, self.kind):
+            what = "mapping" if self.kind is cabc.Mapping else self.kind.__name__
+            return ArgumentTypeError, f"{path}: expected a {what}, got {type(value).__name__}"
+        kc_, vc_ = getattr(self.key, "by_type", None), getattr(self.value, "by_type", None)
+        if kc_ is not None and vc_ is not None:  # keys and values a type decides: each distinct type once
+            pairs: Any = value
+            if all(issubclass(t, kc_) for t in set(map(type, pairs))) and \
+                    all(issubclass(t, vc_) for t in set(map(type, pairs.values()))):
+                return None
+        for k, v in value.items():  # type: ignore[attr-defined]  # (a Mapping: self.kind is one)
+            # (the path is worded only for an item that fails: a key's repr may be costly, or raise)
+            problem = self.key.match(k, env, path)
+            if problem is not None:
+                return self.key.match(k, env, f"{path} key {safe_repr(k)}")
+            problem = self.value.match(v, env, path)
+            if problem is not None:
+                return self.value.match(v, env, f"{path}[{safe_repr(k)}]")
+        return None
+
+
+@dataclass(frozen=True)
+class OneOf(Node):
+    """A union: the first option that fits wins (its dims are kept); None when allowed."""
+
+    options: tuple[Node, ...]
+    none_ok: bool
+
+    def __str__(self) -> str:
+        return " | ".join([str(o) for o in self.options] + (["None"] if self.none_ok else []))
+
+    def symbols(self) -> frozenset[str]:
+        return frozenset().union(*(o.symbols() for o in self.options))
+
+    def plain_symbols(self) -> frozenset[str]:
+        return frozenset.intersection(*(o.plain_symbols() for o in self.options)) if self.options else frozenset()
+
+    def match(self, value: Any, env: dict[str, Any], path: str) -> Problem | None:
+        if value is None and self.none_ok:
+            return None
+        problems = []
+        for option in self.options:
+            trial = dict(env)
+            problem = option.match(value, trial, path)
+            if problem is None:
+                env.update(trial)
+                return None
+            problems.append(problem)
+        kind = problems[0][0] if len({p[0] for p in problems}) == 1 else ShapeError
+        return kind, words("{}: fits none of {}: {}", path, self, "; ".join(p[1] for p in problems))
+
+
+@dataclass(frozen=True)
+class FieldsOf(Node):
+    """A dataclass, NamedTuple or pydantic model: an instance of the class, each field checked."""
+
+    cls: type
+    fields: tuple[tuple[str, Node], ...]
+
+    def __str__(self) -> str:
+        return self.cls.__name__
+
+    def symbols(self) -> frozenset[str]:
+        return frozenset().union(*(n.symbols() for _, n in self.fields))
+
+    def plain_symbols(self) -> frozenset[str]:
+        return frozenset().union(*(n.plain_symbols() for _, n in self.fields))
+
+    def match(self, value: Any, env: dict[str, Any], path: str) -> Problem | None:
+        if not isinstance(value, self.cls):
+            return ArgumentTypeError, f"{path}: expected a {self.cls.__name__}, got {type(value).__name__}"
+        for name, node in self.fields:
+            problem = node.match(getattr(value, name), env, f"{path}.{name}")
+            if problem is not None:
+                return problem
+        return None
+
+
+@dataclass(frozen=True)
+class InstanceOf(Node):
+    """A class that ``isinstance`` decides from the value's type alone, with beartype's numeric
+    tower (a float accepts an int): ``classes`` is what ``isinstance`` is asked."""
+
+    hint: Any
+    classes: tuple[type, ...]
+
+    @property
+    def by_type(self) -> tuple[type, ...]:
+        """What a container checks each distinct item type against (the type alone decides)."""
+        return self.classes
+
+    def __str__(self) -> str:
+        return getattr(self.hint, "__name__", str(self.hint))
+
+    def match(self, value: Any, env: dict[str, Any], path: str) -> Problem | None:
+        if isinstance(value, self.classes):
+            return None
+        return ArgumentTypeError, words("{}: expected {}, got {}", path, self, type(value).__name__)
