@@ -5,9 +5,11 @@ Each test here failed before the change that made it pass."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Iterator
-from typing import Annotated
+import dataclasses
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from typing import Annotated, NamedTuple
 
+import pydantic
 import pytest
 import torch
 
@@ -165,3 +167,233 @@ def bad_result(x: Float[Tensor, "N"], out: Written) -> Float[Tensor, "N"]:
 def test_a_check_mode_contract_whose_result_is_rejected_says_which_arguments_hold_writes():
     with pytest.raises(kc.ShapeError, match=r"check mode keeps no copy: out may hold partial writes"):
         bad_result(torch.ones(4), torch.zeros(4))
+
+
+# -- the one-device rule, wherever a tensor stands ----------------------------------------------------
+class Pair(NamedTuple):
+    a: Float[Tensor, "N"]
+    b: Float[Tensor, "N"]
+
+
+@dataclasses.dataclass
+class Box:
+    t: Float[Tensor, "N"]
+
+
+class Model(pydantic.BaseModel):
+    model_config = pydantic.ConfigDict(arbitrary_types_allowed=True)
+    t: Float[Tensor, "N"]
+
+
+def _meta(n: int = 3) -> torch.Tensor:
+    return torch.empty(n, device="meta")
+
+
+@kc.contract
+def in_list(x: Float[Tensor, "N"], ys: list[Float[Tensor, "N"]]) -> None: ...
+@kc.contract
+def in_fixed_tuple(x: Float[Tensor, "N"], ys: tuple[Float[Tensor, "N"], Float[Tensor, "N"]]) -> None: ...
+@kc.contract
+def in_tuple(x: Float[Tensor, "N"], ys: tuple[Float[Tensor, "N"], ...]) -> None: ...
+@kc.contract
+def in_dict(x: Float[Tensor, "N"], ys: dict[str, Float[Tensor, "N"]]) -> None: ...
+@kc.contract
+def in_sequence(x: Float[Tensor, "N"], ys: Sequence[Float[Tensor, "N"]]) -> None: ...
+@kc.contract
+def in_mapping(x: Float[Tensor, "N"], ys: Mapping[str, Float[Tensor, "N"]]) -> None: ...
+@kc.contract
+def in_optional_list(x: Float[Tensor, "N"], ys: list[Float[Tensor, "N"]] | None) -> None: ...
+@kc.contract
+def in_union(x: Float[Tensor, "N"], ys: Float[Tensor, "N"] | list[Float[Tensor, "N"]]) -> None: ...
+@kc.contract
+def in_dataclass(x: Float[Tensor, "N"], box: Box) -> None: ...
+@kc.contract
+def in_namedtuple(x: Float[Tensor, "N"], pair: Pair) -> None: ...
+@kc.contract
+def in_pydantic(x: Float[Tensor, "N"], m: Model) -> None: ...
+@kc.contract
+def in_star_args(x: Float[Tensor, "N"], *ys: Float[Tensor, "N"]) -> None: ...
+@kc.contract
+def in_star_kwargs(x: Float[Tensor, "N"], **ys: Float[Tensor, "N"]) -> None: ...
+@kc.contract
+def optional_arg(x: Float[Tensor, "N"], y: Float[Tensor, "N"] | None) -> None: ...
+@kc.contract
+def returned(x: Float[Tensor, "N"]) -> Float[Tensor, "N"]:
+    return _meta()
+@kc.contract
+def returned_in_tuple(x: Float[Tensor, "N"]) -> tuple[Float[Tensor, "N"], Float[Tensor, "N"]]:
+    return x, _meta()
+@kc.contract
+def only_containers(xs: list[Float[Tensor, "N"]], ys: dict[str, Float[Tensor, "N"]]) -> None: ...
+
+
+ELSEWHERE = {
+    "list item": (in_list, lambda x: (x, [x, _meta()]), r"ys\[1\]"),
+    "fixed tuple item": (in_fixed_tuple, lambda x: (x, (x, _meta())), r"ys\[1\]"),
+    "variadic tuple item": (in_tuple, lambda x: (x, (x, _meta())), r"ys\[1\]"),
+    "dict value": (in_dict, lambda x: (x, {"a": x, "b": _meta()}), r"ys\['b'\]"),
+    "Sequence item": (in_sequence, lambda x: (x, [_meta()]), r"ys\[0\]"),
+    "Mapping value": (in_mapping, lambda x: (x, {"a": _meta()}), r"ys\['a'\]"),
+    "Optional container item": (in_optional_list, lambda x: (x, [_meta()]), r"ys\[0\]"),
+    "union member": (in_union, lambda x: (x, [_meta()]), r"ys"),
+    "dataclass field": (in_dataclass, lambda x: (x, Box(_meta())), r"box\.t"),
+    "NamedTuple field": (in_namedtuple, lambda x: (x, Pair(x, _meta())), r"pair\[1\]|pair\.b"),
+    "pydantic field": (in_pydantic, lambda x: (x, Model(t=_meta())), r"m\.t"),
+    "*args": (in_star_args, lambda x: (x, x, _meta()), r"ys\[1\]"),
+    "**kwargs": (in_star_kwargs, lambda x: (x, {"b": _meta()}), r"ys\['b'\]"),
+    "optional argument": (optional_arg, lambda x: (x, _meta()), r"y"),
+    "return": (returned, lambda x: (x,), r"return"),
+    "return tuple item": (returned_in_tuple, lambda x: (x,), r"return\[1\]"),
+    "containers only": (only_containers, lambda x: ([x], {"b": _meta()}), r"ys\['b'\]"),
+}
+
+
+@pytest.mark.parametrize("place", list(ELSEWHERE))
+@pytest.mark.parametrize("mode", ["check", "strict"])
+def test_every_tensor_is_on_the_calls_device(place, mode):
+    fn, args, where = ELSEWHERE[place]
+    x = torch.zeros(3)
+    call = args(x)
+    if place == "**kwargs":
+        call = (x,)
+        kwargs = args(x)[1]
+    else:
+        kwargs = {}
+    with kc.mode(mode), pytest.raises(kc.DeviceError, match=where):
+        fn(*call, **kwargs)
+
+
+@pytest.mark.parametrize("place", list(ELSEWHERE))
+def test_the_same_calls_on_one_device_pass(place):
+    fn, args, _ = ELSEWHERE[place]
+    if place.startswith("return"):
+        return  # (these return a meta tensor on purpose)
+    x = torch.empty(3, device="meta")
+    call = args(x)
+    kwargs = {}
+    if place == "**kwargs":
+        call, kwargs = (x,), call[1]
+    fn(*call, **kwargs)
+
+
+# -- results: the same binding and the same rules as arguments ----------------------------------------
+@kc.contract
+def widened(xs: list[Float[Tensor, "*batch"]], y: Float[Tensor, "#*batch"]) -> Float[Tensor, "*batch"]:
+    return torch.zeros(7, 2)
+
+
+def test_a_result_matches_a_variadic_dim_a_container_item_fixed():
+    with pytest.raises(kc.ShapeError, match=r"expected \[\*batch\] = \[2\]\n\s+got      \[7, 2\]"):
+        widened([torch.zeros(2)], torch.zeros(2))
+
+
+def test_a_result_may_widen_a_variadic_dim_only_broadcastable_arguments_carry():
+    assert widened([], torch.zeros(2)).shape == (7, 2)
+
+
+@kc.contract
+def split_rows(x: Float[Tensor, "B"], K: int) -> Float[Tensor, "B//K"]:
+    return x[:3]
+
+
+def test_a_result_dim_that_divides_by_zero_is_a_shape_error_not_a_crash():
+    with pytest.raises(kc.ShapeError, match=r"a dim of \[B//K\] divides by zero with B=6, K=0"):
+        split_rows(torch.zeros(6), 0)
+    assert split_rows(torch.zeros(6), 2).shape == (3,)
+
+
+@kc.contract
+def causal_mask(T: int) -> Float[Tensor, "T T"]:
+    return torch.ones(T, T).tril()
+
+
+def test_an_int_argument_binds_a_dim_only_the_result_uses():
+    assert causal_mask(4).shape == (4, 4)
+    with pytest.raises(kc.ShapeError):
+        bad_mask(3)
+
+
+@kc.contract
+def bad_mask(T: int) -> Float[Tensor, "T T"]:
+    return torch.ones(T, T + 1)
+
+
+@kc.contract
+def contiguous_result(x: Float[Tensor, "N M"]) -> Annotated[Float[Tensor, "M N"], kc.Spec(contiguous=True)]:
+    return x.t()
+
+
+def test_a_result_may_declare_a_layout():
+    with pytest.raises(kc.LayoutError, match=r"return: LayoutError"):
+        contiguous_result(torch.zeros(2, 3))
+
+
+# -- torch.compile: a graph is guarded on the mode it was traced in ----------------------------------
+def _scaled():
+    @kc.contract(register=False)
+    def scaled(x: Float[Tensor, "B D"], w: Float[Tensor, "D E"]) -> Float[Tensor, "B D"]:
+        return x * w.sum()
+
+    return scaled
+
+
+def test_a_graph_traced_in_mode_off_is_not_reused_in_check_mode():
+    torch._dynamo.reset()
+    f = _scaled()
+    bad = (torch.zeros(2, 3), torch.zeros(4, 5))
+    with kc.mode("off"):
+        torch.compile(f, backend="eager", fullgraph=True)(*bad)
+    with kc.mode("check"), pytest.raises(kc.ShapeError, match=r"w: ShapeError"):
+        torch.compile(f, backend="eager", fullgraph=True)(*bad)
+
+
+def test_switching_modes_back_and_forth_compiles_one_graph_per_mode():
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    f = _scaled()
+    cf = torch.compile(f, backend="eager", fullgraph=True)
+    w = torch.zeros(3, 5)
+    for i in range(30):
+        with kc.mode(("off", "check", "strict")[i % 3]):
+            cf(torch.zeros(4, 3), w)
+    assert counters["stats"]["unique_graphs"] == 3
+
+
+_THREADS_PROBE = r"""
+import threading, warnings, torch
+import kda_contracts as kc
+from kda_contracts import Float, Tensor
+
+@kc.contract
+def f(x: Float[Tensor, "B"]) -> None: ...
+
+torch.compile(f, backend="eager")(torch.zeros(2))
+inside, done = threading.Event(), threading.Event()
+
+def other():
+    with kc.mode("off"):
+        inside.set()
+        done.wait()
+
+t = threading.Thread(target=other)
+t.start()
+inside.wait()
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    with kc.mode("strict"):
+        pass
+done.set()
+t.join()
+print([str(w.message)[:62] for w in caught])
+"""
+
+
+def test_modes_that_differ_across_threads_after_a_compile_are_said_out_loud():
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", _THREADS_PROBE], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert "kc.mode: different modes are in force in several threads" in out.stdout

@@ -20,9 +20,12 @@ a ValueError naming the variable and the allowed values, until :func:`set_defaul
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import inspect
 import os
+import threading
+import warnings
 from collections.abc import Callable, Generator
 from contextvars import ContextVar, Token
 from typing import Any, Literal, TypeVar
@@ -76,6 +79,91 @@ _Opened = tuple[Token[int | None], Any]
 _outer: ContextVar[_Opened | None] = ContextVar("kda_contracts_mode_outer", default=None)
 
 
+class _Mirror:
+    """The mode in force where it was last set, as a plain attribute: what code compiled with
+    torch.compile is guarded on (dynamo cannot read a ContextVar, but it guards on a global
+    object's attribute), so a graph traced in one mode is never reused in another."""
+
+    __slots__ = ("value",)
+
+    def __init__(self) -> None:
+        self.value = 0
+
+
+MIRROR = _Mirror()
+_GUARDED_READ = compile("""
+def guarded():
+    _kc_at_trace()  # (run at trace time: counts the call, makes the mirror the mode in force here)
+    return _kc_mirror.value  # what compiled code is guarded on
+""", "<kda_contracts mode read, as dynamo traces it>", "exec")
+
+
+def guarded_on_mode(read: Callable[[], int]) -> Callable[[], int]:
+    """``read`` (a mode read: :func:`current_mode`, a contract's counting read) made a
+    constant-result function whose traced stand-in returns :data:`MIRROR`'s value, so dynamo
+    guards compiled code on the mode: a graph traced under ``kc.mode("off")`` is traced again,
+    checks and all, when the same function is called in ``check`` mode. Eager calls run ``read``."""
+    def at_trace() -> int:
+        m = read()
+        MIRROR.value = m
+        if not _TRACED:
+            _TRACED.append(True)
+        return m
+
+    fn = mark_constant_result(read, at_trace=at_trace)
+    ns = {"_kc_at_trace": fn._torchdynamo_inline, "_kc_mirror": MIRROR}  # type: ignore[attr-defined]
+    exec(_GUARDED_READ, ns)  # our own source, compiled once
+    fn._torchdynamo_inline = ns["guarded"]  # type: ignore[attr-defined]
+    return fn
+
+
+def _sync() -> None:
+    """Keep :data:`MIRROR` the mode in force here (after any change of it)."""
+    m = _local.get()
+    MIRROR.value = (_default if m is None else m) or 0
+
+
+# which threads and asyncio tasks have `with kc.mode(...)` blocks open, and the innermost one's mode
+_OPEN: dict[tuple[int, int], list[int]] = {}
+_OPEN_LOCK = threading.Lock()
+_WARNED: list[bool] = []
+_TRACED: list[bool] = []  # a mode read was traced by torch.compile in this process (see guarded_on_mode)
+
+
+def _owner() -> tuple[int, int]:
+    try:
+        task = asyncio.current_task()
+    except RuntimeError:  # no running event loop
+        task = None
+    return threading.get_ident(), id(task)
+
+
+def _opened(value: int) -> None:
+    """Note an open block; warn once when blocks of different modes are open in several threads or
+    tasks at once (compiled code is guarded on the mode set last in the process, see MIRROR)."""
+    me = _owner()
+    with _OPEN_LOCK:
+        others = {stack[-1] for owner, stack in _OPEN.items() if stack and owner != me}
+        _OPEN.setdefault(me, []).append(value)
+    if others - {value} and _TRACED and not _WARNED:
+        _WARNED.append(True)
+        warnings.warn("kc.mode: different modes are in force in several threads or asyncio tasks at once; code "
+                      "compiled with torch.compile is guarded on the mode set last in the process, so a compiled "
+                      "function may run in another thread's mode. Pin the mode of such functions "
+                      "(kc.contract(mode=...), kc.op(mode=...)) or keep one mode while they run",
+                      RuntimeWarning, stacklevel=3)
+
+
+def _closed() -> None:
+    me = _owner()
+    with _OPEN_LOCK:
+        stack = _OPEN.get(me)
+        if stack:
+            stack.pop()
+            if not stack:
+                del _OPEN[me]
+
+
 def current_mode() -> int:
     """The mode number in force here (0 off, 1 check, 2 strict). The hot path's one flag read.
 
@@ -103,8 +191,9 @@ if _default_problem:
     current_mode = _current_mode_or_explain
 
 
-# let dynamo evaluate the mode at trace time instead of tracing ContextVar.get
-current_mode = mark_constant_result(current_mode)
+# let dynamo evaluate the mode at trace time instead of tracing ContextVar.get, and guard on it
+current_mode = guarded_on_mode(current_mode)
+_sync()
 
 
 def counting_mode(counter: Any, fixed: int | None = None) -> Callable[[], int]:
@@ -143,7 +232,7 @@ def counting_mode(counter: Any, fixed: int | None = None) -> Callable[[], int]:
                 counter.calls += 1
             return m
 
-        return mark_constant_result(enter_or_explain)
+        return guarded_on_mode(enter_or_explain)
 
     def enter() -> int:
         m = local.get()
@@ -153,7 +242,7 @@ def counting_mode(counter: Any, fixed: int | None = None) -> Callable[[], int]:
             counter.calls += 1
         return m  # type: ignore[return-value]  # never None: see current_mode
 
-    return mark_constant_result(enter)
+    return guarded_on_mode(enter)
 
 
 def get_mode() -> ModeName:
@@ -177,6 +266,7 @@ def set_default_mode(name: ModeName) -> None:
     """
     global _default
     _default = parse_mode(name)
+    _sync()
 
 
 def replace_default(value: int | None) -> int | None:
@@ -193,6 +283,7 @@ def replace_default(value: int | None) -> int | None:
     if value is None and not _default_problem:
         raise ValueError("replace_default(None): only a process whose $KDA_CONTRACTS_MODE names no mode has none")
     previous, _default = _default, value
+    _sync()
     return previous
 
 
@@ -224,6 +315,8 @@ class mode:
 
     def __enter__(self) -> mode:
         _outer.set((_local.set(self.value), _outer.get()))
+        MIRROR.value = self.value
+        _opened(self.value)
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -238,6 +331,8 @@ class mode:
         except ValueError:  # entered in another context: a with-block across a yield, resumed elsewhere
             old = token.old_value
             _local.set(None if old is Token.MISSING else old)
+        _sync()
+        _closed()
 
     def __call__(self, fn: F) -> F:
         if inspect.isasyncgenfunction(fn):
@@ -254,10 +349,12 @@ class mode:
 def _function_in_mode(fn: Callable[..., Any], value: int) -> Callable[..., Any]:
     def run_in_mode(*args: Any, **kwargs: Any) -> Any:
         token = _local.set(value)
+        MIRROR.value = value
         try:
             return fn(*args, **kwargs)
         finally:
             _local.reset(token)
+            _sync()
 
     return run_in_mode
 
@@ -274,12 +371,15 @@ class _Suspended:
         self.outer: _Opened | None = None
 
     def resume(self) -> tuple[Token[int | None], Token[_Opened | None]]:
-        return _local.set(self.mode), _outer.set(self.outer)
+        tokens = _local.set(self.mode), _outer.set(self.outer)
+        _sync()
+        return tokens
 
     def suspend(self, tokens: tuple[Token[int | None], Token[_Opened | None]]) -> None:
         self.mode, self.outer = _local.get(), _outer.get()
         _outer.reset(tokens[1])
         _local.reset(tokens[0])
+        _sync()
 
 
 def _steps(it: Any, body: _Suspended) -> Generator[Any, Any, Any]:

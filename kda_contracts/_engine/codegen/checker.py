@@ -18,11 +18,19 @@ from typing import Any
 import torch
 
 from ..grammar.dims import ANY, Broadcast, Expr, Sym, broadcast_dim, broadcast_sizes, dim_symbols, fits_variadic
-from ..model.nodes import match_dims, walk_containers
-from ..model.spec import ContractSpec, Derived, TensorParam, bound_dims, weak_symbols, widenable_variadics, widened_key
+from ..model.nodes import DEVICE, match_dims, walk_containers
+from ..model.spec import (
+    ContractSpec,
+    Derived,
+    TensorNode,
+    result_env,
+    weak_symbols,
+    widenable_variadics,
+    widened_key,
+)
 from ..reading.arrays import split_optional
 from ..rules.scalar import MatchesConfig
-from ..rules.tensor import DtypeIn, SameDtype
+from ..rules.tensor import DtypeIn, Rule, SameDtype
 from .config_views import config_view_layout
 from .snippets import (
     BIND_AXIS,
@@ -121,7 +129,7 @@ class _Checker:
                       and all(isinstance(d, Expr) for d in tp.dims)
                       and not any((tp.name, a) in self.solved_axes for a in range(tp.rank))}
 
-    def _unpackable(self, tp: TensorParam) -> bool:
+    def _unpackable(self, tp: TensorNode) -> bool:
         syms = [d.name for d in tp.dims if isinstance(d, Sym)]
         if tp.optional or tp.variadic is not None or not syms:
             return False
@@ -142,6 +150,10 @@ class _Checker:
         if self.has_cfg:
             self.read_config()
         self.bind()
+        first = spec.first_tensor
+        dev_read = first is not None and bool(spec.nested)
+        if first is not None and dev_read:  # the walk holds the tensors in containers to the first argument's device
+            g.emit(READ_DEVICE, device=n("dev"), arg=self.arg[first])
         self.nested_checks()
         if self.has_cfg:
             self.config_agreement()
@@ -149,7 +161,7 @@ class _Checker:
             self.shape_checks(tp)
         for c, _w in spec.where:
             g.reject_if([f"not ({c.render(self.dim)})"])
-        if spec.first_tensor is not None:
+        if spec.first_tensor is not None and not dev_read:
             g.emit(READ_DEVICE, device=n("dev"), arg=self.arg[spec.first_tensor])
         for tp in required:
             self.tensor_checks(tp)
@@ -214,7 +226,10 @@ class _Checker:
         bound = [s for s in spec.symbols if s not in spec.nested_only]
         widen = widenable_variadics(spec)
         key = {s: widened_key(s, widen) for s in bound}
-        g.emit(f"{env} = {{" + ", ".join(f"{key[s]!r}: {self.dim[s]}" for s in bound) + "}")
+        entries = [f"{key[s]!r}: {self.dim[s]}" for s in bound]
+        if spec.first_tensor is not None:
+            entries.append(f"{DEVICE!r}: {n('dev')}")
+        g.emit(f"{env} = {{" + ", ".join(entries) + "}")
         walks = ", ".join(f"({name!r}, {g.const(param.node)}, {self.arg[name]})" for name, param in spec.nested.items())
         g.reject_if([f"{g.const(walk_containers)}(({walks},), {env})"])
         for name, param in spec.nested.items():
@@ -255,7 +270,7 @@ class _Checker:
                 g.reject_if([cond])
             g.indent -= 1
 
-    def shape_checks(self, tp: TensorParam) -> None:
+    def shape_checks(self, tp: TensorNode) -> None:
         conds = []
         shape = self.shape[tp.name]
         if tp.name in self.unpacked:
@@ -293,7 +308,7 @@ class _Checker:
                 conds.append(f"{axes} != {self.dim[v.key]}")
         self.g.reject_if(conds)
 
-    def tensor_checks(self, tp: TensorParam) -> None:
+    def tensor_checks(self, tp: TensorNode) -> None:
         g, n = self.g, self.names
         i = list(self.arg).index(tp.name)
         dtype, strides = n("dt", i), n("st", i)
@@ -346,7 +361,7 @@ def guard(cond: str, expr: Expr, weak: frozenset[str], dim: Mapping[str, str]) -
     return "(" + " and ".join(f"{dim[s]} is not None" for s in unbound) + f" and {cond})"
 
 
-def rank_test(tp: TensorParam, shape: str) -> str:
+def rank_test(tp: TensorNode, shape: str) -> str:
     """True when a tensor has the wrong number of axes (with a variadic dim: too few)."""
     return (MIN_RANK_TEST if tp.variadic is not None else RANK_TEST).format(shape=shape, rank=tp.rank)
 
@@ -360,6 +375,24 @@ def checked_parameters(spec: ContractSpec) -> list[str]:
     (as the tuple or dict they collect; unannotated ones pass through)."""
     return [p.name for p in spec.signature.parameters.values()
             if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD) or p.name in spec.nested or p.name in spec.scalars]
+
+
+def _result_rule_test(spec: ContractSpec, rule: Rule, g: Gen, t: str, shape: str, strides: str, args: str) -> str:
+    """A result tensor's rule (the same objects an argument's rules are) as a test over the result
+    and the call's checked arguments ``args`` (a caller that passes none skips what needs them:
+    the device of the first tensor argument, the dtype a ``same_dtype_as`` names)."""
+    params = checked_parameters(spec)
+    device, other, guards = "None", "None", []
+    if "device" in rule.needs and spec.first_tensor is not None:
+        k = params.index(spec.first_tensor)
+        device = f"{args}[{k}].device"
+        guards.append(f"len({args}) > {k}")
+    if isinstance(rule, SameDtype):
+        j = params.index(rule.other)
+        other = f"({args}[{j}].dtype if len({args}) > {j} and {args}[{j}] is not None else None)"
+    test = rule.test(g.slots(rule, value=t, shape=shape, strides=strides, dtype=f"{t}.dtype", device=device,
+                             config_value="None", other_dtype=other))
+    return f"({' and '.join([*guards, f'({test})'])})"
 
 
 def generate_return_checker(spec: ContractSpec) -> tuple[str, dict[str, Any]]:
@@ -394,8 +427,8 @@ def generate_return_checker(spec: ContractSpec) -> tuple[str, dict[str, Any]]:
         if set(weak) & {x for d in tp.dims for x in dim_symbols(d)}:
             # a dim that may be bound to nothing: the result binds it, as an argument would
             if not env_made:
-                g.emit(f"{env} = {g.const(bound_dims)}({g.const(spec.symbols)}, {dims}, "
-                       f"{g.const(widenable_variadics(spec))})")
+                values = f"dict(zip({g.const(tuple(params))}, {args})) if {args} else None"
+                g.emit(f"{env} = {g.const(result_env)}({g.const(spec)}, {dims}, {values})")
                 env_made = True
             conds.append(f"{g.const(match_dims)}({g.const(tp.dims)}, tuple({s}), {env}) is not None")
         else:
@@ -408,11 +441,9 @@ def generate_return_checker(spec: ContractSpec) -> tuple[str, dict[str, Any]]:
             if v is not None and v.name is not None and vi is not None:
                 axes = VARIADIC_AXES.format(shape=s, start=vi, after=len(tp.dims) - 1 - vi)
                 conds.append(f"not {g.const(fits_variadic)}({axes}, {v.broadcast}, {dim[v.key]})")
-        conds.append(f"{t}.dtype not in {g.const(tp.dtypes)}")
-        if tp.spec.same_dtype_as is not None:
-            j = params.index(tp.spec.same_dtype_as)
-            other = f"{args}[{j}]"
-            conds.append(f"(len({args}) > {j} and {other} is not None and {t}.dtype != {other}.dtype)")
+        if any("strides" in r.needs for r in tp.rules):
+            g.emit(READ_STRIDES, strides=n("st", i), arg=t)
+        conds += [_result_rule_test(spec, rule, g, t, s, n("st", i), args) for rule in tp.rules]
         g.emit("if " + " or ".join(conds) + ":", "    return False")
         if tp.optional:
             g.indent -= 1

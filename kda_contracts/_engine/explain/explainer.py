@@ -31,14 +31,15 @@ from ..facts import (
 from ..grammar.constraints import Constraint
 from ..grammar.dims import Broadcast, Expr, Sym, Variadic, broadcast_dim, broadcast_sizes, dim_symbols, fits_variadic
 from ..model.markers import CONFIG_LACKS, ConfigKindError, config_dim_source, config_dims, config_dtypes, is_int_dim
-from ..model.nodes import match_dims, walk_containers
+from ..model.nodes import DEVICE, match_dims, walk_containers
 from ..model.spec import (
     CallContext,
     ContractSpec,
     Derived,
-    TensorParam,
+    TensorNode,
     bound_dims,
     derived_provenance,
+    result_env,
     widenable_variadics,
 )
 from ..rules.scalar import MatchesConfig
@@ -179,6 +180,9 @@ class Explainer:
         """Walk the tensors inside containers with the dims bound so far; the walk binds the dims
         only they carry, and its verdict is the fast path's."""
         env: dict[str, Any] = bound_dims(tuple(self.dims), tuple(self.dims.values()), widenable_variadics(self.spec))
+        first = self.values.get(self.spec.first_tensor) if self.spec.first_tensor is not None else None
+        if isinstance(first, torch.Tensor):
+            env[DEVICE] = first.device
         problems = walk_containers(tuple((name, param.node, self.values.get(name))
                                          for name, param in self.spec.nested.items()), env)
         for name, param in self.spec.nested.items():
@@ -314,7 +318,7 @@ class Explainer:
             if not bad:
                 del self.bad_axes[name]
 
-    def _concrete(self, tp: TensorParam) -> str:
+    def _concrete(self, tp: TensorNode) -> str:
         parts = []
         for d in tp.dims:
             expr = d.dim if isinstance(d, Broadcast) else d
@@ -443,25 +447,47 @@ def explain_return(spec: ContractSpec, result: Any, env: Mapping[str, int],
     if spec.returns_tuple and (not isinstance(items, tuple) or len(items) != len(spec.returns)):
         return [Violation(ShapeError, "return", f"a tuple of {len(spec.returns)} tensors", type(result).__name__)]
     violations: list[Violation] = []
-    env = bound_dims(tuple(env), tuple(env.values()), widenable_variadics(spec))
+    env = result_env(spec, tuple(env.get(s) for s in spec.symbols), values)
     for tp, t in zip(spec.returns, items, strict=True):
         if not isinstance(t, torch.Tensor):
             if not (tp.optional and t is None):
                 violations.append(Violation(ArgumentTypeError, tp.name, "a torch.Tensor", type(t).__name__))
             continue
         got = tuple(t.shape)
-        if not _result_shape_ok(tp, got, env):
+        try:
+            shape_ok = _result_shape_ok(tp, got, env)
+        except ZeroDivisionError:
+            conc = "[" + ", ".join(_concrete_dim(d, env) for d in tp.dims) + "]"
+            violations.append(Violation(ShapeError, tp.name, f"{tp.symbolic()} = {conc}", fmt_ints(got),
+                                        (f"a dim of {tp.symbolic()} divides by zero with "
+                                         + ", ".join(f"{k}={env[k]}" for k in sorted(tp.symbols()) if k in env),)))
+            continue
+        if not shape_ok:
             conc = "[" + ", ".join(_concrete_dim(d, env) for d in tp.dims) + "]"
             violations.append(Violation(ShapeError, tp.name, f"{tp.symbolic()} = {conc}", fmt_ints(got),
                                         ("the function returned a tensor of the wrong shape",)))
-        elif t.dtype not in tp.dtypes:
-            allowed = " or ".join(sorted(dtype_name(d) for d in tp.dtypes))
-            violations.append(Violation(DtypeError, tp.name, allowed, dtype_name(t.dtype)))
-        elif (src := tp.spec.same_dtype_as) is not None and values is not None \
-                and isinstance(other := values.get(src), torch.Tensor) and t.dtype != other.dtype:
-            violations.append(Violation(DtypeError, tp.name, f"{dtype_name(other.dtype)} (the dtype of {src})",
-                                        dtype_name(t.dtype)))
+            continue
+        broken = _broken_rule(spec, tp, t, values)
+        if broken is not None:
+            violations.append(broken)
     return violations
+
+
+def _broken_rule(spec: ContractSpec, tp: TensorNode, t: torch.Tensor, values: Mapping[str, Any] | None
+                 ) -> Violation | None:
+    """The first rule of a result tensor it breaks (the rules an argument of its annotation would
+    have, decided with their own tests); what needs the call's arguments is skipped without them."""
+    first = values.get(spec.first_tensor) if values is not None and spec.first_tensor is not None else None
+    for rule in tp.rules:
+        other = values.get(rule.other) if isinstance(rule, SameDtype) and values is not None else None
+        slots = {"value": t, "dtype": t.dtype, "shape": tuple(t.shape), "strides": tuple(t.stride()),
+                 "device": first.device if isinstance(first, torch.Tensor) else None, "config_value": None,
+                 "other_dtype": other.dtype if isinstance(other, torch.Tensor) else None}
+        if "device" in rule.needs and slots["device"] is None:
+            continue
+        if rule.broken(**slots):
+            return rule.violation(**slots)
+    return None
 
 
 def _generic_hint(v: Violation, ctx: CallContext) -> str | None:
@@ -497,7 +523,7 @@ def _concrete_dim(d: Any, env: Mapping[str, Any]) -> str:
         return str(d)
 
 
-def _result_shape_ok(tp: TensorParam, got: tuple[int, ...], env: dict[str, Any]) -> bool:
+def _result_shape_ok(tp: TensorNode, got: tuple[int, ...], env: dict[str, Any]) -> bool:
     if weak_symbols_used(tp, env):  # the result binds what nothing bound, as the fast path does
         return match_dims(tp.dims, got, env) is None
     v, vi = tp.variadic, tp.variadic_index
@@ -514,6 +540,6 @@ def _result_shape_ok(tp: TensorParam, got: tuple[int, ...], env: dict[str, Any])
     return True
 
 
-def weak_symbols_used(tp: TensorParam, env: Mapping[str, Any]) -> bool:
+def weak_symbols_used(tp: TensorNode, env: Mapping[str, Any]) -> bool:
     """Whether a result tensor mentions a dim the call bound to nothing."""
     return any(x not in env for d in tp.dims for x in dim_symbols(d))

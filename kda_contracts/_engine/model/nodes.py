@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import collections.abc as cabc
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
 from beartype.door import is_bearable
 
 from ..compile.marks import mark_constant_result
-from ..errors import ArgumentTypeError, DtypeError, ShapeError
+from ..errors import ArgumentTypeError, ShapeError
 from ..grammar.dims import (
     ANY,
     Broadcast,
@@ -22,7 +22,8 @@ from ..grammar.dims import (
     dim_symbols,
     fits_variadic,
 )
-from ..rules.tensor import DtypeIn, dtype_name
+from ..rules.tensor import Contiguous, Disjoint, DtypeIn, InnerDense, Rule, SameDevice, SameDtype, Writable
+from .markers import Spec
 from .type_verdict import BEARTYPE_CONF, Problem, deep_problem, safe_repr, words
 
 
@@ -40,21 +41,61 @@ class Node:
         return frozenset()
 
 
-@dataclass(frozen=True)
-class Leaf(Node):
-    """A tensor: its dims and allowed dtypes."""
+#: where a walk keeps the device of the call's tensors (the first tensor it meets binds it, as a
+#: dim's first occurrence binds the dim; the generated checker starts it at the first argument's)
+DEVICE = "@device"
 
-    text: str
+
+@dataclass(frozen=True)
+class TensorNode(Node):
+    """One tensor the contract can see: an argument, an item or a field inside one, a value a
+    ``*args``/``**kwargs`` collects, the return or an item of a returned tuple. Every node meets
+    its rules (dtype, device, layout, written in place) by one mechanism: the generated checker
+    inlines their tests; a walk over a container or a result (:meth:`match`) runs the very same
+    tests, compiled once; the explainer and the docs read the same rule objects."""
+
+    name: str  # the argument ("x"), "return" or "return[1]"; inside a container, its annotation's dims
+    dim_str: str
     dims: tuple[DimSpec, ...]
     dtypes: frozenset[torch.dtype]
-    # the dtype rule's test, made once (torch.compile traces the walk: nothing is compiled then)
-    dtype_broken: Any = field(init=False, repr=False, compare=False)
+    spec: Spec = field(default_factory=Spec)
+    optional: bool = False
+    rules: tuple[Rule, ...] = ()  # dtype, device, layout and written-in-place rules, in checking order
+    # each rule's test, compiled once (torch.compile traces the walk: nothing is compiled then)
+    tests: tuple[tuple[Rule, Any], ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "dtype_broken", DtypeIn(self.text, self.dtypes).compiled_test())
+        object.__setattr__(self, "tests", tuple((r, r.compiled_test()) for r in self.rules))
 
     def __str__(self) -> str:
-        return f"Tensor[{self.text}]"
+        return f"Tensor[{self.dim_str}]"
+
+    @property
+    def rank(self) -> int:
+        """The number of axes (with a variadic dim: the fewest it can have)."""
+        return len(self.dims) - (self.variadic_index is not None)
+
+    @property
+    def variadic_index(self) -> int | None:
+        """Where the variadic dim (``*name``, ``...``) stands among ``dims``, if there is one."""
+        return next((i for i, d in enumerate(self.dims) if isinstance(d, Variadic)), None)
+
+    @property
+    def variadic(self) -> Variadic | None:
+        i = self.variadic_index
+        return None if i is None else self.dims[i]  # type: ignore[return-value]
+
+    def fixed_axes(self) -> list[tuple[int, DimSpec]]:
+        """Every dim but the variadic one with the index of its axis: counted from the front before
+        the variadic dim, from the back (negative) after it."""
+        v = self.variadic_index
+        if v is None:
+            return list(enumerate(self.dims))
+        return [(i, d) for i, d in enumerate(self.dims[:v])] + \
+               [(i - len(self.dims), d) for i, d in enumerate(self.dims) if i > v]
+
+    def symbolic(self) -> str:
+        return "[" + ", ".join(str(d) for d in self.dims) + "]"
 
     def symbols(self) -> frozenset[str]:
         return frozenset().union(*(dim_symbols(d) for d in self.dims))
@@ -64,13 +105,53 @@ class Leaf(Node):
             d.key for d in self.dims if isinstance(d, Variadic) and d.name is not None)
 
     def match(self, value: Any, env: dict[str, Any], path: str) -> Problem | None:
+        if value is None and self.optional:
+            return None
         if not isinstance(value, torch.Tensor):
             return ArgumentTypeError, f"{path}: expected a torch.Tensor, got {type(value).__name__}"
-        if self.dtype_broken(dtype=value.dtype, config_value=None):
-            allowed = " or ".join(sorted(dtype_name(d) for d in self.dtypes))
-            return DtypeError, f"{path}: dtype {dtype_name(value.dtype)}, expected {allowed}"
+        device = env.get(DEVICE)
+        if device is None:
+            env[DEVICE] = device = value.device
+        slots = {"value": value, "dtype": value.dtype, "device": device, "config_value": None, "other_dtype": None}
+        for rule, broken in self.tests:
+            if "shape" in rule.needs or "strides" in rule.needs:
+                slots.update(shape=tuple(value.shape), strides=value.stride())
+            if broken(**{k: slots[k] for k in rule.needs}):
+                return rule.kind, rule.words(path, **slots)
         why = match_dims(self.dims, tuple(value.shape), env)
         return None if why is None else (ShapeError, words("{}: shape {}: {}", path, tuple(value.shape), why))
+
+
+def tensor_rules(node: TensorNode, first: str | None, autograd: bool = False) -> tuple[Rule, ...]:
+    """The rules a tensor's annotation and ``kc.Spec`` declare, in checking order, wherever the
+    tensor stands. ``first``: what the device rule names as the call's device (the first required
+    tensor argument; None for that argument itself); ``autograd``: the contract lets a written
+    tensor require grad."""
+    sp, name = node.spec, node.name
+    rules: list[Rule] = [DtypeIn(name, node.dtypes, sp.config_dtype)]
+    if sp.same_dtype_as is not None:
+        rules.append(SameDtype(name, sp.same_dtype_as))
+    if sp.same_device and first is not None and name != first:
+        rules.append(SameDevice(name, first))
+    if sp.contiguous:
+        rules.append(Contiguous(name))
+    elif sp.inner_contiguous:
+        rules.append(InnerDense(name, sp.inner_contiguous))
+    if sp.disjoint and not sp.contiguous:
+        rules.append(Disjoint(name, None if node.variadic is not None else node.rank, sp.inner_contiguous))
+    if sp.mutated:
+        rules.append(Writable(name, autograd))
+    return tuple(rules)
+
+
+#: what the device rule of a tensor inside a container or a result names as the call's device
+CALL_DEVICE = "the call's other tensors"
+
+
+def nested_tensor(dim_str: str, dims: tuple[DimSpec, ...], dtypes: frozenset[torch.dtype]) -> TensorNode:
+    """A tensor inside a container (or a value ``*args``/``**kwargs`` collects), with its rules."""
+    node = TensorNode(dim_str, dim_str, dims, dtypes)
+    return replace(node, rules=tensor_rules(node, CALL_DEVICE))
 
 
 UNEVALUABLE = "cannot be evaluated with the bound dims"
@@ -315,7 +396,10 @@ class OneOf(Node):
                 env.update(trial)
                 return None
             problems.append(problem)
-        kind = problems[0][0] if len({p[0] for p in problems}) == 1 else ShapeError
+        # the kind of the options the value was the right kind of thing for (failing deeper in), if
+        # they agree: a list of tensors on the wrong device, against Tensor | list[Tensor], is a DeviceError
+        deeper = {p[0] for p in problems if p[0] is not ArgumentTypeError} or {p[0] for p in problems}
+        kind = next(iter(deeper)) if len(deeper) == 1 else ShapeError
         return kind, words("{}: fits none of {}: {}", path, self, "; ".join(p[1] for p in problems))
 
 

@@ -7,59 +7,18 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-import torch
-
 from ..errors import Violation
 from ..grammar.constraints import Constraint
-from ..grammar.dims import ArgFact, DimSpec, Expr, Variadic
+from ..grammar.dims import ArgFact, Expr
 from ..rules.tensor import Rule
 from .markers import (
     MatchConfig,
     Range,
-    Spec,
     Where,
     config_dim_source,
     config_dims,
 )
-from .nodes import Node
-
-
-@dataclass(frozen=True)
-class TensorParam:
-    name: str
-    dim_str: str
-    dims: tuple[DimSpec, ...]
-    dtypes: frozenset[torch.dtype]
-    spec: Spec
-    optional: bool
-    rules: tuple[Rule, ...] = ()  # dtype, device and stride rules, in checking order
-
-    @property
-    def rank(self) -> int:
-        """The number of axes (with a variadic dim: the fewest it can have)."""
-        return len(self.dims) - (self.variadic_index is not None)
-
-    @property
-    def variadic_index(self) -> int | None:
-        """Where the variadic dim (``*name``, ``...``) stands among ``dims``, if there is one."""
-        return next((i for i, d in enumerate(self.dims) if isinstance(d, Variadic)), None)
-
-    @property
-    def variadic(self) -> Variadic | None:
-        i = self.variadic_index
-        return None if i is None else self.dims[i]  # type: ignore[return-value]
-
-    def fixed_axes(self) -> list[tuple[int, DimSpec]]:
-        """Every dim but the variadic one with the index of its axis: counted from the front before
-        the variadic dim, from the back (negative) after it."""
-        v = self.variadic_index
-        if v is None:
-            return list(enumerate(self.dims))
-        return [(i, d) for i, d in enumerate(self.dims[:v])] + \
-               [(i - len(self.dims), d) for i, d in enumerate(self.dims) if i > v]
-
-    def symbolic(self) -> str:
-        return "[" + ", ".join(str(d) for d in self.dims) + "]"
+from .nodes import Node, TensorNode, walk_containers
 
 
 @dataclass(frozen=True)
@@ -106,10 +65,10 @@ class ContractSpec:
 
     name: str
     signature: inspect.Signature
-    tensors: dict[str, TensorParam]
+    tensors: dict[str, TensorNode]
     scalars: dict[str, ScalarParam]
     nested: dict[str, NestedParam]  # tensors inside containers, unions, dataclasses, models
-    returns: tuple[TensorParam, ...] | None  # None: no tensor return contract
+    returns: tuple[TensorNode, ...] | None  # None: no tensor return contract
     returns_tuple: bool
     where: tuple[tuple[Constraint, Where], ...]
     symbols: tuple[str, ...]  # the order in which bound dims are reported
@@ -311,3 +270,27 @@ def weak_symbols(spec: ContractSpec) -> frozenset[str]:
     """Dims that may be bound to nothing at run time (None): those only tensors inside containers
     carry (an empty list), and those only broadcastable axes carry (all of size 1)."""
     return frozenset(spec.nested_only) | frozenset(spec.broadcast_sources) | widenable_variadics(spec)
+
+
+def result_env(spec: ContractSpec, dims: tuple[Any, ...], values: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The dims a result is checked against: the call's, where a variadic dim only broadcastable
+    arguments carry goes by ``#*name`` (a result may widen it, as torch's broadcasting would),
+    unless a tensor inside one of the call's containers fixed it: then the result must match it
+    exactly, as an argument would. ``values``: the call's arguments by name (None: unknown, so the
+    containers are not asked).
+
+    Example::
+
+        # f(xs: list[Float[T, "*b"]], y: Float[T, "#*b"]) -> Float[T, "*b"], called with xs = [t(2,)]
+        result_env(spec, dims, values)   # {"*b": (2,)}: a (7, 2) result is rejected
+    """
+    widen = widenable_variadics(spec)
+    env = bound_dims(spec.symbols, dims, widen)
+    fixable = widen & {s for p in spec.nested.values() for s in p.node.plain_symbols()}
+    if fixable and values is not None:
+        trial = dict(env)
+        walk_containers(tuple((n, p.node, values.get(n)) for n, p in spec.nested.items()), trial)
+        for key in fixable & trial.keys():
+            env.pop("#" + key, None)
+            env[key] = trial[key]
+    return env

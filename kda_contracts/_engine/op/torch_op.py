@@ -38,7 +38,7 @@ import torch
 from ..compile.marks import TORCH_2_13, tracing
 from ..errors import AnnotationError, ContractError, passthrough_for_compile
 from ..grammar.dims import ANY, Broadcast, Expr, Variadic
-from ..model.spec import TensorParam
+from ..model.spec import TensorNode
 from ..reading.arrays import split_optional
 
 if TYPE_CHECKING:
@@ -89,7 +89,7 @@ def _schema_params(o: Op) -> tuple[list[inspect.Parameter], list[str]]:
     return kept, left
 
 
-def _output_rule(o: Op, tp: TensorParam) -> Any:
+def _output_rule(o: Op, tp: TensorNode) -> Any:
     """How the fake implementation makes one output: ``(dims, dtype_of(values))``."""
     for d in tp.dims:
         if d is ANY or (isinstance(d, Variadic) and d.name is None):
@@ -117,7 +117,7 @@ def _output_rule(o: Op, tp: TensorParam) -> Any:
     return dtype_of
 
 
-def _shape(tp: TensorParam, env: dict[str, Any]) -> list[Any]:
+def _shape(tp: TensorNode, env: dict[str, Any]) -> list[Any]:
     out: list[Any] = []
     for d in tp.dims:
         if isinstance(d, Variadic):
@@ -136,7 +136,7 @@ def make_torch_op(o: Op) -> Any:
     spec = o.contract.spec
     mutated = tuple(n for n, t in spec.tensors.items() if t.spec.mutated)
     if o.returns is not None:
-        outs: tuple[TensorParam, ...] = ()
+        outs: tuple[TensorNode, ...] = ()
         unmarked = [n for n in ((o.returns,) if isinstance(o.returns, str) else o.returns) if n not in mutated]
         if unmarked:
             raise AnnotationError(f"{o.name}: returns= {', '.join(unmarked)}, which the op must then write: mark "

@@ -44,26 +44,17 @@ from ..model.markers import (
     config_dtypes,
     read_metadata,
 )
+from ..model.nodes import tensor_rules
 from ..model.spec import (
     NO_HINT,
     ContractOptions,
     ContractSpec,
     NestedParam,
     ScalarParam,
-    TensorParam,
+    TensorNode,
 )
 from ..model.type_verdict import BEARTYPE_CONF
 from ..rules.scalar import scalar_param_rules
-from ..rules.tensor import (
-    Contiguous,
-    Disjoint,
-    DtypeIn,
-    InnerDense,
-    Rule,
-    SameDevice,
-    SameDtype,
-    Writable,
-)
 from .arrays import _is_jaxtyping_array, array_dtypes, split_optional, unalias, unsupported_array_type
 from .plan import plan_binding
 from .structure import mentions_array, read_structure
@@ -71,30 +62,10 @@ from .structure import mentions_array, read_structure
 # -- the parsed contract -------------------------------------------------------------------------
 
 
-def tensor_rules(tp: TensorParam, first_tensor: str | None, autograd: bool = False) -> tuple[Rule, ...]:
-    """The rules a tensor argument's annotation and ``kc.Spec`` declare, in checking order
-    (``autograd``: the contract lets a written tensor require grad)."""
-    sp = tp.spec
-    rules: list[Rule] = [DtypeIn(tp.name, tp.dtypes, sp.config_dtype)]
-    if sp.same_dtype_as is not None:
-        rules.append(SameDtype(tp.name, sp.same_dtype_as))
-    if sp.same_device and first_tensor is not None and tp.name != first_tensor:
-        rules.append(SameDevice(tp.name, first_tensor))
-    if sp.contiguous:
-        rules.append(Contiguous(tp.name))
-    elif sp.inner_contiguous:
-        rules.append(InnerDense(tp.name, sp.inner_contiguous))
-    if sp.disjoint and not sp.contiguous:
-        rules.append(Disjoint(tp.name, None if tp.variadic is not None else tp.rank, sp.inner_contiguous))
-    if sp.mutated:
-        rules.append(Writable(tp.name, autograd))
-    return tuple(rules)
-
-
 # -- reading annotations -------------------------------------------------------------------------
 
 
-def _read_param(name: str, annotation: Any, where: str) -> TensorParam | ScalarParam | NestedParam | None:
+def _read_param(name: str, annotation: Any, where: str) -> TensorNode | ScalarParam | NestedParam | None:
     if annotation is inspect.Parameter.empty:
         return None
     annotation = unalias(annotation)
@@ -135,7 +106,7 @@ def _read_param(name: str, annotation: Any, where: str) -> TensorParam | ScalarP
         if spec.inner_contiguous < 0 or spec.inner_contiguous > most:
             raise AnnotationError(f"{where}: inner_contiguous={spec.inner_contiguous} but the tensor has "
                                   + (f"rank {len(dims)}" if v is None else f"{most} dims after its variadic dim"))
-        return TensorParam(name, inner.dim_str, dims, array_dtypes(inner, spec, where), spec, optional)
+        return TensorNode(name, inner.dim_str, dims, array_dtypes(inner, spec, where), spec, optional)
     if specs:
         raise AnnotationError(f"{where}: kc.Spec applies to tensor annotations like Float[Tensor, '...']")
     if inner is torch.Tensor:
@@ -208,6 +179,8 @@ def build_spec(fn: Callable[..., Any], options: ContractOptions | None = None, *
         scalars[sym] = replace(scalars[sym], binds=sym)
     first_tensor = next((n for n in tensors if not tensors[n].optional), None)
     tensors = {n: replace(tp, rules=tensor_rules(tp, first_tensor, options.autograd)) for n, tp in tensors.items()}
+    if returns is not None:
+        returns = tuple(replace(r, rules=tensor_rules(r, first_tensor)) for r in returns)
     scalars = {n: replace(sp, rules=scalar_param_rules(sp.name, sp.range, sp.optional, sp.match, sp.constraints))
                for n, sp in scalars.items()}
     return ContractSpec(
@@ -222,8 +195,8 @@ def build_spec(fn: Callable[..., Any], options: ContractOptions | None = None, *
 
 
 def _read_params(qualname: str, sig: inspect.Signature, hints_map: Mapping[str, Any],
-                 ) -> tuple[dict[str, TensorParam], dict[str, ScalarParam], dict[str, NestedParam]]:
-    tensors: dict[str, TensorParam] = {}
+                 ) -> tuple[dict[str, TensorNode], dict[str, ScalarParam], dict[str, NestedParam]]:
+    tensors: dict[str, TensorNode] = {}
     scalars: dict[str, ScalarParam] = {}
     nested: dict[str, NestedParam] = {}
     for p in sig.parameters.values():
@@ -238,7 +211,7 @@ def _read_params(qualname: str, sig: inspect.Signature, hints_map: Mapping[str, 
             where = f"{qualname}: argument {star}{p.name}"
             hint = tuple[hint, ...] if p.kind is p.VAR_POSITIONAL else dict[str, hint]  # type: ignore[valid-type]
         read = _read_param(p.name, hint, where)
-        if isinstance(read, TensorParam):
+        if isinstance(read, TensorNode):
             tensors[p.name] = read
         elif isinstance(read, ScalarParam):
             scalars[p.name] = read
@@ -302,7 +275,17 @@ def _has_nested_metadata(tp: Any) -> bool:
     return any(_has_nested_metadata(a) for a in typing.get_args(tp) if not isinstance(a, (list, type(...))))
 
 
-def _read_returns(qualname: str, ret: Any) -> tuple[tuple[TensorParam, ...] | None, bool]:
+# kc.Spec fields a return cannot have, and why (dtypes=, same_dtype_as=, same_device=, contiguous= and
+# inner_contiguous= are checked on the result as on an argument)
+_NOT_ON_RETURNS = {
+    "config_dtype": "a result is checked after the call, against the dtypes it declares; use dtypes= or "
+                    "same_dtype_as=",
+    "disjoint": "it is a rule for tensors a call writes in place",
+    "mutated": "a call writes its arguments in place, not its result",
+}
+
+
+def _read_returns(qualname: str, ret: Any) -> tuple[tuple[TensorNode, ...] | None, bool]:
     """The return contract: a tensor, or a tuple of tensors (None: no tensor return contract)."""
     if ret is NO_HINT or ret is None or ret is NoneType:
         return None, False
@@ -316,23 +299,21 @@ def _read_returns(qualname: str, ret: Any) -> tuple[tuple[TensorParam, ...] | No
         raise AnnotationError(f"{qualname}: return: tensors inside a container ({_hint_text(ret)}) are not checked "
                               "in a return contract; annotate the return as a tensor or a tuple of tensors, or "
                               "return the container unannotated (plain Tensor types) and check it with kc.check")
-    if all(isinstance(r, TensorParam) for r in read):
+    if all(isinstance(r, TensorNode) for r in read):
         for r in read:
-            assert isinstance(r, TensorParam)
-            unchecked = [k for k, v in vars(r.spec).items()
-                         if k not in ("dtypes", "same_dtype_as") and v != getattr(Spec(), k)]
+            assert isinstance(r, TensorNode)
+            unchecked = [k for k, v in vars(r.spec).items() if k in _NOT_ON_RETURNS and v != getattr(Spec(), k)]
             if unchecked:
-                raise AnnotationError(f"{qualname}: {r.name}: kc.Spec({unchecked[0]}=...) is not checked on a "
-                                      "return (dtypes= and same_dtype_as= are); check the result in the function, "
-                                      "or drop it")
-        return tuple(r for r in read if isinstance(r, TensorParam)), as_tuple
-    if any(isinstance(r, TensorParam) for r in read):
+                raise AnnotationError(f"{qualname}: {r.name}: kc.Spec({unchecked[0]}=...) does not apply to a "
+                                      f"return ({_NOT_ON_RETURNS[unchecked[0]]}); drop it")
+        return tuple(r for r in read if isinstance(r, TensorNode)), as_tuple
+    if any(isinstance(r, TensorNode) for r in read):
         raise AnnotationError(f"{qualname}: a tuple return contract must be all tensors")
     return None, False
 
 
 def _check_options(qualname: str, options: ContractOptions, sig: inspect.Signature,
-                   tensors: Mapping[str, TensorParam], scalars: Mapping[str, ScalarParam]) -> None:
+                   tensors: Mapping[str, TensorNode], scalars: Mapping[str, ScalarParam]) -> None:
     config, config_arg = options.config, options.config_arg
     if config_arg is not None and config_arg not in sig.parameters:
         raise AnnotationError(f"{qualname}: config_arg={config_arg!r} is not a parameter")

@@ -36,25 +36,25 @@ from ..model.spec import (
 
 if TYPE_CHECKING:
     from ..model.nodes import Node
-    from ..model.spec import ContractOptions, ScalarParam, TensorParam
+    from ..model.spec import ContractOptions, ScalarParam, TensorNode
 
 
-def _symbols(tensors: Mapping[str, TensorParam], constraints: Iterable[tuple[Constraint, Where]],
-             returns: Iterable[TensorParam], static_cfg: set[str]) -> list[str]:
-    """Every symbol, in first-appearance order (tensors, then config dims that constraints or the
-    return use)."""
+def _symbols(tensors: Mapping[str, TensorNode], constraints: Iterable[tuple[Constraint, Where]],
+             returns: Iterable[TensorNode], static_cfg: set[str], int_args: set[str]) -> list[str]:
+    """Every symbol, in first-appearance order (tensors, then config dims and int arguments that
+    constraints or the return use: ``def mask(T: int) -> Float[Tensor, "T T"]`` binds T from T)."""
     symbols: list[str] = []
     for tp in tensors.values():
         for d in tp.dims:
             symbols += [s for s in sorted(dim_symbols(d)) if s not in symbols and arg_fact(s) is None]
     used = {s for c, _ in constraints for s in c.symbols()}
     used |= {s for tp in returns for d in tp.dims for s in dim_symbols(d)}
-    symbols += [s for s in sorted(static_cfg) if s not in symbols and s in used]
+    symbols += [s for s in sorted(static_cfg | int_args) if s not in symbols and s in used]
     symbols += [s for c, _ in constraints for s in c.dims() if s not in symbols]  # bound by an equality
     return symbols
 
 
-def _solvers(tensors: Mapping[str, TensorParam], order: list[str], known: set[str]) -> list[Solver]:
+def _solvers(tensors: Mapping[str, TensorNode], order: list[str], known: set[str]) -> list[Solver]:
     """Repeatedly find a dim of a required tensor that is linear in exactly one unknown."""
     solvers: list[Solver] = []
     progress = True
@@ -80,7 +80,7 @@ def _solvers(tensors: Mapping[str, TensorParam], order: list[str], known: set[st
     return solvers
 
 
-def _steps(tensors: Mapping[str, TensorParam], order: list[str], constraints: Iterable[tuple[Constraint, Where]],
+def _steps(tensors: Mapping[str, TensorNode], order: list[str], constraints: Iterable[tuple[Constraint, Where]],
            known: set[str]) -> list[Solver | Derived]:
     """Solvers to exhaustion, then the first equality that binds a new dim, until neither binds
     one: the fixpoint, whatever the order of arguments and constraints."""
@@ -95,8 +95,8 @@ def _steps(tensors: Mapping[str, TensorParam], order: list[str], constraints: It
         known.add(new.symbol)
 
 
-def _facts(qualname: str, tensors: Mapping[str, TensorParam], scalars: Mapping[str, ScalarParam],
-           constraints: Iterable[tuple[Constraint, Where]], returns: Iterable[TensorParam]) -> list[ArgFact]:
+def _facts(qualname: str, tensors: Mapping[str, TensorNode], scalars: Mapping[str, ScalarParam],
+           constraints: Iterable[tuple[Constraint, Where]], returns: Iterable[TensorNode]) -> list[ArgFact]:
     """The argument facts the contract reads; AnnotationError for one it cannot know."""
     used = {s for c, _ in constraints for s in c.symbols()}
     used |= {s for tp in tensors.values() for d in tp.dims for s in dim_symbols(d)}
@@ -117,12 +117,13 @@ def _facts(qualname: str, tensors: Mapping[str, TensorParam], scalars: Mapping[s
     return facts
 
 
-def plan_binding(qualname: str, tensors: Mapping[str, TensorParam], scalars: Mapping[str, ScalarParam],
-                 constraints: tuple[tuple[Constraint, Where], ...], returns: tuple[TensorParam, ...] | None,
+def plan_binding(qualname: str, tensors: Mapping[str, TensorNode], scalars: Mapping[str, ScalarParam],
+                 constraints: tuple[tuple[Constraint, Where], ...], returns: tuple[TensorNode, ...] | None,
                  options: ContractOptions, nested: Mapping[str, Node] | None = None) -> BindingPlan:
     """Plan how every dim of a contract is bound; raise AnnotationError for a dim nothing binds."""
     static_cfg = set(config_dims(options.config)) if options.config is not None else set()
-    symbols = _symbols(tensors, constraints, returns or (), static_cfg)
+    int_args = {sp.name for sp in scalars.values() if sp.hint is int and not sp.optional}
+    symbols = _symbols(tensors, constraints, returns or (), static_cfg, int_args)
     order = list(options.bind_first) + [n for n in tensors if n not in options.bind_first]
     sources: dict[str, list[AxisSource]] = {}
     bsources: dict[str, list[AxisSource]] = {}

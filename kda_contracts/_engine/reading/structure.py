@@ -27,7 +27,7 @@ from ..errors import AnnotationError
 from ..grammar.dims import (
     parse_shape,
 )
-from ..model.nodes import FieldsOf, Leaf, MappingOf, Node, OneOf, Plain, SequenceOf, TupleOf
+from ..model.nodes import FieldsOf, MappingOf, Node, OneOf, Plain, SequenceOf, TupleOf, nested_tensor
 from .arrays import _MAPPINGS, _SEQUENCES, array_dtypes, is_array_type, unalias, unsupported_array_type
 from .type_trees import read_types
 
@@ -172,7 +172,7 @@ def read_structure(tp: Any, where: str, _reading: frozenset[type] = frozenset())
         if (why := unsupported_array_type(tp)) is not None:
             raise AnnotationError(f"{where}: {why}")
 
-        return Leaf(tp.dim_str, parse_shape(tp.dim_str, where), array_dtypes(tp, None, where))
+        return nested_tensor(tp.dim_str, parse_shape(tp.dim_str, where), array_dtypes(tp, None, where))
     if not mentions_array(tp):
         return Plain(tp, read_types(tp))
     if origin in (typing.Union, UnionType):

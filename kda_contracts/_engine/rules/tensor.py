@@ -169,6 +169,12 @@ class Rule:
         """The message for a call that broke this rule (slow path only)."""
         raise NotImplementedError
 
+    def words(self, path: str, **values: Any) -> str:
+        """The rule broken by the tensor at ``path`` inside a container or a result, in one line
+        (the walk's problem; the slot values by name, as :meth:`broken` takes them)."""
+        v = self.violation(**{k: values[k] for k in self.needs})
+        return f"{path}: expected {v.expected}, got {v.got}"
+
     def describe(self, dims: Sequence[Any], env: Mapping[str, int], config_value: Any = None) -> dict[str, Any]:
         """What the docs show of this rule as data: ``dims`` are the argument's, concrete where
         ``env`` binds them; ``config_value`` is what the documented config fixes for it."""
@@ -208,6 +214,10 @@ class DtypeIn(Rule):
         names = " or ".join(sorted(dtype_name(d) for d in allowed))
         return Violation(DtypeError, self.argument, names + why, dtype_name(dt),
                          facts=(DtypeMismatch(allowed, dt, self.role if why else None),))
+
+    def words(self, path: str, **values: Any) -> str:
+        allowed = " or ".join(sorted(dtype_name(d) for d in self.allowed))
+        return f"{path}: dtype {dtype_name(values['dtype'])}, expected {allowed}"
 
     def describe(self, dims: Sequence[Any], env: Mapping[str, int], config_value: Any = None) -> dict[str, Any]:
         return {"dtypes": sorted(dtype_name(d) for d in self.allowed), "config_dtype": self.role,
@@ -260,6 +270,9 @@ class SameDevice(Rule):
         dev, got = values["device"], values["value"].device
         return Violation(DeviceError, self.argument, f"{dev} (device of {self.first})", str(got),
                          facts=(DeviceMismatch(dev, got),))
+
+    def words(self, path: str, **values: Any) -> str:
+        return f"{path}: device {values['value'].device}, expected {values['device']} (device of {self.first})"
 
     def describe(self, dims: Sequence[Any], env: Mapping[str, int], config_value: Any = None) -> dict[str, Any]:
         return {"same_device": True}

@@ -28,7 +28,7 @@ from ..contract.decorator import Contract, registered_contracts
 from ..grammar.constraints import parse_constraint
 from ..grammar.dims import Expr
 from ..model.markers import config_dims
-from ..model.spec import ContractSpec, ScalarParam, TensorParam
+from ..model.spec import ContractSpec, ScalarParam, TensorNode
 from ..rules.scalar import MatchesConfig
 from ..rules.tensor import CONFIG_ABSENT, Contiguous, Disjoint, DtypeIn, InnerDense, SameDtype, concrete, dtype_name
 
@@ -64,7 +64,7 @@ def _appearances(spec: ContractSpec, sym: str) -> list[str]:
     return out
 
 
-def _describe_tensor(tp: TensorParam, env: Mapping[str, int], cfg_dtypes: Mapping[str, Any]) -> dict[str, Any]:
+def _describe_tensor(tp: TensorNode, env: Mapping[str, int], cfg_dtypes: Mapping[str, Any]) -> dict[str, Any]:
     """A tensor argument as data; each rule describes itself (``Rule.describe``/``Rule.doc``)."""
     data: dict[str, Any] = {
         "name": tp.name, "kind": "tensor", "optional": tp.optional, "shape": tp.symbolic(),
