@@ -29,8 +29,7 @@ from ..model.spec import (
     widened_key,
 )
 from ..reading.arrays import split_optional
-from ..rules.scalar import MatchesConfig
-from ..rules.tensor import DtypeIn, Rule, SameDtype
+from ..rules.tensor import Rule
 from .config_views import config_view_layout
 from .snippets import (
     BIND_AXIS,
@@ -317,13 +316,14 @@ class _Checker:
         if any("strides" in r.needs for r in tp.rules):
             g.emit(READ_STRIDES, strides=strides, arg=self.arg[tp.name])
         for rule in tp.rules:
+            source = rule.config_source()
             config_value = "None"
-            if isinstance(rule, DtypeIn) and rule.role is not None and self.has_cfg:
-                config_value = f"{n('cdtypes')}[{self.roles.index(rule.role)}]"
-            other = "None"
-            if isinstance(rule, SameDtype):
-                oarg, oi = self.arg[rule.other], list(self.arg).index(rule.other)
-                if self.spec.tensors[rule.other].optional:
+            if source is not None and source[0] == "dtype" and self.has_cfg:
+                config_value = f"{n('cdtypes')}[{self.roles.index(source[1])}]"
+            other, theirs = "None", rule.other_argument()
+            if theirs is not None:
+                oarg, oi = self.arg[theirs], list(self.arg).index(theirs)
+                if self.spec.tensors[theirs].optional:
                     other = f"({oarg}.dtype if {oarg} is not None else None)"
                 else:  # a required tensor's dtype is read before any optional one's; reuse it if so
                     other = n("dt", oi) if oi in self.dtypes_read else f"{oarg}.dtype"
@@ -336,7 +336,7 @@ class _Checker:
         g, n = self.g, self.names
         for sp in self.spec.scalars.values():
             for rule in sp.rules:
-                if isinstance(rule, MatchesConfig):
+                if rule.config_source() is not None:  # a config attribute: read once per config (ConfigViews)
                     if not self.has_cfg:
                         continue
                     k = self.matches.index(sp.name)
@@ -387,8 +387,8 @@ def _result_rule_test(spec: ContractSpec, rule: Rule, g: Gen, t: str, shape: str
         k = params.index(spec.first_tensor)
         device = f"{args}[{k}].device"
         guards.append(f"len({args}) > {k}")
-    if isinstance(rule, SameDtype):
-        j = params.index(rule.other)
+    if (theirs := rule.other_argument()) is not None:
+        j = params.index(theirs)
         other = f"({args}[{j}].dtype if len({args}) > {j} and {args}[{j}] is not None else None)"
     test = rule.test(g.slots(rule, value=t, shape=shape, strides=strides, dtype=f"{t}.dtype", device=device,
                              config_value="None", other_dtype=other))

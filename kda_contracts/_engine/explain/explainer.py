@@ -42,16 +42,8 @@ from ..model.spec import (
     result_env,
     widenable_variadics,
 )
-from ..rules.scalar import MatchesConfig
 from ..rules.tensor import (
-    Contiguous,
-    Disjoint,
-    DtypeIn,
-    InnerDense,
     Rule,
-    SameDevice,
-    SameDtype,
-    Writable,
     dtype_name,
     fmt_ints,
 )
@@ -78,10 +70,8 @@ class Explainer:
         self._check_dims()
         self._shape_violations()
         self._where()
-        self._tensor_rules((DtypeIn, SameDtype))
-        self._tensor_rules((SameDevice,))
-        self._tensor_rules((Contiguous, InnerDense, Disjoint))
-        self._tensor_rules((Writable,))
+        for _, family in sorted({(r.order, r.family) for tp in spec.tensors.values() for r in tp.rules}):
+            self._tensor_rules(family)
         self._scalars()
         dims = {s: self.dims[s] for s in spec.symbols if s in self.dims}
         ctx = CallContext(spec, self.values, self.config, dims, self.prov, self.violations)
@@ -376,9 +366,11 @@ class Explainer:
                 said.append(f"{f.key}={self.dims[f.key]}")
         return ", ".join(said)
 
-    def _tensor_rules(self, families: tuple[type[Rule], ...]) -> None:
-        """Decide each tensor's rules of these families with the rules' own tests; at most one
-        violation per tensor and family group (the first broken rule, in declaration order)."""
+    def _tensor_rules(self, family: str) -> None:
+        """Decide each tensor's rules of one family with the rules' own tests; at most one
+        violation per tensor and family (the first broken rule, in declaration order). A rule
+        that needs what the call cannot give (the device of an absent first tensor, the strides
+        of a tensor of the wrong rank) is not decided."""
         first = self.spec.first_tensor
         device = self.values[first].device if first is not None and self.values.get(first) is not None else None
         cfg_dt = config_dtypes(self.config)
@@ -387,16 +379,13 @@ class Explainer:
             if t is None:
                 continue
             for rule in tp.rules:
-                if not isinstance(rule, families):
+                if rule.family != family or ("device" in rule.needs and device is None) or \
+                        ("shape" in rule.needs and name not in self.usable):
                     continue
-                if isinstance(rule, SameDevice) and device is None:
-                    continue
-                if isinstance(rule, (Contiguous, InnerDense, Disjoint)) and name not in self.usable:
-                    continue
-                other = self.values.get(rule.other) if isinstance(rule, SameDtype) else None
+                other = self.values.get(rule.other_argument() or "")
                 values = {"value": t, "dtype": t.dtype, "device": device,
-                          "config_value": cfg_dt.get(rule.role) if isinstance(rule, DtypeIn) and rule.role else None,
-                          "other_dtype": other.dtype if other is not None else None}
+                          "config_value": config_value_of(rule, self.config, cfg_dt),
+                          "other_dtype": other.dtype if isinstance(other, torch.Tensor) else None}
                 if "shape" in rule.needs:
                     values["shape"], values["strides"] = self.usable[name], tuple(t.stride())
                 if rule.broken(**values):
@@ -407,17 +396,27 @@ class Explainer:
         for name, sp in self.spec.scalars.items():
             v = self.values.get(name)
             for rule in sp.rules:
-                if v is None and not isinstance(rule, MatchesConfig):
+                from_config = rule.config_source() is not None
+                if v is None and not from_config:
                     continue  # None skips a range (the type check decided whether None is allowed)
-                if isinstance(rule, MatchesConfig):
-                    if self.config is None:
-                        continue
-                    values = {"value": v, "config_value": getattr(self.config, rule.match.attr, CONFIG_LACKS)}
-                else:
-                    values = {"value": v}
+                if from_config and self.config is None:
+                    continue
+                values = {"value": v, "config_value": config_value_of(rule, self.config, {})}
                 if rule.broken(**values):
                     self.violations.append(rule.violation(**values))
                     break
+
+
+def config_value_of(rule: Rule, config: Any, dtypes: Mapping[str, Any]) -> Any:
+    """What ``config`` fixes for ``rule`` (its ``config_value`` slot), from the dtypes it pins by
+    role (``dtypes``, read once per call) or its attributes; None when the rule reads no config."""
+    source = rule.config_source()
+    if source is None:
+        return None
+    kind, key = source
+    if kind == "dtype":
+        return dtypes.get(key)
+    return CONFIG_LACKS if config is None else getattr(config, key, CONFIG_LACKS)
 
 
 def explain_call(spec: ContractSpec, values: Mapping[str, Any], config: Any
@@ -479,7 +478,7 @@ def _broken_rule(spec: ContractSpec, tp: TensorNode, t: torch.Tensor, values: Ma
     have, decided with their own tests); what needs the call's arguments is skipped without them."""
     first = values.get(spec.first_tensor) if values is not None and spec.first_tensor is not None else None
     for rule in tp.rules:
-        other = values.get(rule.other) if isinstance(rule, SameDtype) and values is not None else None
+        other = values.get(rule.other_argument() or "") if values is not None else None
         slots = {"value": t, "dtype": t.dtype, "shape": tuple(t.shape), "strides": tuple(t.stride()),
                  "device": first.device if isinstance(first, torch.Tensor) else None, "config_value": None,
                  "other_dtype": other.dtype if isinstance(other, torch.Tensor) else None}

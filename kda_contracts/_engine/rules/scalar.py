@@ -29,6 +29,9 @@ class ScalarInRange(Rule):
     optional: bool
     kind: ClassVar[type[ContractError]] = ValueRangeError
     needs: ClassVar[frozenset[str]] = frozenset({"value"})
+    family: ClassVar[str] = "scalar"
+    order: ClassVar[int] = 50
+    doc_section: ClassVar[str | None] = "scalar"
 
     def test(self, n: Slots) -> str:
         cond = f"not ({self.range.render(n.value)})"
@@ -52,6 +55,12 @@ class MatchesConfig(Rule):
     match: Any  # markers.MatchConfig
     kind: ClassVar[type[ContractError]] = ValueRangeError
     needs: ClassVar[frozenset[str]] = frozenset({"value", "config_value"})
+    family: ClassVar[str] = "scalar"
+    order: ClassVar[int] = 50
+    doc_section: ClassVar[str | None] = "scalar"
+
+    def config_source(self) -> tuple[str, str] | None:
+        return "attr", self.match.attr
 
     def test(self, n: Slots) -> str:
         # equal values agree (the common case, no call); otherwise the tolerance and None rules
@@ -85,6 +94,9 @@ class MultipleOf(Rule):
     optional: bool
     kind: ClassVar[type[ContractError]] = ValueRangeError
     needs: ClassVar[frozenset[str]] = frozenset({"value"})
+    family: ClassVar[str] = "scalar"
+    order: ClassVar[int] = 50
+    doc_section: ClassVar[str | None] = "scalar"
 
     def test(self, n: Slots) -> str:
         cond = f"{n.value} % {self.k!r} != 0"
@@ -110,6 +122,9 @@ class LengthIn(Rule):
     optional: bool
     kind: ClassVar[type[ContractError]] = ValueRangeError
     needs: ClassVar[frozenset[str]] = frozenset({"value"})
+    family: ClassVar[str] = "scalar"
+    order: ClassVar[int] = 50
+    doc_section: ClassVar[str | None] = "scalar"
 
     def test(self, n: Slots) -> str:
         cond = f"len({n.value}) < {self.least}"
@@ -137,6 +152,10 @@ class Satisfies(Rule):
     optional: bool
     kind: ClassVar[type[ContractError]] = ValueRangeError
     needs: ClassVar[frozenset[str]] = frozenset({"value"})
+    family: ClassVar[str] = "scalar"
+    order: ClassVar[int] = 50
+    doc_section: ClassVar[str | None] = "scalar"
+    cacheable: ClassVar[bool] = False
 
     def test(self, n: Slots) -> str:
         cond = f"not {n.constants['predicate']}({n.value})"

@@ -127,12 +127,34 @@ _COMPILED: dict[tuple[str, str], Callable[..., bool]] = {}
 
 
 class Rule:
-    """One rule of one argument. Subclasses set ``kind`` and ``needs`` and define ``test``,
-    ``violation`` and ``describe``."""
+    """One rule of one argument. Subclasses set ``kind``, ``needs``, ``family``, ``order`` and
+    ``doc_section`` and define ``test``, ``violation``, ``describe`` and ``doc``. Whatever uses
+    rules (the code generator, the explainer, the docs, the dump report) asks the rule these, and
+    never names a rule class: a new rule is its class and the ``kc.Spec`` field that declares it.
+
+    ``family`` groups the rules the explainer decides together (at most one violation per
+    argument and family, the first broken rule in declaration order), in ``order``;
+    ``doc_section`` is the docs' column the rule describes itself in (None: the docs leave it to
+    the argument's other columns, as for the device rule)."""
 
     kind: ClassVar[type[ContractError]] = ContractError
     needs: ClassVar[frozenset[str]] = frozenset()  # which Slots fields the test reads
+    family: ClassVar[str] = "other"
+    order: ClassVar[int] = 90
+    doc_section: ClassVar[str | None] = None
+    #: whether the verdict depends on the argument's metadata alone (False: a user predicate that
+    #: may read anything: the check cache never answers for a contract with one)
+    cacheable: ClassVar[bool] = True
     argument: str
+
+    def config_source(self) -> tuple[str, str] | None:
+        """What a config fixes for this rule (its ``config_value`` slot): ``("dtype", role)`` (the
+        dtype the config pins for a role), ``("attr", name)`` (a config attribute), or None."""
+        return None
+
+    def other_argument(self) -> str | None:
+        """The other argument whose dtype the ``other_dtype`` slot holds, or None."""
+        return None
 
     def test(self, n: Slots) -> str:
         """Python source, true when the rule is broken, over the names in ``n``."""
@@ -196,6 +218,12 @@ class DtypeIn(Rule):
     role: str | None = None
     kind: ClassVar[type[ContractError]] = DtypeError
     needs: ClassVar[frozenset[str]] = frozenset({"dtype", "config_value"})
+    family: ClassVar[str] = "dtype"
+    order: ClassVar[int] = 10
+    doc_section: ClassVar[str | None] = "dtype"
+
+    def config_source(self) -> tuple[str, str] | None:
+        return None if self.role is None else ("dtype", self.role)
 
     def test(self, n: Slots) -> str:
         base = f"{n.dtype} not in {n.constants['allowed']}"
@@ -238,6 +266,12 @@ class SameDtype(Rule):
     other: str
     kind: ClassVar[type[ContractError]] = DtypeError
     needs: ClassVar[frozenset[str]] = frozenset({"dtype", "other_dtype"})
+    family: ClassVar[str] = "dtype"
+    order: ClassVar[int] = 10
+    doc_section: ClassVar[str | None] = "dtype"
+
+    def other_argument(self) -> str | None:
+        return self.other
 
     def test(self, n: Slots) -> str:
         return f"{n.other_dtype} is not None and {n.dtype} != {n.other_dtype}"
@@ -262,6 +296,9 @@ class SameDevice(Rule):
     first: str
     kind: ClassVar[type[ContractError]] = DeviceError
     needs: ClassVar[frozenset[str]] = frozenset({"value", "device"})
+    family: ClassVar[str] = "device"
+    order: ClassVar[int] = 20
+    doc_section: ClassVar[str | None] = None
 
     def test(self, n: Slots) -> str:
         return f"{n.value}.device != {n.device}"
@@ -307,6 +344,9 @@ class Writable(Rule):
     autograd: bool = False
     kind: ClassVar[type[ContractError]] = ArgumentTypeError
     needs: ClassVar[frozenset[str]] = frozenset({"value"})
+    family: ClassVar[str] = "written"
+    order: ClassVar[int] = 40
+    doc_section: ClassVar[str | None] = None
 
     def test(self, n: Slots) -> str:
         inference = f"{n.constants['inference']}({n.value})"
@@ -342,6 +382,9 @@ class Contiguous(Rule):
     argument: str
     kind: ClassVar[type[ContractError]] = LayoutError
     needs: ClassVar[frozenset[str]] = frozenset({"value"})
+    family: ClassVar[str] = "layout"
+    order: ClassVar[int] = 30
+    doc_section: ClassVar[str | None] = "layout"
 
     def test(self, n: Slots) -> str:
         return f"not {n.value}.is_contiguous()"
@@ -368,6 +411,9 @@ class InnerDense(Rule):
     n: int
     kind: ClassVar[type[ContractError]] = LayoutError
     needs: ClassVar[frozenset[str]] = frozenset({"shape", "strides"})
+    family: ClassVar[str] = "layout"
+    order: ClassVar[int] = 30
+    doc_section: ClassVar[str | None] = "layout"
 
     def test(self, n: Slots) -> str:
         st = n.strides
@@ -407,6 +453,9 @@ class Disjoint(Rule):
     n: int
     kind: ClassVar[type[ContractError]] = LayoutError
     needs: ClassVar[frozenset[str]] = frozenset({"shape", "strides"})
+    family: ClassVar[str] = "layout"
+    order: ClassVar[int] = 30
+    doc_section: ClassVar[str | None] = "layout"
 
     def test(self, n: Slots) -> str:
         s, st, r = n.shape, n.strides, self.rank

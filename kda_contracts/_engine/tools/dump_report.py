@@ -28,7 +28,6 @@ from ..errors import ContractError, DeviceError, Violation, format_report, unins
 from ..explain.explainer import explain_call
 from ..model.spec import CallContext, Dims
 from ..op.backends import Backend, verdict_lines
-from ..rules.tensor import SameDevice
 from .dump_reader import CallDump, Placeholder, SavedConfig
 from .dumps import DUMP_DIR_ENV, TAG
 
@@ -157,7 +156,7 @@ def _device_violations(contract: Contract, saved: Mapping[str, str]) -> list[Vio
     out = []
     for name, tp in contract.spec.tensors.items():
         for rule in tp.rules:
-            if isinstance(rule, SameDevice) and name in saved:
+            if rule.family == "device" and name in saved:
                 facts = {"value": _OnDevice(torch.device(saved[name])), "device": torch.device(saved[first])}
                 if rule.broken(**facts):
                     out.append(rule.violation(**facts))
