@@ -31,6 +31,7 @@ from contextvars import ContextVar, Token
 from typing import Any, Literal, TypeVar
 
 from .compile.marks import mark_constant_result
+from .source import define, precompiled
 
 ModeName = Literal["off", "check", "strict"]
 OFF, CHECK, STRICT = 0, 1, 2
@@ -91,11 +92,11 @@ class _Mirror:
 
 
 MIRROR = _Mirror()
-_GUARDED_READ = compile("""
+_GUARDED_READ = precompiled("""
 def guarded():
     _kc_at_trace()  # (run at trace time: counts the call, makes the mirror the mode in force here)
     return _kc_mirror.value  # what compiled code is guarded on
-""", "<kda_contracts mode read, as dynamo traces it>", "exec")
+""", "<kda_contracts mode read, as dynamo traces it>")
 
 
 def guarded_on_mode(read: Callable[[], int]) -> Callable[[], int]:
@@ -112,8 +113,7 @@ def guarded_on_mode(read: Callable[[], int]) -> Callable[[], int]:
 
     fn = mark_constant_result(read, at_trace=at_trace)
     ns = {"_kc_at_trace": fn._torchdynamo_inline, "_kc_mirror": MIRROR}  # type: ignore[attr-defined]
-    exec(_GUARDED_READ, ns)  # our own source, compiled once
-    fn._torchdynamo_inline = ns["guarded"]  # type: ignore[attr-defined]
+    fn._torchdynamo_inline = define(_GUARDED_READ, "", "guarded", ns)  # type: ignore[attr-defined]
     return fn
 
 

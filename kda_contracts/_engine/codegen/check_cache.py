@@ -49,6 +49,7 @@ import torch
 
 from ..model.markers import config_is_frozen
 from ..rules.tensor import _inference_outside_mode
+from ..source import define
 from .checker import checked_parameters
 from .config_views import config_ref
 from .snippets import Names
@@ -235,8 +236,7 @@ def cached_checker(spec: Any, check: Callable[..., Any], source: str, consts: Ma
         n("inference"): torch.is_inference_mode_enabled, n("id"): id,
         n("optional"): tuple(i in optional for i in tensors),
     }
-    exec(compile(src, f"<kda_contracts cached checker for {spec.name}>", "exec"), ns)  # our own source
-    fn = ns["check"]
+    fn = define(src, f"<kda_contracts cached checker for {spec.name}>", "check", ns)
     fn._torchdynamo_inline = check  # torch.compile traces the checker itself, never the cache
     fn.__kda_source__ = src
     fn.__kda_entries__ = entries

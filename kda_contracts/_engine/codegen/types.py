@@ -10,6 +10,7 @@ from beartype.roar import BeartypeCallHintParamViolation
 from ..model.nodes import Plain
 from ..model.type_verdict import _has_items, _items_problem
 from ..reading.type_trees import read_types
+from ..source import define, precompiled
 
 
 class ItemTypeViolation(BeartypeCallHintParamViolation):
@@ -43,12 +44,12 @@ def every_item_checker(check_types: Callable[..., None], params: Sequence[str],
     return check_every_item
 
 
-_TRACED_TYPES = compile('''
+_TRACED_TYPES = precompiled('''
 def traced(*vals):
     for node, name, value in zip(_kc_nodes, _kc_names, vals):
         if node is not None and node.match(value, {}, name) is not None:
             return _kc_reject(*vals)
-''', "<kda_contracts traced type check>", "exec")
+''', "<kda_contracts traced type check>")
 
 
 def traced_type_check(check_types: Callable[..., None], params: Sequence[str], nodes: Mapping[str, Plain],
@@ -64,5 +65,5 @@ def traced_type_check(check_types: Callable[..., None], params: Sequence[str], n
     """
     ns: dict[str, Any] = {"_kc_nodes": tuple(nodes.get(p) for p in params), "_kc_names": tuple(params),
                           "_kc_reject": reject}
-    exec(_TRACED_TYPES, ns)  # our own source; closure-free (dynamo guards a stand-in's closure via the shim's)
-    check_types._torchdynamo_inline = ns["traced"]  # type: ignore[attr-defined]  # what dynamo traces
+    # closure-free (dynamo guards a stand-in's closure via the shim's)
+    check_types._torchdynamo_inline = define(_TRACED_TYPES, "", "traced", ns)  # type: ignore[attr-defined]

@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 
 import torch
 
+from ..source import define, precompiled
 from .trace_args import flatten, rebuild
 
 F = TypeVar("F", bound=Callable[..., object])
@@ -108,8 +109,7 @@ def mark_constant_result(fn: F, *, at_trace: Callable[..., Any] | None = None) -
     # closure-free (dynamo guards a stand-in's closure through the source of ``fn``, which has none)
     ns = {"_kc_at_trace_time": at_trace_time, "_kc_by_reference": _by_reference, "_kc_concrete": _concrete,
           "_kc_flatten": flatten}
-    exec(_TRACED_CODE, ns)  # our own source, compiled once
-    fn._torchdynamo_inline = ns["traced"]  # type: ignore[attr-defined]  # what dynamo traces instead of fn
+    fn._torchdynamo_inline = define(_TRACED_CODE, "", "traced", ns)  # type: ignore[attr-defined]  # what dynamo traces
     return fn
 
 
@@ -123,7 +123,7 @@ def traced(*args, **kwargs):
 """
 
 
-_TRACED_CODE = compile(_TRACED_SOURCE, "<kda_contracts constant-result stand-in>", "exec")
+_TRACED_CODE = precompiled(_TRACED_SOURCE, "<kda_contracts constant-result stand-in>")
 
 
 def tracing() -> bool:

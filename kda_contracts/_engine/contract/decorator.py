@@ -62,6 +62,7 @@ from ..reading.members import accessors, contract_members, is_contracted
 from ..reading.type_trees import read_types, type_mismatch
 from ..rules.aliasing import alias_violations, tensor_leaves
 from ..rules.memory import without_data
+from ..source import define
 from .body import body_uses_checks, runner
 from .transaction import ROLLED_BACK, Transaction, guarded, partial_writes, rollback
 
@@ -115,17 +116,16 @@ class Contract:
         self.checker_source = src
         self.views = ConfigViews(spec)
         namespace: dict[str, Any] = {**consts, checker_names(spec)("views"): self.views}
-        exec(compile(src, f"<kda_contracts checker for {spec.name}>", "exec"), namespace)  # our own source
         #: the generated checker itself; ``_check`` is it behind the eager cache of accepted metadata
-        self._check_uncached: Callable[..., tuple[int, ...] | None] = namespace["check"]
+        self._check_uncached: Callable[..., tuple[int, ...] | None] = define(
+            src, f"<kda_contracts checker for {spec.name}>", "check", namespace)
         self._check: Callable[..., tuple[int, ...] | None] = cached_checker(spec, self._check_uncached, src, consts)
         self.return_source: str | None = None
         self._check_return: Callable[[Any, tuple[int, ...]], bool] | None = None
         if spec.returns is not None:
             self.return_source, rconsts = generate_return_checker(spec)
-            rns: dict[str, Any] = dict(rconsts)
-            exec(compile(self.return_source, f"<kda_contracts return checker for {spec.name}>", "exec"), rns)
-            self._check_return = rns["check_return"]
+            self._check_return = define(self.return_source, f"<kda_contracts return checker for {spec.name}>",
+                                        "check_return", dict(rconsts))
         #: a return annotation without tensors (``-> int``, ``-> None``): beartype's verdict (for an
         #: op, on what its backend returns, when the op returns that)
         self._check_plain_return: Callable[..., bool] | None = None
@@ -136,9 +136,7 @@ class Contract:
             # generator it wraps, not what it returns)
             self._check_plain_return = _plain_return_checker(spec.return_hint)
         shim_src = f"def types({', '.join(self._param_names)}):\n    return None\n"
-        shim_ns: dict[str, Any] = {}
-        exec(compile(shim_src, f"<kda_contracts type shim for {spec.name}>", "exec"), shim_ns)
-        shim = shim_ns["types"]
+        shim = define(shim_src, f"<kda_contracts type shim for {spec.name}>", "types")
         shim.__annotations__ = _strip_for_beartype(spec)
         shim.__qualname__ = spec.name  # beartype names the shim in its own messages
         self._type_annotations = shim.__annotations__
@@ -524,8 +522,7 @@ def _build_wrapper(c: Contract, fixed_mode: int | None) -> Callable[..., Any]:
                          value_checks=spec.value_checks is not None or bool(written),
                          beartype_first=not c.types_in_checker,
                          body=body, is_async=is_async, saves=bool(mutated))
-    exec(compile(src, f"<kda_contracts wrapper for {spec.name} #{next(_ids)}>", "exec"), ns)
-    wrapper = ns[fn_name]
+    wrapper = define(src, f"<kda_contracts wrapper for {spec.name} #{next(_ids)}>", fn_name, ns)
     functools.update_wrapper(wrapper, c.fn)
     wrapper.__kda_contract__ = c  # type: ignore[attr-defined]
     wrapper.__wrapped__ = c.fn  # type: ignore[attr-defined]

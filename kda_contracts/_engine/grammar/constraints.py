@@ -31,9 +31,9 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import cached_property, lru_cache
-from typing import Any
 
 from ..errors import AnnotationError
+from ..source import define
 from .dims import _CMP, _KEYWORDS, ArgFact, Expr, Sym, _Parser, arg_fact
 
 
@@ -199,9 +199,7 @@ class Constraint:
     @cached_property
     def _test(self) -> Callable[[Mapping[str, int]], bool]:
         src = self.render({s: f"env[{s!r}]" for s in self.symbols()})
-        ns: dict[str, Any] = {}
-        exec(compile(f"def holds(env):\n    return bool({src})\n", "<kda_contracts constraint>", "exec"), ns)
-        return ns["holds"]
+        return define(f"def holds(env):\n    return bool({src})\n", "<kda_contracts constraint>", "holds")
 
     def render(self, name: dict[str, str] | None = None) -> str:
         """Python source of a boolean expression that is True when the constraint holds."""

@@ -25,9 +25,9 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property, lru_cache
-from typing import Any
 
 from ..errors import AnnotationError
+from ..source import define
 
 
 class Expr:
@@ -140,9 +140,7 @@ class BinOp(Expr):
     @cached_property
     def _value(self) -> Callable[[Mapping[str, int]], int]:
         src = self.render({s: f"env[{s!r}]" for s in self.symbols()})
-        ns: dict[str, Any] = {}
-        exec(compile(f"def value(env):\n    return {src}\n", "<kda_contracts dim>", "exec"), ns)
-        return ns["value"]
+        return define(f"def value(env):\n    return {src}\n", "<kda_contracts dim>", "value")
 
     def symbols(self) -> frozenset[str]:
         return self.left.symbols() | self.right.symbols()

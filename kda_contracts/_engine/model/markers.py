@@ -24,6 +24,7 @@ from typing import Any
 import torch
 
 from ..errors import AnnotationError, ContractError, ShapeError
+from ..source import define
 
 
 # -- what users write next to an annotation ------------------------------------------------------
@@ -82,9 +83,7 @@ class Range:
 
     @cached_property
     def _test(self) -> Callable[[float], bool]:
-        ns: dict[str, Any] = {}
-        exec(compile(f"def holds(x):\n    return bool({self.render('x')})\n", "<kda_contracts range>", "exec"), ns)
-        return ns["holds"]
+        return define(f"def holds(x):\n    return bool({self.render('x')})\n", "<kda_contracts range>", "holds")
 
     def describe(self) -> str:
         parts = [f"{op} {v}" for op, v in (("> ", self.gt), (">=", self.ge), ("< ", self.lt), ("<=", self.le))

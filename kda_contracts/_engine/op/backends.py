@@ -33,6 +33,7 @@ import torch
 
 from ..errors import AnnotationError, ContractError, Violation, raise_violations
 from ..grammar.constraints import Constraint, parse_constraint
+from ..source import define
 
 EXTRA_PARAMETERS = ("dims", "variant")  # keyword-only parameters a kernel may add to the op's
 
@@ -290,8 +291,7 @@ def _runner(kernel: Callable[..., Any], params: Sequence[inspect.Parameter], dim
     src = (f"def run({prefix}d, {prefix}v, {', '.join(formal)}):\n"
            f"    return {prefix}k({', '.join(args)})\n")
     ns: dict[str, Any] = {f"{prefix}k": kernel, f"{prefix}D": dims_types}
-    exec(compile(src, "<kda_contracts backend runner>", "exec"), ns)  # our own source
-    return ns["run"]
+    return define(src, "<kda_contracts backend runner>", "run", ns)
 
 
 # -- the backends of one op ---------------------------------------------------------------------

@@ -27,6 +27,7 @@ from ..codegen.wrapper import formal_parameters
 from ..compile.marks import mark_constant_result
 from ..contract.decorator import _outside_compile
 from ..errors import AnnotationError, ContractError, Violation, raise_violations
+from ..source import define
 from .backends import BackendError, CallInfo, Chosen, signature_problem
 
 if TYPE_CHECKING:
@@ -123,8 +124,7 @@ def build_dispatcher(o: Op) -> Any:
                   f"        {n('fail_return')}({v}, {res}{sep}{plain}, {cfg})"]
     lines.append(f"    return {'None' if o.returns_none else _returns_source(o.returns, res)}")
     src = "\n".join(lines) + "\n"
-    exec(compile(src, f"<kda_contracts op {o.name}>", "exec"), ns)  # our own source
-    fn = ns["__call__"]
+    fn = define(src, f"<kda_contracts op {o.name}>", "__call__", ns)
     fn.__kda_source__ = src
     return fn
 

@@ -27,6 +27,7 @@ import torch
 from ..errors import ArgumentTypeError, ContractError, DeviceError, DtypeError, LayoutError, Violation
 from ..facts import DeviceMismatch, DtypeMismatch, LayoutBroken
 from ..grammar.dims import BinOp, Const, Expr
+from ..source import define
 
 
 def dtype_name(dt: torch.dtype) -> str:
@@ -182,9 +183,7 @@ class Rule:
             params = ", ".join(getattr(_PARAMS, f) for f in sorted(self.needs))
             cparams = "".join(f", _c_{k}" for k in consts)
             code = f"def broken({params}{cparams}):\n    return bool({src})\n"
-            ns: dict[str, Any] = {}
-            exec(compile(code, f"<kda_contracts rule {type(self).__name__}>", "exec"), ns)
-            fn = _COMPILED[key] = ns["broken"]
+            fn = _COMPILED[key] = define(code, f"<kda_contracts rule {type(self).__name__}>", "broken")
         return functools.partial(fn, **{f"_c_{k}": v for k, v in consts.items()}) if consts else fn
 
     def violation(self, **values: Any) -> Violation:
