@@ -1,63 +1,69 @@
-"""kda-contracts: explicit, enforced contracts for KDA packed-decode kernels.
+"""kda-contracts: contracts for any PyTorch kernel or model function, stated once as jaxtyping
+annotations, enforced per call fast enough to leave on, explained in one read when broken, and
+rendered as shape docs; ``kc.op`` dispatches validated calls to pluggable kernels. KDA
+(Kimi-Linear) and GDN (Qwen3-Next) packed decode ship as ops built on the same public API.
 
 Example::
 
+    import torch
     import kda_contracts as kc
-    cfg = kc.KDAConfig.preset("kimi-linear-48b-a3b", tp_size=2)
-    dims = kc.validate_packed_decode(mixed_qkv, a, b, A_log, dt_bias, cfg.scale, state, out, idx,
-                                     True, config=cfg)
-    out, state = kc.packed_decode(mixed_qkv, a, b, A_log, dt_bias, cfg.scale, state, out, idx,
-                                  True, config=cfg)
+    from kda_contracts import Float, Tensor
+
+    @kc.contract
+    def project(x: Float[Tensor, "*batch D"], w: Float[Tensor, "D E"]) -> Float[Tensor, "*batch E"]:
+        return x @ w
+
+    project(torch.zeros(2, 8, 16), torch.zeros(16, 4))     # fine
+    project(torch.zeros(2, 8, 16), torch.zeros(12, 4))     # kc.ShapeError: w dim 0 (D): expected 16, got 12
 
 Nothing here imports triton, helion or fla: backends load when they are asked for.
 """
 
+from jaxtyping import Bool as Bool
 from jaxtyping import Float as Float
 from jaxtyping import Int as Int
 from jaxtyping import Shaped as Shaped
 from torch import Tensor as Tensor
 
+from ._engine import PUBLIC as _ENGINE_PUBLIC
+from ._engine import AnnotationError as AnnotationError
+from ._engine import ArgumentTypeError as ArgumentTypeError
+from ._engine import Backend as Backend
+from ._engine import BackendError as BackendError
+from ._engine import CallContext as CallContext
+from ._engine import Contract as Contract
+from ._engine import ContractError as ContractError
+from ._engine import DeviceError as DeviceError
+from ._engine import Dims as Dims
+from ._engine import DtypeError as DtypeError
+from ._engine import ImportHook as ImportHook
+from ._engine import ImportHookWarning as ImportHookWarning
+from ._engine import LayoutError as LayoutError
+from ._engine import MatchConfig as MatchConfig
+from ._engine import Op as Op
+from ._engine import Range as Range
+from ._engine import ShapeError as ShapeError
+from ._engine import Spec as Spec
+from ._engine import ValueRangeError as ValueRangeError
+from ._engine import Violation as Violation
+from ._engine import Where as Where
+from ._engine import __version__ as __version__
+from ._engine import check as check
+from ._engine import config_dim_source as config_dim_source
+from ._engine import config_dims as config_dims
+from ._engine import contract as contract
+from ._engine import contract_docs as contract_docs
+from ._engine import dims as dims
 from ._engine import facts as facts
-from ._engine.contract.body import check as check
-from ._engine.contract.body import dims as dims
-from ._engine.contract.decorator import Contract as Contract
-from ._engine.contract.decorator import contract as contract
-from ._engine.contract.decorator import registered_contracts as registered_contracts
-from ._engine.errors import AnnotationError as AnnotationError
-from ._engine.errors import ArgumentTypeError as ArgumentTypeError
-from ._engine.errors import ContractError as ContractError
-from ._engine.errors import DeviceError as DeviceError
-from ._engine.errors import DtypeError as DtypeError
-from ._engine.errors import LayoutError as LayoutError
-from ._engine.errors import ShapeError as ShapeError
-from ._engine.errors import ValueRangeError as ValueRangeError
-from ._engine.errors import Violation as Violation
-from ._engine.model.markers import MatchConfig as MatchConfig
-from ._engine.model.markers import Range as Range
-from ._engine.model.markers import Spec as Spec
-from ._engine.model.markers import Where as Where
-from ._engine.model.markers import config_dim_source as config_dim_source
-from ._engine.model.markers import config_dims as config_dims
-from ._engine.model.spec import CallContext as CallContext
-from ._engine.model.spec import Dims as Dims
-from ._engine.modes import get_mode as get_mode
-from ._engine.modes import mode as mode
-from ._engine.modes import set_default_mode as set_default_mode
-from ._engine.op.backends import Backend as Backend
-from ._engine.op.backends import BackendError as BackendError
-from ._engine.op.opdef import Op as Op
-from ._engine.op.opdef import op as op
-
-# Last: the name ``ops`` is both this function and the package of the ops we ship, whose import
-# above bound it to the package (which is callable too, as a fallback; see ops/__init__.py).
-from ._engine.op.opdef import ops as ops
-from ._engine.tools.docstrings import contract_docs as contract_docs
-from ._engine.tools.docstrings import set_contract_docs as set_contract_docs
-from ._engine.tools.dumps import save_call as save_call
-from ._engine.tools.import_hook import ImportHook as ImportHook
-from ._engine.tools.import_hook import ImportHookWarning as ImportHookWarning
-from ._engine.tools.import_hook import install_import_hook as install_import_hook
-from ._engine.version import __version__ as __version__
+from ._engine import get_mode as get_mode
+from ._engine import install_import_hook as install_import_hook
+from ._engine import mode as mode
+from ._engine import op as op
+from ._engine import ops as ops  # (rebound below to the package of the ops we ship, which answers the call too)
+from ._engine import registered_contracts as registered_contracts
+from ._engine import save_call as save_call
+from ._engine import set_contract_docs as set_contract_docs
+from ._engine import set_default_mode as set_default_mode
 from .ops.gdn_decode import GDN_PRESETS as GDN_PRESETS
 from .ops.gdn_decode import GDNConfig as GDNConfig
 from .ops.gdn_decode import gdn_packed_decode as gdn_packed_decode
@@ -69,3 +75,10 @@ from .ops.packed_decode import explain_backends as explain_backends
 from .ops.packed_decode import packed_decode as packed_decode
 from .ops.packed_decode import packed_decode_contract as packed_decode_contract
 from .ops.packed_decode import validate_packed_decode as validate_packed_decode
+
+__all__ = [
+    "Bool", "Float", "Int", "Shaped", "Tensor", "__version__", *_ENGINE_PUBLIC,
+    # the ops we ship
+    "GDN_PRESETS", "PRESETS", "GDNConfig", "KDAConfig", "adapters", "explain_backends", "gdn_packed_decode",
+    "packed_decode", "packed_decode_contract", "validate_gdn_packed_decode", "validate_packed_decode",
+]

@@ -12,7 +12,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 
-from ._engine.tools.cli import main as run_command_line
+from ._engine import run_command_line
 from .ops import cli_commands
 
 __all__ = ["main"]

@@ -49,8 +49,7 @@ from jaxtyping import Float
 from kda_kernels import reference
 from torch import Tensor, nn
 
-from .._engine.contract.decorator import contract
-from .._engine.model.markers import Spec
+from .._engine import Spec, contract
 from ..ops.packed_decode.config import KDAConfig
 from ..ops.packed_decode.decode import packed_decode
 from .kimi_linear_weights import WEIGHT_NAMES as WEIGHT_NAMES

@@ -18,10 +18,8 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from .._engine.errors import ShapeError, ValueRangeError, Violation
+from .._engine import CallContext, ShapeError, Spec, ValueRangeError, Violation, Where
 from .._engine.facts import AxisMismatch
-from .._engine.model.markers import Spec, Where
-from .._engine.model.spec import CallContext
 from ..ops.packed_decode.config import KDAConfig
 from ..ops.packed_decode.dtypes import INDEX_DTYPES, STATE_DTYPES
 from ..ops.packed_decode.tp import TPMismatch, tp_mismatch_hint

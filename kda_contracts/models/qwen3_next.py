@@ -44,8 +44,7 @@ from jaxtyping import Float
 from kda_kernels import gdn_reference
 from torch import Tensor
 
-from .._engine.contract.decorator import contract
-from .._engine.model.markers import Spec
+from .._engine import Spec, contract
 from ..ops.gdn_decode.config import GDNConfig
 from ..ops.gdn_decode.decode import gdn_packed_decode
 from .layer_contracts import HAS_SLOTS, ConvStatePool, Hidden, SlotIndices, SSMStatePool, slot_value_checks

@@ -11,9 +11,8 @@ Example::
 
 from __future__ import annotations
 
-from .._engine.errors import ShapeError, Violation
+from .._engine import CallContext, ShapeError, Violation
 from .._engine.facts import AxisMismatch, RankMismatch
-from .._engine.model.spec import CallContext
 from .layer_contracts import HINTS as SHARED_HINTS
 
 __all__ = ["HINTS"]

@@ -16,7 +16,7 @@ import types
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .._engine.tools.cli import Command
+    from .._engine import Command
 
 __all__ = ["cli_commands"]
 
@@ -26,7 +26,7 @@ class _CallablePackage(types.ModuleType):
     package binds its name on the parent, so the package answers the call the same way."""
 
     def __call__(self) -> dict[str, Any]:
-        from .._engine.op.opdef import ops
+        from .._engine import ops
 
         return ops()
 
@@ -38,7 +38,7 @@ def cli_commands() -> list[Command]:
     """The ``kda-contracts`` subcommands of every shipped op, in help order, and the engine's
     ``validate``, which also reads the shipped ops' own dump formats (the registry the engine's
     command line reads; each op's commands are imported only when asked for)."""
-    from .._engine.tools.cli import validate_command
+    from .._engine import validate_command
     from .packed_decode.cli import commands as packed_decode_commands
     from .packed_decode.cli import dump_format as packed_decode_dumps
 

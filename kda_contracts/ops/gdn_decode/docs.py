@@ -21,8 +21,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from ..._engine.tools.docs import Section, describe_contract, mark_svg
-from ..._engine.tools.module_docs import describe_op, op_section
+from ..._engine import Section, describe_contract, describe_op, mark_svg, op_section
 from ..packed_decode.diagrams import mixed_qkv_svg, state_pool_svg
 from ..packed_decode.mistakes import catalogue_lines
 from .config import GDNConfig

@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from ..._engine.errors import DtypeError, ShapeError, ValueRangeError
+from ..._engine import DtypeError, ShapeError, ValueRangeError
 from ...testing import make_gdn_decode_call
 from ..packed_decode.config import KDAConfig
 from ..packed_decode.mistakes import BATCH, POOL, Attempt, Mistake, Reproduction

@@ -28,11 +28,11 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ..._engine.op.backends import Backend, BackendError, CallInfo
+from ..._engine import Backend, BackendError, CallInfo
 from .contract import SYMBOLS  # B, H, HV, K, V, N: kda_kernels' DecodeDims order
 
 if TYPE_CHECKING:
-    from ..._engine.op.opdef import Op
+    from ..._engine import Op
 
 __all__ = ["Adapter", "BackendError", "available", "describe", "get", "load_plugins", "names", "refresh", "register",
            "unregister", "verdicts"]
@@ -158,7 +158,7 @@ def load_plugins(*, force: bool = False) -> dict[str, str]:
     """Register the adapters of the ``kda_contracts.adapters`` entry-point group (once), and the
     packed-decode backends of ``kda_contracts.backends``. Returns the plug-ins that failed to
     load, with why; a broken plug-in never breaks dispatch (``explain_backends`` lists it)."""
-    from ..._engine.op.opdef import load_plugins as load_op_plugins
+    from ..._engine import load_plugins as load_op_plugins
 
     table = _op().table
     if force:

@@ -30,9 +30,16 @@ import struct
 import torch
 from torch import Tensor
 
-from ..._engine.errors import ValueRangeError, Violation, raise_violations
-from ..._engine.model.spec import CallContext
-from ..._engine.rules.memory import FINITE_CHUNK, distinct_elements, skip_value_checks, without_data
+from ..._engine import (
+    FINITE_CHUNK,
+    CallContext,
+    ValueRangeError,
+    Violation,
+    distinct_elements,
+    raise_violations,
+    skip_value_checks,
+    without_data,
+)
 
 __all__ = ["check_outputs", "output_violations", "slot_probes", "slots_finite", "used_slots_finite",
            "value_checks"]

@@ -17,12 +17,11 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..._engine.tools.cli import Command, CommandError, DocsSource, DumpFormat, docs_command
-from ..._engine.tools.dump_reader import LoadedFile
+from ..._engine import Command, CommandError, DocsSource, DumpFormat, LoadedFile, docs_command
 from .config import PRESETS, KDAConfig
 
 if TYPE_CHECKING:
-    from ..._engine.tools.module_docs import ModulePage
+    from ..._engine import ModulePage
 
 __all__ = ["commands", "config_from_arg", "dump_format"]
 

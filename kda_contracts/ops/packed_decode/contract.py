@@ -21,9 +21,7 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from ..._engine.contract.decorator import Contract
-from ..._engine.errors import LayoutError, Violation, raise_violations
-from ..._engine.model.markers import MatchConfig, Range, Spec, Where
+from ..._engine import Contract, LayoutError, MatchConfig, Range, Spec, Violation, Where, raise_violations
 from .checks import value_checks
 from .dtypes import ACTIVATION_DTYPES, INDEX_DTYPES, STATE_DTYPES
 

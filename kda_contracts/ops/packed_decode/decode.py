@@ -17,8 +17,7 @@ from typing import Any, Literal
 import torch
 from torch import Tensor
 
-from ..._engine.model.spec import CallContext, Dims
-from ..._engine.op.opdef import op
+from ..._engine import CallContext, Dims, op
 from . import adapters
 from .checks import output_violations
 from .contract import OPTIONS, SYMBOLS, VARIANTS, resolve_layout

@@ -8,7 +8,7 @@ renders the contracts and keeps the folder in step.
 Example::
 
     from kda_contracts import KDAConfig
-    from kda_contracts._engine.tools.docs import write
+    from kda_contracts._engine import write_docs as write
     from kda_contracts.ops.packed_decode.docs import generate
     files = generate(KDAConfig.preset("kimi-linear-48b-a3b", tp_size=2), "kimi-linear-48b-a3b, tp_size=2")
     write(files, "docs/generated")
@@ -20,20 +20,22 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from ..._engine.contract.decorator import Contract, registered_contracts
-from ..._engine.op.backends import Backend
-from ..._engine.tools.docs import (
+from ..._engine import (
     DO_NOT_EDIT,
     GENERATED_MARK,
+    Backend,
+    Contract,
+    ModulePage,
     Section,
     cell,
     describe_constraints,
     describe_contracts,
     mark_svg,
+    op_section,
+    registered_contracts,
     render_reference,
     slug,
 )
-from ..._engine.tools.module_docs import ModulePage, op_section
 from ..gdn_decode import docs as gdn_docs
 from ..gdn_decode.decode import gdn_packed_decode
 from . import adapters

@@ -36,10 +36,18 @@ from typing import Any
 import torch
 from pydantic import ValidationError
 
-from ..._engine.errors import ContractError, DeviceError, Violation, format_report
-from ..._engine.model.spec import CallContext, Dims
-from ..._engine.rules.memory import without_data
-from ..._engine.tools.dump_reader import DumpError, LoadedFile, load_file
+from ..._engine import (
+    CallContext,
+    ContractError,
+    DeviceError,
+    Dims,
+    DumpError,
+    LoadedFile,
+    Violation,
+    format_report,
+    load_file,
+    without_data,
+)
 from . import adapters
 from .config import PRESETS, KDAConfig
 from .contract import PACKED_DECODE_ARGS, packed_decode_contract, resolve_layout

@@ -14,10 +14,8 @@ from collections.abc import Callable
 
 import torch
 
-from ..._engine.errors import DtypeError, LayoutError, ShapeError, Violation
+from ..._engine import CallContext, DtypeError, LayoutError, ShapeError, Violation, config_dim_source, config_dims
 from ..._engine.facts import AxisMismatch, DtypeMismatch, LayoutBroken, RankMismatch, Unsolvable
-from ..._engine.model.markers import config_dim_source, config_dims
-from ..._engine.model.spec import CallContext
 from .config import KDAConfig
 from .tp import TPMismatch, tp_mismatch_hint
 

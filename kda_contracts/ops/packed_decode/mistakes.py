@@ -22,8 +22,7 @@ from typing import Any
 
 import torch
 
-from ..._engine.errors import ContractError, DeviceError, DtypeError, LayoutError, ShapeError, ValueRangeError
-from ..._engine.tools.docs import cell
+from ..._engine import ContractError, DeviceError, DtypeError, LayoutError, ShapeError, ValueRangeError, cell
 from ...testing import make_decode_call
 from .config import KDAConfig
 from .decode import validate_packed_decode

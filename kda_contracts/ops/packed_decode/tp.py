@@ -19,9 +19,7 @@ from dataclasses import dataclass
 
 from torch import Tensor
 
-from ..._engine.errors import ShapeError, Violation
-from ..._engine.grammar.dims import Expr, Sym
-from ..._engine.model.spec import CallContext
+from ..._engine import CallContext, Expr, ShapeError, Sym, Violation
 from .config import KDAConfig
 
 __all__ = ["TPMismatch", "find_tp_mismatch", "tp_mismatch_hint"]
