@@ -12,15 +12,15 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 
+from ._app.cli import commands
 from ._engine import run_command_line
-from .ops import cli_commands
 
 __all__ = ["main"]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``kda-contracts``; returns the exit code."""
-    return run_command_line(argv, cli_commands())
+    return run_command_line(argv, commands())
 
 
 if __name__ == "__main__":

@@ -23,7 +23,7 @@ from torch._dynamo.utils import counters
 
 import kda_contracts as kc
 from kda_contracts import Float, Tensor
-from kda_contracts._engine.op.torch_op import _FAKE_ERRORS_PASS
+from kda_contracts._engine.operation.torch_op import _FAKE_ERRORS_PASS
 from kda_contracts.testing import make_decode_call
 
 pytestmark = pytest.mark.kda_contracts("check")  # the mode compiled functions are traced in

@@ -5,7 +5,7 @@ import sys
 
 import kda_contracts as kc
 from kda_contracts.__main__ import main
-from kda_contracts.ops.packed_decode.demo import run_demo
+from kda_contracts._app.demo import run_demo
 
 
 def test_demo_catches_all_six_mistakes_and_runs_the_reference():

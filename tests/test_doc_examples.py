@@ -27,7 +27,7 @@ import pytest
 import kda_contracts as kc
 from kda_contracts import adapters
 from kda_contracts._engine.contract import decorator as enforce
-from kda_contracts._engine.op import opdef
+from kda_contracts._engine.operation import opdef
 
 pytest_plugins = ["pytester"]
 

@@ -13,11 +13,11 @@ import torch
 import kda_contracts as kc
 from kda_contracts import Float, Int, Tensor
 from kda_contracts.__main__ import main
+from kda_contracts._app.docs import FILES, describe, generate
 from kda_contracts._engine.contract import decorator as enforce
 from kda_contracts._engine.tools.docs import GENERATED_MARK, check, describe_contract, render_contract, write
+from kda_contracts.ops._packed.svg import mixed_qkv_svg, state_pool_svg
 from kda_contracts.ops.packed_decode.contract import PACKED_DECODE_ARGS
-from kda_contracts.ops.packed_decode.diagrams import mixed_qkv_svg, state_pool_svg
-from kda_contracts.ops.packed_decode.docs import FILES, describe, generate
 from kda_contracts.ops.packed_decode.mistakes import MISTAKES, reproduce
 
 ROOT = Path(__file__).resolve().parents[1]

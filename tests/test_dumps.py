@@ -391,7 +391,7 @@ def test_a_rejected_packed_decode_call_is_saved_with_its_config(dump_dir, capsys
     assert dumps_in(dump_dir) == ["kda-dump-000-packed_decode.pt"]
     code, report = validate_json(dump_dir / "kda-dump-000-packed_decode.pt", capsys)
     assert code == 1 and report["violations"][0]["got"] == "1 duplicate slot(s)"
-    assert report["config"]["class"] == "kda_contracts.ops.packed_decode.config:KDAConfig"
+    assert report["config"]["class"] == "kda_contracts.ops._packed.config:KDAConfig"
     assert report["config"]["fields"]["tp_size"] == 2 and report["config"]["rebuilt"] is True
     assert NORM_CONFIG.D == 8  # the contract module's static config was not touched by any replay
 

@@ -13,7 +13,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import kda_contracts as kc
 from kda_contracts._engine.rules.aliasing import _apart, alias_violations
-from kda_contracts.ops.packed_decode.checks import slots_finite
+from kda_contracts.ops._packed.checks import slots_finite
 from kda_contracts.testing import make_decode_call, make_gdn_decode_call
 
 CFG = kc.KDAConfig(num_heads=2, num_v_heads=4, head_k_dim=8, head_v_dim=16, use_qk_l2norm=True)
@@ -301,7 +301,7 @@ def test_strict_mode_finds_one_bad_value_anywhere(device: str, state_dtype: torc
 
 
 def test_a_large_batch_is_checked_on_host_tensors_with_the_same_verdicts(monkeypatch: pytest.MonkeyPatch) -> None:
-    from kda_contracts.ops.packed_decode import checks
+    from kda_contracts.ops._packed import checks
 
     monkeypatch.setattr(checks, "_HOST_LIST_MAX", 8)  # every read of this test comes back as tensors
     for small in (False, True):
@@ -328,7 +328,7 @@ def test_a_large_batch_is_checked_on_host_tensors_with_the_same_verdicts(monkeyp
 @pytest.mark.parametrize("damage", ["padding", "nan_out", "inf_slot"])
 def test_the_checks_after_the_kernel_see_each_broken_promise(monkeypatch: pytest.MonkeyPatch, host_list_max: int,
                                                              damage: str) -> None:
-    from kda_contracts.ops.packed_decode import checks
+    from kda_contracts.ops._packed import checks
 
     monkeypatch.setattr(checks, "_HOST_LIST_MAX", host_list_max)
 
@@ -398,7 +398,7 @@ def test_off_mode_launches_one_request_per_index_not_per_activation_row(op: str)
         finally:
             target.unregister_backend("b-probe")
         assert [d[0] for d in seen] == [4]
-    from kda_contracts.ops.packed_decode.decode import dims_on_trust
+    from kda_contracts.ops._packed.calls import dims_on_trust
 
     args = [call[k] for k in ("mixed_qkv", "a", "b", "A_log", "dt_bias", "scale", "initial_state", "out",
                               "ssm_state_indices")]

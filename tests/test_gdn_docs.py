@@ -9,12 +9,12 @@ import pytest
 import torch
 
 import kda_contracts as kc
+from kda_contracts._app.docs import FILES, generate
 from kda_contracts._engine.contract import decorator as enforce
+from kda_contracts.ops._packed.mistakes import Attempt, Mistake
 from kda_contracts.ops.gdn_decode import docs as gdn_docs
 from kda_contracts.ops.gdn_decode.diagrams import gate_svg
 from kda_contracts.ops.gdn_decode.mistakes import MISTAKES, reproduce
-from kda_contracts.ops.packed_decode.docs import FILES, generate
-from kda_contracts.ops.packed_decode.mistakes import Attempt, Mistake
 from kda_contracts.testing import make_gdn_decode_call
 
 QWEN = kc.GDNConfig.preset("qwen3-next-80b-a3b")

@@ -24,7 +24,7 @@ MODULE_LINES, FUNCTION_LINES = 500, 80
 UNFINISHED_CYCLES = 3
 UNFINISHED_ABOVE: set[str] = set()
 UNFINISHED_LONG = {"kda_contracts._engine.contract.decorator", "kda_contracts._engine.explain.explainer",
-                   "kda_contracts._engine.op.backends", "kda_contracts._engine.op.opdef",
+                   "kda_contracts._engine.operation.backends", "kda_contracts._engine.operation.opdef",
                    "kda_contracts._engine.reading.annotations", "kda_contracts._engine.reading.structure",
                    "kda_contracts._engine.rules.memory", "kda_contracts._engine.contract.decorator._build_wrapper"}
 
@@ -105,6 +105,28 @@ def test_the_engine_imports_nothing_above_it():
     bad = [(m, t, line) for m, edges in GRAPH.items() if m.startswith("kda_contracts._engine")
            for t, line in edges if not t.startswith("kda_contracts._engine") and m not in UNFINISHED_ABOVE]
     assert not bad, "the engine imports what stands above it: " + "; ".join(f"{m}:{ln} -> {t}" for m, t, ln in bad)
+
+
+def _op_folder(module: str) -> str | None:
+    parts = module.split(".")
+    return parts[2] if len(parts) > 2 and parts[1] == "ops" and parts[2] != "_packed" else None
+
+
+def test_an_op_never_imports_another_op():
+    bad = [(m, t, line) for m, edges in GRAPH.items() if _op_folder(m) for t, line in edges
+           if _op_folder(t) and _op_folder(t) != _op_folder(m)]
+    assert not bad, "; ".join(f"{m}:{ln} -> {t}" for m, t, ln in bad)
+
+
+def test_the_ops_use_the_engine_through_its_api_only():
+    # kda_contracts._engine (its __init__: the API) and kc.facts (a public module); nothing deeper,
+    # and nothing above the ops (kda_contracts itself, the app layer, testing)
+    allowed = {"kda_contracts._engine", "kda_contracts._engine.facts"}
+    bad = [(m, t, line) for m, edges in GRAPH.items() if m.startswith("kda_contracts.ops") for t, line in edges
+           if (t.startswith("kda_contracts._engine") and t not in allowed)
+           or t in ("kda_contracts", "kda_contracts.testing") or t.startswith(("kda_contracts._app",
+                                                                               "kda_contracts.models"))]
+    assert not bad, "; ".join(f"{m}:{ln} -> {t}" for m, t, ln in bad)
 
 
 def test_no_import_cycle():

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 import kda_contracts as kc
 from kda_contracts import Float, Tensor
-from kda_contracts._engine.op.backends import BackendError
+from kda_contracts._engine.operation.backends import BackendError
 from kda_contracts.testing import make_decode_call
 
 CFG = kc.KDAConfig(num_heads=2, num_v_heads=4, head_k_dim=8, head_v_dim=16)

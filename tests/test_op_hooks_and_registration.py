@@ -11,7 +11,7 @@ import torch
 
 import kda_contracts as kc
 from kda_contracts import Float, Int, Tensor
-from kda_contracts._engine.op.backends import BackendError
+from kda_contracts._engine.operation.backends import BackendError
 
 
 def make_op(name, **options):

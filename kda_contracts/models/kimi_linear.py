@@ -50,7 +50,7 @@ from kda_kernels import reference
 from torch import Tensor, nn
 
 from .._engine import Spec, contract
-from ..ops.packed_decode.config import KDAConfig
+from ..ops._packed.config import KDAConfig
 from ..ops.packed_decode.decode import packed_decode
 from .kimi_linear_weights import WEIGHT_NAMES as WEIGHT_NAMES
 from .kimi_linear_weights import random_weights as random_weights

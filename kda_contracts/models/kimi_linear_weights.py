@@ -16,7 +16,7 @@ from collections.abc import Mapping
 import torch
 from torch import Tensor
 
-from ..ops.packed_decode.config import KDAConfig
+from ..ops._packed.config import KDAConfig
 from .layer_contracts import layer_dims
 from .linear_attention import conv_channel_shard, rank_columns, rank_rows
 

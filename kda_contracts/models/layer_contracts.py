@@ -20,9 +20,9 @@ from torch import Tensor
 
 from .._engine import CallContext, ShapeError, Spec, ValueRangeError, Violation, Where
 from .._engine.facts import AxisMismatch
-from ..ops.packed_decode.config import KDAConfig
-from ..ops.packed_decode.dtypes import INDEX_DTYPES, STATE_DTYPES
-from ..ops.packed_decode.tp import TPMismatch, tp_mismatch_hint
+from ..ops._packed.config import KDAConfig
+from ..ops._packed.dtypes import INDEX_DTYPES, STATE_DTYPES
+from ..ops._packed.tp import TPMismatch, tp_mismatch_hint
 
 __all__ = ["HAS_SLOTS", "HINTS", "ConvStatePool", "Hidden", "SSMStatePool", "SlotIndices", "layer_dims",
            "slot_value_checks"]

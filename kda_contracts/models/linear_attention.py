@@ -28,7 +28,7 @@ from kda_kernels.interface import row_slots, scatter_rows
 from torch import Tensor, nn
 from typing_extensions import Self
 
-from ..ops.packed_decode.config import KDAConfig, read_hf_json
+from ..ops._packed.config import KDAConfig, read_hf_json
 from .layer_contracts import layer_dims
 
 __all__ = ["LinearAttentionDecode", "StepKernel", "conv_channel_shard", "rank_columns", "rank_rows", "read_hf_config"]

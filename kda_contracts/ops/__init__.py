@@ -1,24 +1,21 @@
-"""The ops kda-contracts ships, one package each, built on the engine's public API:
-``packed_decode`` (KDA, Kimi-Linear). Each holds its contract, hints, mistakes catalogue,
-diagrams, dump format, custom op, demo and command-line commands; its kernels live in
-``kda_kernels``.
+"""The ops kda-contracts ships, one package each, built on the engine's API
+(``kda_contracts._engine``) and what the packed linear-attention ops share (:mod:`._packed`),
+never on one another: ``packed_decode`` (KDA, Kimi-Linear) and ``gdn_decode`` (GDN,
+Qwen3-Next). Each holds its contract, hints, mistakes catalogue, diagrams and docs part; its
+kernels live in ``kda_kernels``. What spans several ops (the demo, the docs pages, the command
+line) lives above them, in ``kda_contracts._app``.
 
 Example::
 
-    from kda_contracts.ops import cli_commands
-    [c.name for c in cli_commands()]        # ['demo', 'docs', 'validate']
+    import kda_contracts as kc
+    sorted(kc.ops())        # ['gdn_packed_decode', 'packed_decode']
 """
 
 from __future__ import annotations
 
 import sys
 import types
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from .._engine import Command
-
-__all__ = ["cli_commands"]
+from typing import Any
 
 
 class _CallablePackage(types.ModuleType):
@@ -32,14 +29,3 @@ class _CallablePackage(types.ModuleType):
 
 
 sys.modules[__name__].__class__ = _CallablePackage
-
-
-def cli_commands() -> list[Command]:
-    """The ``kda-contracts`` subcommands of every shipped op, in help order, and the engine's
-    ``validate``, which also reads the shipped ops' own dump formats (the registry the engine's
-    command line reads; each op's commands are imported only when asked for)."""
-    from .._engine import validate_command
-    from .packed_decode.cli import commands as packed_decode_commands
-    from .packed_decode.cli import dump_format as packed_decode_dumps
-
-    return [*packed_decode_commands(), validate_command([packed_decode_dumps()])]

@@ -19,15 +19,7 @@ import torch
 
 from ..grammar.dims import ANY, Broadcast, Expr, Sym, broadcast_dim, broadcast_sizes, dim_symbols, fits_variadic
 from ..model.nodes import DEVICE, match_dims, walk_containers
-from ..model.spec import (
-    ContractSpec,
-    Derived,
-    TensorNode,
-    result_env,
-    weak_symbols,
-    widenable_variadics,
-    widened_key,
-)
+from ..model.spec import ContractSpec, Derived, TensorNode, result_env, weak_symbols, widenable_variadics, widened_key
 from ..reading.arrays import split_optional
 from ..rules.tensor import Rule
 from .config_views import config_view_layout

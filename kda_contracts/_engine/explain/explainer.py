@@ -42,11 +42,7 @@ from ..model.spec import (
     result_env,
     widenable_variadics,
 )
-from ..rules.tensor import (
-    Rule,
-    dtype_name,
-    fmt_ints,
-)
+from ..rules.tensor import Rule, dtype_name, fmt_ints
 
 
 class Explainer:

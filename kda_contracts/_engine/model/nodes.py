@@ -1,4 +1,14 @@
-"""TODO docstring."""
+"""The tree a contract's annotation is read into, one node per level: :class:`TensorNode` (every
+tensor a contract can see, with its rules), the containers (:class:`SequenceOf`,
+:class:`TupleOf`, :class:`MappingOf`, :class:`FieldsOf`), unions (:class:`OneOf`) and plain
+types (:class:`Plain`, :class:`InstanceOf`). :meth:`Node.match` walks a value with the call's
+dims; the generated checker asks only whether it fits, the explainer words the same result.
+
+Example::
+
+    node = SequenceOf(list, nested_tensor("B D", parse_shape("B D", "x"), frozenset({torch.float32})))
+    node.match([torch.zeros(2, 3)], {"B": 2}, "xs")     # None: it fits, and D=3 is now bound
+"""
 
 from __future__ import annotations
 
@@ -11,17 +21,7 @@ from beartype.door import is_bearable
 
 from ..compile.marks import mark_constant_result
 from ..errors import ArgumentTypeError, ShapeError
-from ..grammar.dims import (
-    ANY,
-    Broadcast,
-    DimSpec,
-    Expr,
-    Sym,
-    Variadic,
-    broadcast_sizes,
-    dim_symbols,
-    fits_variadic,
-)
+from ..grammar.dims import ANY, Broadcast, DimSpec, Expr, Sym, Variadic, broadcast_sizes, dim_symbols, fits_variadic
 from ..rules.tensor import Contiguous, Disjoint, DtypeIn, InnerDense, Rule, SameDevice, SameDtype, Writable
 from .markers import Spec
 from .type_verdict import BEARTYPE_CONF, Problem, deep_problem, safe_repr, words

@@ -1,4 +1,12 @@
-"""TODO docstring."""
+"""A contract as plain data, built once at decoration: :class:`ContractSpec` (its tensors,
+scalars, containers, return, constraints and binding plan), the options it was made with, and
+what a call hands hints and value checks (:class:`CallContext`, :class:`Dims`).
+
+Example::
+
+    spec = contract.spec
+    spec.symbols, spec.tensors["x"].symbolic()      # ('B', 'D'), '[B, D]'
+"""
 
 from __future__ import annotations
 
@@ -11,13 +19,7 @@ from ..errors import Violation
 from ..grammar.constraints import Constraint
 from ..grammar.dims import ArgFact, Expr
 from ..rules.tensor import Rule
-from .markers import (
-    MatchConfig,
-    Range,
-    Where,
-    config_dim_source,
-    config_dims,
-)
+from .markers import MatchConfig, Range, Where, config_dim_source, config_dims
 from .nodes import Node, TensorNode, walk_containers
 
 

@@ -1,4 +1,12 @@
-"""TODO docstring."""
+"""beartype's verdict on a value and on every item of every container in it (beartype samples
+one item per container per call), as a :data:`Problem` naming the first item that breaks it; and
+the words of a problem (:func:`words`, :func:`safe_repr`: no tensor values, a raising repr
+survived).
+
+Example::
+
+    deep_problem([1, 2, "3"], list[int], "ks")   # (ArgumentTypeError, "ks[2]: expected int, got str")
+"""
 
 from __future__ import annotations
 

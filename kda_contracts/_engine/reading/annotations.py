@@ -35,24 +35,9 @@ from beartype.door import is_bearable
 from ..errors import AnnotationError, _hint_text
 from ..grammar.constraints import parse_constraint
 from ..grammar.dims import Variadic, parse_shape
-from ..model.markers import (
-    DTYPE_ROLES,
-    MatchConfig,
-    Range,
-    Spec,
-    Where,
-    config_dtypes,
-    read_metadata,
-)
+from ..model.markers import DTYPE_ROLES, MatchConfig, Range, Spec, Where, config_dtypes, read_metadata
 from ..model.nodes import tensor_rules
-from ..model.spec import (
-    NO_HINT,
-    ContractOptions,
-    ContractSpec,
-    NestedParam,
-    ScalarParam,
-    TensorNode,
-)
+from ..model.spec import NO_HINT, ContractOptions, ContractSpec, NestedParam, ScalarParam, TensorNode
 from ..model.type_verdict import BEARTYPE_CONF
 from ..rules.scalar import scalar_param_rules
 from .arrays import _is_jaxtyping_array, array_dtypes, split_optional, unalias, unsupported_array_type

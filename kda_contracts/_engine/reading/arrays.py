@@ -1,4 +1,12 @@
-"""TODO docstring."""
+"""jaxtyping array annotations as the reader sees them: whether a hint is one
+(:func:`is_array_type`), which torch dtypes it allows (:func:`array_dtypes`), why an array class
+cannot be checked (:func:`unsupported_array_type`), ``X | None`` split (:func:`split_optional`),
+type aliases unwrapped (:func:`unalias`).
+
+Example::
+
+    array_dtypes(Float[Tensor, "B"], None, "x")      # frozenset({torch.float16, torch.bfloat16, ...})
+"""
 
 from __future__ import annotations
 

@@ -26,13 +26,7 @@ from ..errors import AnnotationError
 from ..grammar.constraints import Constraint
 from ..grammar.dims import ArgFact, Broadcast, Const, Expr, Sym, arg_fact, dim_symbols, linear_form
 from ..model.markers import Where, config_dims
-from ..model.spec import (
-    AxisSource,
-    BindingPlan,
-    Derived,
-    Solver,
-    VariadicSource,
-)
+from ..model.spec import AxisSource, BindingPlan, Derived, Solver, VariadicSource
 
 if TYPE_CHECKING:
     from ..model.nodes import Node

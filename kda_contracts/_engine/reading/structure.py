@@ -24,9 +24,7 @@ from types import NoneType, UnionType
 from typing import Any
 
 from ..errors import AnnotationError
-from ..grammar.dims import (
-    parse_shape,
-)
+from ..grammar.dims import parse_shape
 from ..model.nodes import FieldsOf, MappingOf, Node, OneOf, Plain, SequenceOf, TupleOf, nested_tensor
 from .arrays import _MAPPINGS, _SEQUENCES, array_dtypes, is_array_type, unalias, unsupported_array_type
 from .type_trees import read_types

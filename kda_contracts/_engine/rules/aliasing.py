@@ -16,14 +16,7 @@ from typing import Any
 from torch import Tensor
 
 from ..errors import LayoutError, ValueRangeError, Violation
-from .memory import (
-    has_addresses,
-    region,
-    regions_overlap,
-    self_overlap,
-    skip_value_checks,
-    without_data,
-)
+from .memory import has_addresses, region, regions_overlap, self_overlap, skip_value_checks, without_data
 
 
 def _written_map(written: Mapping[str, Tensor | None] | Iterable[str]) -> dict[str, Tensor | None]:

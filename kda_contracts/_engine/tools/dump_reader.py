@@ -33,7 +33,7 @@ from .dumps import FORMAT_KEY, FORMAT_VERSION, TAG
 
 if TYPE_CHECKING:
     from ..contract.decorator import Contract
-    from ..op.opdef import Op
+    from ..operation.opdef import Op
 
 
 class DumpError(Exception):
@@ -279,7 +279,7 @@ class CallDump:
 
 def _resolve(target: Mapping[str, Any], path: str) -> tuple[Op | None, Contract]:
     from ..contract.decorator import registered_contracts
-    from ..op.opdef import Op, ops
+    from ..operation.opdef import Op, ops
 
     kind, name, ref = target.get("kind"), str(target.get("name")), str(target.get("ref"))
     if kind not in ("op", "contract"):

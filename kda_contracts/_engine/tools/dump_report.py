@@ -27,12 +27,12 @@ from ..contract.decorator import Contract
 from ..errors import ContractError, DeviceError, Violation, format_report, uninspectable
 from ..explain.explainer import explain_call
 from ..model.spec import CallContext, Dims
-from ..op.backends import Backend, verdict_lines
+from ..operation.backends import Backend, verdict_lines
 from .dump_reader import CallDump, Placeholder, SavedConfig
 from .dumps import DUMP_DIR_ENV, TAG
 
 if TYPE_CHECKING:
-    from ..op.opdef import Op
+    from ..operation.opdef import Op
 
 
 EXIT_VALID, EXIT_INVALID = 0, 1

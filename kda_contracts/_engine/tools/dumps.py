@@ -49,7 +49,7 @@ from ..version import __version__
 
 if TYPE_CHECKING:
     from ..contract.decorator import Contract
-    from ..op.opdef import Op
+    from ..operation.opdef import Op
 
 
 FORMAT_KEY = "kda_contracts_dump"  # the key that marks a file as a call dump; its value: the format version
@@ -175,7 +175,7 @@ def _fields_of(obj: Any) -> tuple[dict[str, Any] | None, str]:
 
 # -- what is saved ---------------------------------------------------------------------------------
 def _target_of(target: Any) -> tuple[Op | None, Contract]:
-    from ..op.opdef import Op
+    from ..operation.opdef import Op
 
     if isinstance(target, Op):
         return target, target.contract
@@ -189,7 +189,7 @@ def _target_of(target: Any) -> tuple[Op | None, Contract]:
 
 def _owner_of(contract: Contract) -> tuple[Op | None, str | None]:
     """The op a contract belongs to (one of its variants), if any."""
-    from ..op.opdef import ops
+    from ..operation.opdef import ops
 
     for o in ops().values():
         for key, c in o.contracts.items():
@@ -295,7 +295,7 @@ def _save_rejected(target: Contract | Op, values: Mapping[str, Any], config: Any
     directory = os.environ.get(DUMP_DIR_ENV, "").strip()
     if not directory or _capturing():
         return
-    from ..op.opdef import Op
+    from ..operation.opdef import Op
 
     op, variant = (target, None) if isinstance(target, Op) else _owner_of(target)
     name = op.name if op is not None else target.name

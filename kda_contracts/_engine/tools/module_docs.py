@@ -32,8 +32,8 @@ from typing import Any
 import torch
 
 from ..contract.decorator import Contract, registered_contracts
-from ..op.backends import Backend
-from ..op.opdef import Op, ops
+from ..operation.backends import Backend
+from ..operation.opdef import Op, ops
 from .docs import GENERATED_MARK, Section, cell, describe_contract, render_contract, render_reference
 
 _BACKEND_FIELDS = frozenset(f.name for f in dataclasses.fields(Backend))

@@ -28,12 +28,9 @@ from collections.abc import Callable
 
 from kda_kernels.interface import DecodeBackend
 
-import kda_contracts as kc
-
-from ..packed_decode.contract import SYMBOLS  # B, H, HV, K, V, N: kda_kernels' DecodeDims order
+from ... import _engine as kc
+from .._packed.layouts import SYMBOLS  # B, H, HV, K, V, N: kda_kernels' DecodeDims order
 from .decode import gdn_packed_decode
-
-__all__ = ["SHIPPED"]
 
 
 def _cpu_if_interpreting() -> tuple[str, ...]:

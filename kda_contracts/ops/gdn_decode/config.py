@@ -22,9 +22,7 @@ from typing import Any
 
 from pydantic import Field, model_validator
 
-from ..packed_decode.config import KDAConfig, read_hf_json
-
-__all__ = ["GDN_PRESETS", "GDNConfig"]
+from .._packed.config import KDAConfig, read_hf_json
 
 
 class GDNConfig(KDAConfig):

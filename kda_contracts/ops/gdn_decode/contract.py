@@ -15,14 +15,12 @@ from collections.abc import Callable
 from typing import Annotated, Any
 
 import torch
+from jaxtyping import Float, Int
+from torch import Tensor
 
-import kda_contracts as kc
-
-from ... import Float, Int, Tensor
-from ..packed_decode.contract import layout_resolver
-from ..packed_decode.dtypes import ACTIVATION_DTYPES, INDEX_DTYPES, STATE_DTYPES
-
-__all__ = ["GDN_ARGS", "LAYOUTS", "SYMBOLS", "VARIANTS", "resolve_layout"]
+from ... import _engine as kc
+from .._packed.dtypes import ACTIVATION_DTYPES, INDEX_DTYPES, STATE_DTYPES
+from .._packed.layouts import layout_resolver
 
 LAYOUTS: tuple[str, ...] = ("VK", "KV")
 SYMBOLS: tuple[str, ...] = ("B", "H", "HV", "K", "V", "N")

@@ -16,14 +16,11 @@ from typing import Any, Literal
 
 from torch import Tensor
 
-import kda_contracts as kc
-
-from ..packed_decode.checks import value_checks
-from ..packed_decode.decode import dims_on_trust, output_checks, written_by_call
+from ... import _engine as kc
+from .._packed.calls import dims_on_trust, output_checks, written_by_call
+from .._packed.checks import value_checks
 from .contract import SYMBOLS, VARIANTS, WHERE, resolve_layout
 from .hints import hints_for
-
-__all__ = ["gdn_packed_decode", "validate_gdn_packed_decode"]
 
 
 # The call shape is KDA's (the gate aside): the same dims on trust, outputs checks and written parts.

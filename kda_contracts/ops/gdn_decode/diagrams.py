@@ -16,10 +16,8 @@ Example::
 
 from __future__ import annotations
 
-from ..packed_decode.config import KDAConfig
-from ..packed_decode.diagrams import COLORS, STROKE, Svg, group_heads
-
-__all__ = ["gate_svg"]
+from .._packed.config import KDAConfig
+from .._packed.svg import COLORS, STROKE, Svg, group_heads
 
 _LEFT, _BAR_W = 30, 920
 _GDN, _KDA = "#b03030", "#2a5db0"

@@ -22,14 +22,12 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..._engine import Section, describe_contract, describe_op, mark_svg, op_section
-from ..packed_decode.diagrams import mixed_qkv_svg, state_pool_svg
-from ..packed_decode.mistakes import catalogue_lines
+from .._packed.mistakes import catalogue_lines
+from .._packed.svg import mixed_qkv_svg, state_pool_svg
 from .config import GDNConfig
 from .decode import gdn_packed_decode
 from .diagrams import gate_svg
 from .mistakes import BATCH, MISTAKES, POOL, reproduce
-
-__all__ = ["DOC_PRESET", "FILES", "TITLE", "TP_SIZES", "describe", "docs_config", "errors_lines", "files", "sections"]
 
 DOC_PRESET = "qwen3-next-80b-a3b"
 TP_SIZES = (1, 2, 4, 8)  # the degrees the preset is served at; the table shows each

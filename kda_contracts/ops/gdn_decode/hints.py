@@ -13,15 +13,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-import kda_contracts as kc
-
-from ... import ShapeError, config_dims
+from ... import _engine as kc
+from ..._engine import ShapeError, config_dims
 from ..._engine.facts import AxisMismatch, RankMismatch
-from ..packed_decode.hints import hint_index_dtype, hint_state_strides, hint_width, layout_hint, tp_renderer
-from ..packed_decode.tp import fits, tp_mismatch_hint
+from .._packed.hints import hint_index_dtype, hint_state_strides, hint_width, layout_hint, tp_renderer
+from .._packed.tp import fits, tp_mismatch_hint
 from .config import GDNConfig
-
-__all__ = ["hints_for"]
 
 Hint = Callable[["kc.Violation", "kc.CallContext"], "str | None"]
 

@@ -23,13 +23,11 @@ from typing import Any
 import torch
 
 from ..._engine import DtypeError, ShapeError, ValueRangeError
-from ...testing import make_gdn_decode_call
-from ..packed_decode.config import KDAConfig
-from ..packed_decode.mistakes import BATCH, POOL, Attempt, Mistake, Reproduction
-from ..packed_decode.mistakes import reproduce as _reproduce
+from .._packed.config import KDAConfig
+from .._packed.mistakes import BATCH, POOL, Attempt, Mistake, Reproduction
+from .._packed.mistakes import reproduce as _reproduce
+from .calls import make_gdn_decode_call
 from .decode import validate_gdn_packed_decode
-
-__all__ = ["BATCH", "MISTAKES", "POOL", "reproduce"]
 
 
 @functools.lru_cache(maxsize=8)

@@ -6,9 +6,9 @@ Example::
     from kda_contracts.ops.packed_decode import packed_decode, validate_packed_decode
 """
 
-from .config import PRESETS as PRESETS
-from .config import KDAConfig as KDAConfig
-from .contract import packed_decode_contract as packed_decode_contract
+from .._packed.config import PRESETS as PRESETS
+from .._packed.config import KDAConfig as KDAConfig
 from .decode import explain_backends as explain_backends
 from .decode import packed_decode as packed_decode
+from .decode import packed_decode_contract as packed_decode_contract
 from .decode import validate_packed_decode as validate_packed_decode

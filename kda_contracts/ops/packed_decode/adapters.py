@@ -29,13 +29,14 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from ..._engine import Backend, BackendError, CallInfo
-from .contract import SYMBOLS  # B, H, HV, K, V, N: kda_kernels' DecodeDims order
+from .._packed.layouts import SYMBOLS  # B, H, HV, K, V, N: kda_kernels' DecodeDims order
 
 if TYPE_CHECKING:
     from ..._engine import Op
 
-__all__ = ["Adapter", "BackendError", "available", "describe", "get", "load_plugins", "names", "refresh", "register",
-           "unregister", "verdicts"]
+__all__ = ["Adapter", "BackendError", "available", "bind", "describe", "get", "load_plugins", "names", "refresh",
+           "register", "unregister", "verdicts"]
+
 
 ENTRY_POINT_GROUP = "kda_contracts.adapters"  # the older group; ``kda_contracts.backends`` serves any op
 _INTERFACE_ARGS = 9  # mixed_qkv ... indices, then the keywords below
@@ -121,10 +122,16 @@ class Adapter(Backend):
         return run
 
 
-def _op() -> Op:
-    from .decode import packed_decode
+_OP: list[Op] = []  # packed decode itself, once its module has made it (bind())
 
-    return packed_decode
+
+def bind(op: Op) -> None:
+    """Make ``op`` (``kc.packed_decode``) the op this module's functions act on (its module calls this)."""
+    _OP[:] = [op]
+
+
+def _op() -> Op:
+    return _OP[0]
 
 
 def __getattr__(name: str) -> Any:

@@ -15,29 +15,16 @@ Example::
 # local values and must be evaluated when the function is defined.
 
 from collections.abc import Callable
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
 import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from ..._engine import Contract, LayoutError, MatchConfig, Range, Spec, Violation, Where, raise_violations
-from .checks import value_checks
-from .dtypes import ACTIVATION_DTYPES, INDEX_DTYPES, STATE_DTYPES
-
-__all__ = [
-    "LAYOUTS",
-    "OPTIONS",
-    "PACKED_DECODE_ARGS",
-    "SYMBOLS",
-    "VARIANTS",
-    "layout_resolver",
-    "packed_decode_contract",
-    "resolve_layout",
-]
-
-Layout = Literal["VK", "KV"]
-LAYOUTS: tuple[Layout, ...] = ("VK", "KV")
+from ..._engine import MatchConfig, Range, Spec, Where
+from .._packed.checks import value_checks
+from .._packed.dtypes import ACTIVATION_DTYPES, INDEX_DTYPES, STATE_DTYPES
+from .._packed.layouts import LAYOUTS, Layout, layout_resolver
 
 PACKED_DECODE_ARGS = ("mixed_qkv", "a", "b", "A_log", "dt_bias", "scale", "initial_state", "out",
                       "ssm_state_indices", "use_qk_l2norm_in_kernel", "lower_bound")
@@ -85,45 +72,6 @@ def _make_signature(layout: Layout) -> Callable[..., Any]:
 VARIANTS = {layout: _make_signature(layout) for layout in LAYOUTS}  # the op's contract per state layout
 OPTIONS = {"config_arg": "config", "where": _WHERE, "bind_first": ("initial_state", "mixed_qkv"),
            "value_checks": value_checks}
-
-SYMBOLS = ("B", "H", "HV", "K", "V", "N")  # the dims both layouts bind, in this order
-
-
-def packed_decode_contract(state_layout: Layout = "VK") -> Contract:
-    """The compiled packed-decode contract for a state layout (for docs, CLIs and tests).
-
-    Example::
-
-        >>> packed_decode_contract().spec.symbols
-        ('B', 'H', 'HV', 'K', 'V', 'N')
-    """
-    from .decode import packed_decode
-
-    return packed_decode.contracts[state_layout]
-
-
-def layout_resolver(function: str) -> Callable[[Any, str | None], Layout]:
-    """The ``variant=`` of a packed-decode op named ``function`` (KDA's, GDN's): the declared state
-    layout of a call — ``state_layout=``, else the config's, else "VK"; a value other than VK/KV,
-    or a keyword that contradicts the config, is a LayoutError naming ``function``."""
-
-    def resolve_layout(config: Any, state_layout: str | None) -> Layout:
-        """The declared state layout: `state_layout=`, else the config's, else "VK" (never guessed from shapes)."""
-        cfg_layout = getattr(config, "state_layout", None)
-        if state_layout is None:
-            return cfg_layout or "VK"
-        if state_layout not in LAYOUTS:
-            raise_violations(function, [Violation(
-                LayoutError, "state_layout", "'VK' or 'KV' (or None: the config's, else 'VK')", repr(state_layout))],
-                {}, {})
-        if cfg_layout is not None and cfg_layout != state_layout:
-            raise_violations(function, [Violation(
-                LayoutError, "state_layout", f"{cfg_layout!r} (config state_layout)", repr(state_layout),
-                hint="pass one source of truth: drop state_layout= or fix the config")], {}, {})
-        return state_layout  # type: ignore[return-value]
-
-    resolve_layout.__qualname__ = "resolve_layout"  # what the docs show, not the factory's <locals>
-    return resolve_layout
 
 
 resolve_layout = layout_resolver("packed_decode")

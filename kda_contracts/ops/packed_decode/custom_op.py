@@ -1,6 +1,6 @@
 """``torch.ops.kda_contracts.packed_decode``: packed decode as a torch.library custom op whose
 fake (meta) implementation *is* the contract (``kc.packed_decode.torch_op``, see
-:mod:`kda_contracts._engine.op.torch_op`), so torch.compile, torch.export and ``opcheck`` see exactly the
+:mod:`kda_contracts._engine.operation.torch_op`), so torch.compile, torch.export and ``opcheck`` see exactly the
 shapes, dtypes and strides the contract accepts. ``out`` and ``initial_state`` are declared
 mutated; the op returns nothing. The config is not an argument of a custom op: pass
 ``state_layout`` instead.
@@ -17,7 +17,5 @@ Example::
 from __future__ import annotations
 
 from .decode import packed_decode as _op
-
-__all__ = ["packed_decode"]
 
 packed_decode = _op.torch_op

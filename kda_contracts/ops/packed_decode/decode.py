@@ -14,55 +14,16 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-import torch
 from torch import Tensor
 
-from ..._engine import CallContext, Dims, op
+from ..._engine import Contract, Dims, get_mode, op
+from .._packed.calls import dims_on_trust, output_checks, written_by_call
+from .._packed.layouts import SYMBOLS, Layout
 from . import adapters
-from .checks import output_violations
-from .contract import OPTIONS, SYMBOLS, VARIANTS, resolve_layout
+from .contract import OPTIONS, VARIANTS, resolve_layout
 from .hints import hints_for
 
-__all__ = ["dims_on_trust", "explain_backends", "output_checks", "packed_decode", "validate_packed_decode",
-           "written_by_call"]
-
-
-def dims_on_trust(layout: str, mixed_qkv: Tensor, a: Tensor, b: Tensor, A_log: Tensor, dt_bias: Tensor,
-                    scale: float, initial_state: Tensor, *rest: Any) -> tuple[int, ...]:
-    """The dims of a call taken on trust (mode ``off``), in the contract's symbol order
-    (B, H, HV, K, V, N). B is the number of indices (``rest[1]``, as the kernel interface defines
-    it: a kernel handed these dims launches B requests), else the rows of ``mixed_qkv``."""
-    N, HV, X, Y = initial_state.shape
-    V, K = (X, Y) if layout == "VK" else (Y, X)
-    W = mixed_qkv.shape[-1]
-    B = rest[1].shape[0] if len(rest) > 1 else mixed_qkv.shape[0]
-    return B, (W - HV * V) // (2 * K), HV, K, V, N
-
-
 assert SYMBOLS == ("B", "H", "HV", "K", "V", "N")
-
-
-def output_checks(ctx: CallContext, backend: str) -> list:
-    """Strict mode, after the kernel: finite output and updated slots, all-zero output rows for
-    padding and out-of-range indices (skipped during CUDA-graph capture)."""
-    v = ctx.values
-    return output_violations(backend, v["out"], v["initial_state"], v["ssm_state_indices"], ctx.memo.get("indices"),
-                             op=ctx.spec.name)
-
-
-def written_by_call(ctx: CallContext) -> dict[str, Any]:
-    """What a call writes: all of ``out``, and the pool slots its valid indices name (strict mode
-    copies just these before the kernel, and restores them if the call is rejected after it)."""
-    idx = ctx.values["ssm_state_indices"]
-    n = ctx.dims["N"]
-    host = ctx.memo.get("indices")  # what the value checks read in their one sync
-    if isinstance(host, Tensor):
-        return {"out": None, "initial_state": host[(host >= 0) & (host < n)]}
-    if host is not None:
-        return {"out": None, "initial_state": torch.tensor([i for i in host if 0 <= i < n], dtype=torch.long)}
-    if idx.is_cuda and torch.cuda.is_current_stream_capturing():
-        return {"out": None}  # the used slots cannot be read without a sync while capturing
-    return {"out": None, "initial_state": idx[(idx >= 0) & (idx < n)]}
 
 
 @op(name="packed_decode", namespace="kda_contracts", returns=("out", "initial_state"), after=output_checks,
@@ -84,6 +45,7 @@ def packed_decode(
               state_layout=layout)
 
 
+adapters.bind(packed_decode)
 for _ad in adapters.shipped():
     packed_decode.register_backend(_ad, replace=True)
 packed_decode.table.plugin_loader = adapters.load_all  # also the older kda_contracts.adapters group
@@ -108,14 +70,12 @@ def validate_packed_decode(
         >>> dims.H, dims.provenance["H"]
         (32, 'from config (num_heads=32)')
     """
-    from ..._engine import modes
-
     values = {"mixed_qkv": mixed_qkv, "a": a, "b": b, "A_log": A_log, "dt_bias": dt_bias, "scale": scale,
               "initial_state": initial_state, "out": out, "ssm_state_indices": ssm_state_indices,
               "use_qk_l2norm_in_kernel": use_qk_l2norm_in_kernel, "lower_bound": lower_bound, "config": config,
               "state_layout": state_layout}
     if strict is None:
-        strict = modes.current_mode() == modes.STRICT
+        strict = get_mode() == "strict"
     return packed_decode.validate_values(values, strict=strict)
 
 
@@ -128,3 +88,14 @@ def explain_backends(*args: Any, **kwargs: Any) -> str:
         print(kc.explain_backends(mixed_qkv, a, b, A_log, dt_bias, scale, state, out, idx))
     """
     return packed_decode.explain_backends(*args, **kwargs)
+
+
+def packed_decode_contract(state_layout: Layout = "VK") -> Contract:
+    """The compiled packed-decode contract for a state layout (for docs, CLIs and tests).
+
+    Example::
+
+        >>> packed_decode_contract().spec.symbols
+        ('B', 'H', 'HV', 'K', 'V', 'N')
+    """
+    return packed_decode.contracts[state_layout]

@@ -48,13 +48,10 @@ from ..._engine import (
     load_file,
     without_data,
 )
+from .._packed.config import PRESETS, KDAConfig
 from . import adapters
-from .config import PRESETS, KDAConfig
-from .contract import PACKED_DECODE_ARGS, packed_decode_contract, resolve_layout
-from .decode import packed_decode
-
-__all__ = ["EXIT_INVALID", "EXIT_UNUSABLE", "EXIT_VALID", "DecodeDump", "DumpError", "DumpReport", "check_dump",
-           "dump_problem", "from_loaded", "load_dump", "save_dump"]
+from .contract import PACKED_DECODE_ARGS, resolve_layout
+from .decode import packed_decode, packed_decode_contract
 
 EXIT_VALID, EXIT_INVALID, EXIT_UNUSABLE = 0, 1, 2
 REQUIRED = PACKED_DECODE_ARGS[:9]

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import inspect
 import typing
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
@@ -40,10 +40,7 @@ from ..errors import AnnotationError, ContractError, passthrough_for_compile
 from ..grammar.dims import ANY, Broadcast, Expr, Variadic
 from ..model.spec import TensorNode
 from ..reading.arrays import split_optional
-
-if TYPE_CHECKING:
-    from .opdef import Op
-
+from .protocol import OpParts
 
 _SCALARS = (float, int, bool, str)
 # torch 2.13's dynamo lets an IndexError out of a fake kernel as itself (errors.passthrough_for_compile);
@@ -51,7 +48,7 @@ _SCALARS = (float, int, bool, str)
 _FAKE_ERRORS_PASS = TORCH_2_13
 
 
-def _schema_params(o: Op) -> tuple[list[inspect.Parameter], list[str]]:
+def _schema_params(o: OpParts) -> tuple[list[inspect.Parameter], list[str]]:
     """The custom op's parameters (plain annotations torch can infer a schema from), and the
     names of the op's parameters left out (they take their defaults)."""
     spec = o.contract.spec
@@ -89,7 +86,7 @@ def _schema_params(o: Op) -> tuple[list[inspect.Parameter], list[str]]:
     return kept, left
 
 
-def _output_rule(o: Op, tp: TensorNode) -> Any:
+def _output_rule(o: OpParts, tp: TensorNode) -> Any:
     """How the fake implementation makes one output: ``(dims, dtype_of(values))``."""
     for d in tp.dims:
         if d is ANY or (isinstance(d, Variadic) and d.name is None):
@@ -130,7 +127,7 @@ def _shape(tp: TensorNode, env: dict[str, Any]) -> list[Any]:
     return out
 
 
-def make_torch_op(o: Op) -> Any:
+def make_torch_op(o: OpParts) -> Any:
     """Register ``o`` as ``torch.ops.<namespace>.<name>`` (see the module docstring)."""
     params, left_out = _schema_params(o)
     spec = o.contract.spec

@@ -19,8 +19,6 @@ from typing_extensions import Self
 
 from .dtypes import DTYPES_BY_NAME
 
-__all__ = ["PRESETS", "KDAConfig"]
-
 DtypeName = Literal["float32", "bfloat16", "float16"]
 IndexDtypeName = Literal["int32", "int64"]
 

@@ -41,9 +41,6 @@ from ..._engine import (
     without_data,
 )
 
-__all__ = ["check_outputs", "output_violations", "slot_probes", "slots_finite", "used_slots_finite",
-           "value_checks"]
-
 _TENSOR_ARGS = ("mixed_qkv", "a", "b", "A_log", "dt_bias", "initial_state", "out", "ssm_state_indices")
 
 

@@ -175,6 +175,7 @@ class Op:
         self.table.plugin_loader = self._load_plugins
         self._torch_op: Any = None
         self._dispatch: Callable[..., Any] | None = None
+        self._key_layout: Any = None  # what the dispatcher's selection key holds (set when it is built)
         self._rebuild_enabled = False
         doc = (fn.__doc__ or "").strip().split("\n")[0] or "the op's body (PyTorch reference)"
         self.table.register(_Reference(name="torch", kernel=fn, devices=("*",), priority=0, description=doc))
@@ -391,7 +392,7 @@ class Op:
     @property
     def torch_op(self) -> Any:
         """This op as a ``torch.library`` custom op (made on first use), whose fake implementation
-        is the contract; see :mod:`kda_contracts._engine.op.torch_op`."""
+        is the contract; see :mod:`kda_contracts._engine.operation.torch_op`."""
         if self._torch_op is None:
             from .torch_op import make_torch_op
 

@@ -4,7 +4,7 @@ contracts and the config all read it.
 
 Example::
 
-    >>> from kda_contracts.ops.packed_decode.dtypes import INDEX_DTYPES, DTYPES_BY_NAME
+    >>> from kda_contracts.ops._packed.dtypes import INDEX_DTYPES, DTYPES_BY_NAME
     >>> DTYPES_BY_NAME["int32"] in INDEX_DTYPES
     True
 """
@@ -12,8 +12,6 @@ Example::
 from __future__ import annotations
 
 import torch
-
-__all__ = ["ACTIVATION_DTYPES", "DTYPES_BY_NAME", "INDEX_DTYPES", "STATE_DTYPES"]
 
 ACTIVATION_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 """``mixed_qkv``, ``a``, ``b``, ``out`` (and a layer's hidden states)."""

@@ -22,8 +22,6 @@ from torch import Tensor
 from ..._engine import CallContext, Expr, ShapeError, Sym, Violation
 from .config import KDAConfig
 
-__all__ = ["TPMismatch", "find_tp_mismatch", "tp_mismatch_hint"]
-
 DimsAt = Callable[[KDAConfig], Mapping[str, int]]
 """The per-rank dims a contract's config fixes, for a config (e.g. ``KDAConfig.contract_dims``)."""
 

@@ -12,15 +12,13 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from ...testing import make_decode_call
-from ..gdn_decode import mistakes as gdn_mistakes
-from ..gdn_decode.config import GDNConfig
-from .config import KDAConfig
-from .decode import packed_decode, validate_packed_decode
-from .mistakes import MISTAKES, Mistake, Reproduction, reproduce
-
-__all__ = ["run_demo"]
-
+from ..ops._packed.calls import make_decode_call
+from ..ops._packed.config import KDAConfig
+from ..ops._packed.mistakes import Mistake, Reproduction
+from ..ops.gdn_decode import mistakes as gdn_mistakes
+from ..ops.gdn_decode.config import GDNConfig
+from ..ops.packed_decode.decode import packed_decode, validate_packed_decode
+from ..ops.packed_decode.mistakes import MISTAKES, reproduce
 
 # The mistakes the tour shows, by their key in the catalogue (kda_contracts.ops.packed_decode.mistakes), which
 # defines how each is made; `kda-contracts docs` renders the same catalogue.

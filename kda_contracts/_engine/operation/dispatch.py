@@ -15,7 +15,7 @@ import functools
 import inspect
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from beartype.roar import BeartypeCallHintParamViolation
@@ -29,9 +29,7 @@ from ..contract.decorator import _outside_compile
 from ..errors import AnnotationError, ContractError, Violation, raise_violations
 from ..source import define
 from .backends import BackendError, CallInfo, Chosen, signature_problem
-
-if TYPE_CHECKING:
-    from .opdef import Op
+from .protocol import OpParts
 
 
 @dataclass(frozen=True)
@@ -55,7 +53,7 @@ class KeyLayout:
                         dims={} if dims is None else dict(zip(self.symbols[variant], dims, strict=True)))
 
 
-def key_layout(o: Op) -> KeyLayout:
+def key_layout(o: OpParts) -> KeyLayout:
     backends = o.table.registry.values()
     tensors = o.contract.spec.tensors
     dtype_args: list[str] = []
@@ -75,10 +73,10 @@ def _device_of(*vals: Any) -> str:
     return next((v.device.type for v in vals if isinstance(v, torch.Tensor)), "cpu")
 
 
-def build_dispatcher(o: Op) -> Any:
+def build_dispatcher(o: OpParts) -> Any:
     """The op's ``__call__`` (source generated for its signature and backends)."""
     layout = key_layout(o)
-    o._key_layout = layout  # type: ignore[attr-defined]
+    o._key_layout = layout
     c = o.contract
     spec = c.spec
     n = Names([*o.signature.parameters, o.name if o.name.isidentifier() else "op"])
@@ -129,7 +127,8 @@ def build_dispatcher(o: Op) -> Any:
     return fn
 
 
-def _check_lines(o: Op, n: Names, ns: dict[str, Any], fixed: int | None, plain: str, sep: str, cfg: str) -> list[str]:
+def _check_lines(o: OpParts, n: Names, ns: dict[str, Any], fixed: int | None, plain: str, sep: str,
+                 cfg: str) -> list[str]:
     """The mode read and the checks: each contract's generated checker inlined (per variant, the
     checker of the call's variant), the beartype shim first for hints the checker cannot decide,
     strict mode's value checks."""
@@ -184,7 +183,7 @@ def _check_lines(o: Op, n: Names, ns: dict[str, Any], fixed: int | None, plain: 
     return lines
 
 
-def _run_lines(o: Op, n: Names, ns: dict[str, Any], call: list[str], plain: str, cfg: str) -> list[str]:
+def _run_lines(o: OpParts, n: Names, ns: dict[str, Any], call: list[str], plain: str, cfg: str) -> list[str]:
     """Run the chosen backend: in strict mode inside a transaction (snapshot, run, after-checks,
     rollback); otherwise directly, a backend's own exception becoming a BackendError."""
     mode, dims, res, v, chosen = n("mode"), n("dims"), n("res"), n("v"), n("b")
@@ -236,7 +235,7 @@ def _any_result(result: Any, dims: Any, *args: Any) -> bool:
     return True
 
 
-def _off_dims_needed(o: Op, layout: KeyLayout) -> bool:
+def _off_dims_needed(o: OpParts, layout: KeyLayout) -> bool:
     """Whether mode ``off`` must still read the dims: some backend's support or kernel needs them."""
     if layout.with_dims:
         return True
@@ -248,7 +247,7 @@ def _off_dims_needed(o: Op, layout: KeyLayout) -> bool:
     return False
 
 
-def _key_source(o: Op, layout: KeyLayout, n: Names, v: str, dims: str) -> str:
+def _key_source(o: OpParts, layout: KeyLayout, n: Names, v: str, dims: str) -> str:
     tensors = o.contract.spec.tensors
     dev_arg = next((t for t, tp in tensors.items() if not tp.optional), None)
     params = [p.name for p in o.signature.parameters.values() if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
@@ -271,7 +270,7 @@ def _returns_source(returns: str | Sequence[str] | None, res: str) -> str:
     return "(" + ", ".join(returns) + ("," if len(returns) == 1 else "") + ")"
 
 
-def bootstrap(o: Op) -> Callable[..., Any]:
+def bootstrap(o: OpParts) -> Callable[..., Any]:
     """An op's ``__call__`` until its first call: load the plug-ins (their backends change what a
     selection key must hold), generate the real dispatcher, and call it. Under torch.compile the
     preparation runs at trace time, untraced."""
@@ -286,7 +285,7 @@ def bootstrap(o: Op) -> Callable[..., Any]:
 
     prepared = mark_constant_result(prepare)
 
-    def first_call(self: Op, *args: Any, **kwargs: Any) -> Any:
+    def first_call(self: OpParts, *args: Any, **kwargs: Any) -> Any:
         prepared()
         dispatch = o._dispatch
         if not torch.compiler.is_compiling():  # from now on, the dispatcher itself (eager)
@@ -296,12 +295,12 @@ def bootstrap(o: Op) -> Callable[..., Any]:
     return first_call
 
 
-def make_select(o: Op) -> Callable[[tuple[Any, ...], str], Chosen]:
+def make_select(o: OpParts) -> Callable[[tuple[Any, ...], str], Chosen]:
     """``select(key, backend)``: the cached choice of backend. Under torch.compile the choice is
     made once, at trace time, without the (possibly symbolic) dims; a backend whose support
     depends on the dims is then refused rather than judged on the traced sizes."""
     table = o.table
-    layout = o._key_layout  # type: ignore[attr-defined]
+    layout = o._key_layout
 
     def info_of(key: tuple[Any, ...]) -> CallInfo:
         return layout.info(key)

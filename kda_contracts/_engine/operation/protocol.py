@@ -1,0 +1,56 @@
+"""What the code generators of an op read of it (:class:`OpParts`): the dispatcher
+(:mod:`.dispatch`) and the custom op (:mod:`.torch_op`) are built from an op without importing
+the class that makes one (:class:`~.opdef.Op` satisfies this protocol).
+
+Example::
+
+    def build_dispatcher(o: OpParts) -> Callable[..., Any]: ...
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Mapping
+from typing import Any, NoReturn, Protocol
+
+from ..contract.decorator import Contract
+from ..model.spec import ContractOptions
+from .backends import BackendTable, Chosen
+
+
+class OpParts(Protocol):
+    """An op as its generated dispatcher and custom op see it."""
+
+    name: str
+    namespace: str
+    options: ContractOptions
+    signature: inspect.Signature
+    contract: Contract
+    returns: tuple[str, ...] | str | None
+    returns_none: bool
+    table: BackendTable
+    unchecked_dims: Callable[..., tuple[int, ...]] | None
+    variant_of: Callable[..., Any] | None
+    _variant_raw: Callable[..., Any] | None
+    _variant_expected: str
+    _variant_params: tuple[str, ...]
+    _key_layout: Any
+    _dispatch: Callable[..., Any] | None
+
+    @property
+    def contracts(self) -> Mapping[str | None, Contract]: ...
+
+    def contract_for(self, values: Mapping[str, Any]) -> tuple[str | None, Contract]: ...
+
+    def _bad_variant(self, key: Any) -> None: ...
+
+    def _dims_off(self, variant: str | None, *vals_and_cfg: Any) -> tuple[int, ...] | None: ...
+
+    def _failed(self, backend: str, exc: BaseException, *, rolled_back: bool = False) -> None: ...
+
+    def _hook_failed(self, hook: str, expected: str, exc: Exception, *, subject: str = "it",
+                     hint: str | None = ...) -> NoReturn: ...
+
+    def _transact(self, chosen: Chosen, dims: tuple[int, ...], variant: str | None, vals: tuple[Any, ...],
+                  config: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
+                  memo: dict[str, Any] | None = None) -> Any: ...
