@@ -27,6 +27,7 @@ import torch
 
 import kda_contracts as kc
 from kda_contracts import Float, Tensor
+from kda_contracts._engine.contract.wrapping import build_wrapper
 from kda_contracts.testing import make_decode_call
 
 TIMERS = {"process": time.process_time_ns, "perf": time.perf_counter_ns}
@@ -80,8 +81,8 @@ def decode_cases() -> tuple[Callable[..., Any], Callable[..., Any], tuple[Any, .
     # the bare contract: the same compiled contract and generated wrapper around the same no-op kernel
     # (returning the written arguments, as the op does, which checks no return: the contract's `-> None`
     # is the op body's, so it is left out here)
-    bare = kc.Contract(dataclasses.replace(contract.spec, return_hint=inspect.Parameter.empty),
-                       kernel_after_contract).wrap()
+    bare = build_wrapper(kc.Contract(dataclasses.replace(contract.spec, return_hint=inspect.Parameter.empty),
+                                     kernel_after_contract), None)
     return kc.packed_decode, bare, args, {"config": cfg}
 
 

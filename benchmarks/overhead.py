@@ -16,7 +16,7 @@ Paths:
   and K are bound, so the state must come before ``a``). jaxtyping cannot solve ``H`` from
   ``B 2*H*K+HV*V``, so ``mixed_qkv`` is ``B QKV`` and the body checks H (see its docstring).
 - ``kda-contracts``: ``kc.packed_decode_contract("VK")`` driven through its decorated wrapper
-  (``Contract.wrap()``, what ``@kc.contract`` returns) and through ``kc.validate_packed_decode``:
+  (``build_wrapper(contract)``, what ``@kc.contract`` returns) and through ``kc.validate_packed_decode``:
 
   - ``off, decorated while off``: ``@kc.contract`` applied under ``kc.mode("off")`` returns the
     function itself (identity), so this costs exactly an undecorated call;
@@ -84,6 +84,7 @@ from torch import Tensor
 
 import kda_contracts as kc
 from kda_contracts._engine import modes
+from kda_contracts._engine.contract.wrapping import build_wrapper
 from kda_contracts.testing import make_decode_call
 
 SECTION = "## Contract overhead (CPU)"
@@ -444,7 +445,7 @@ def build_paths(repeats: int = 41) -> tuple[list[TimedPath], dict[str, Any]]:
     call = make_decode_call(cfg, BATCH, POOL)
     args = sglang_args(call)
     contract = kc.packed_decode_contract("VK")
-    checked = contract.wrap()  # what @kc.contract returns for this contract (follows kc.mode)
+    checked = build_wrapper(contract, None)  # what @kc.contract returns for this contract (follows kc.mode)
     sig = signature_function(contract)
     with kc.mode("off"):
         off_identity = kc.contract(config=cfg, where=["HV % H == 0"], bind_first=("initial_state", "mixed_qkv"),
@@ -502,7 +503,7 @@ def breakdown(ctx: dict[str, Any], repeats: int, target_s: float) -> list[TimedP
         TimedPath("checker_cfg", "generated checker with the KDAConfig (`Contract.check(..., _cfg=cfg)`)", c.check,
                   vals, kwargs={"_cfg": ctx["cfg"]}),
         TimedPath("enforce", "`Contract.enforce` (calls + types + checker)", c.enforce, (vals, None)),
-        TimedPath("wrapper", "whole wrapper (`Contract.wrap()`), check mode", ctx["checked"], ctx["args"],
+        TimedPath("wrapper", "whole wrapper (what `@kc.contract` returns), check mode", ctx["checked"], ctx["args"],
                   mode="check"),
     ]
     measure(pieces, repeats, target_s)

@@ -27,7 +27,7 @@ import pytest
 import kda_contracts as kc
 from kda_contracts import adapters
 from kda_contracts._engine.contract import decorator as enforce
-from kda_contracts._engine.operation import opdef
+from kda_contracts._engine.operation import registry
 
 pytest_plugins = ["pytester"]
 
@@ -85,7 +85,7 @@ PYTEST_BLOCKS = [b for b in ALL_BLOCKS if b.lang == "python" and b.marker == "py
 def isolated(monkeypatch):
     """Run doc code without leaving contracts, ops or backends registered."""
     monkeypatch.setattr(enforce, "_REGISTRY", dict(enforce._REGISTRY))
-    monkeypatch.setattr(opdef, "_OPS", dict(opdef._OPS))
+    monkeypatch.setattr(registry, "_OPS", dict(registry._OPS))
     monkeypatch.setattr(sys, "path", list(sys.path))  # `kda-contracts docs --module` adds the current directory
     monkeypatch.delenv("KDA_CONTRACTS_MODE", raising=False)
     monkeypatch.delenv("PYTEST_ADDOPTS", raising=False)

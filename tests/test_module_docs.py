@@ -12,7 +12,7 @@ import pytest
 from kda_contracts.__main__ import main
 from kda_contracts._app.docs import FILES
 from kda_contracts._engine.contract import decorator as enforce
-from kda_contracts._engine.operation import opdef as op_module
+from kda_contracts._engine.operation import registry as op_module
 from kda_contracts._engine.tools import module_docs
 
 BUILTIN_FILES = set(FILES)  # the shipped ops' pages and pictures (KDA's and GDN's)

@@ -177,7 +177,7 @@ def test_a_bad_item_of_a_union_container_is_named_on_every_call() -> None:
 
 def test_a_type_rejection_the_explanation_cannot_name_is_still_an_argument_type_error(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    from kda_contracts._engine.contract.decorator import Contract
+    from kda_contracts._engine.contract.compiled import Contract
 
     @kc.contract(register=False)
     def f(x: Float[Tensor, "B"], ks: list[int]) -> None: ...

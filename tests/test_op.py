@@ -299,7 +299,7 @@ def test_a_third_party_backend_plugs_in_through_its_entry_point(tmp_path, monkey
     (dist / "entry_points.txt").write_text("[kda_contracts.backends]\nplugin = my_op_plugin:backends\n"
                                            "broken = my_op_plugin:does_not_exist\n")
     monkeypatch.syspath_prepend(str(tmp_path))
-    from kda_contracts._engine.operation import opdef as op_module
+    from kda_contracts._engine.operation import registry as op_module
 
     errors = op_module.load_plugins(force=True)
     assert errors["broken (my_op_plugin:does_not_exist)"].startswith("AttributeError")

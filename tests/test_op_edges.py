@@ -11,7 +11,7 @@ import torch
 
 import kda_contracts as kc
 from kda_contracts import Float, Tensor
-from kda_contracts._engine.operation import opdef as op_module
+from kda_contracts._engine.operation import registry as op_module
 
 
 def make_op(name, **options):

@@ -30,7 +30,7 @@ from typing import Any
 from . import facts as facts
 from .contract.body import check as check
 from .contract.body import dims as dims
-from .contract.decorator import Contract as Contract
+from .contract.compiled import Contract as Contract
 from .contract.decorator import contract as contract
 from .contract.decorator import registered_contracts as registered_contracts
 from .errors import AnnotationError as AnnotationError
@@ -60,10 +60,10 @@ from .modes import set_default_mode as set_default_mode
 from .operation.backends import Backend as Backend
 from .operation.backends import BackendError as BackendError
 from .operation.backends import CallInfo as CallInfo
+from .operation.decorate import op as op
 from .operation.opdef import Op as Op
-from .operation.opdef import load_plugins as load_plugins
-from .operation.opdef import op as op
-from .operation.opdef import ops as ops
+from .operation.registry import load_plugins as load_plugins
+from .operation.registry import ops as ops
 from .rules.memory import FINITE_CHUNK as FINITE_CHUNK
 from .rules.memory import distinct_elements as distinct_elements
 from .rules.memory import skip_value_checks as skip_value_checks

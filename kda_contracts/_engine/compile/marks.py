@@ -10,13 +10,19 @@ from __future__ import annotations
 
 import ctypes
 import enum
+import functools
 import operator
 import sys
+import warnings
 from collections.abc import Callable
 from typing import Any, TypeVar
 
 import torch
 
+from ..errors import (
+    ContractError,
+    passthrough_for_compile,
+)
 from ..source import define, precompiled
 from .trace_args import flatten, rebuild
 
@@ -143,3 +149,46 @@ def tracing() -> bool:
     if torch is None:
         return False
     return torch.compiler.is_compiling() or tracing_context()
+
+
+def outside_compile(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Mark ``fn`` so that torch.compile runs it in plain Python on the real arguments at trace
+    time instead of tracing it (beartype's wrapper, the report builder, strict value checks).
+    The generated shape checker itself *is* traced: its compares become guards. No eager cost:
+    the marker is an attribute on the same function object."""
+
+    @functools.wraps(fn)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except ContractError as err:
+            if tracing():
+                raise passthrough_for_compile(err) from None
+            raise
+
+    return mark_constant_result(run)
+
+
+def eager_value_checks(fn: Callable[..., Any], name: str) -> Callable[..., Any]:
+    """``fn`` (strict mode's value checks, which read tensor values) in eager code; inside
+    torch.compile a warning at trace time instead, since reading values would break the graph
+    (and a check run while tracing would judge only the traced call's values): compiled code
+    is held to ``check`` mode. Costs the strict path one call; ``check`` mode nothing.
+
+    Example::
+
+        value_checks = eager_value_checks(run_value_checks, "my_op")
+    """
+    def warn() -> None:
+        warnings.warn(f"kda_contracts: {name}: strict mode's value checks read tensor values and cannot run inside "
+                      "torch.compile; the compiled code is checked as in check mode", RuntimeWarning, stacklevel=2)
+
+    inside = mark_constant_result(warn)
+
+    @functools.wraps(fn)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        if torch.compiler.is_compiling():  # a constant under dynamo: the branch is not traced
+            return inside()
+        return fn(*args, **kwargs)
+
+    return run

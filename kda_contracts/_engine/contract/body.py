@@ -187,7 +187,7 @@ def check(t: Any, spec: Any, name: str = "tensor") -> Any:
 
 def _reject_impl(t: Any, dim_str: str, dtypes: Any, name: str, where: str, env: dict[str, Any]) -> None:
     """Raise the report of a failed ``kc.check`` (under torch.compile: at trace time, on the real
-    tensor, never traced, as a class dynamo lets through; see decorator._outside_compile)."""
+    tensor, never traced, as a class dynamo lets through; see decorator.outside_compile)."""
     try:
         if not isinstance(t, torch.Tensor):
             problem = Violation(ShapeError, name, f"a tensor [{dim_str}]", type(t).__name__)

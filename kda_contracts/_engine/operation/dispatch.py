@@ -24,12 +24,12 @@ from .. import modes
 from ..codegen.checker import checked_parameters
 from ..codegen.snippets import Names
 from ..codegen.wrapper import formal_parameters
-from ..compile.marks import mark_constant_result
-from ..contract.decorator import _outside_compile
+from ..compile.marks import mark_constant_result, outside_compile
 from ..errors import AnnotationError, ContractError, Violation, raise_violations
 from ..source import define
-from .backends import BackendError, CallInfo, Chosen, signature_problem
+from .backends import BackendError, CallInfo, signature_problem
 from .protocol import OpParts
+from .table import Chosen
 
 
 @dataclass(frozen=True)
@@ -113,7 +113,7 @@ def build_dispatcher(o: OpParts) -> Any:
         # alone); eager strict mode checks the result inside its transaction (rolled back)
         ns[n("check_returns")] = {k: vc.result_checker() or _any_result for k, vc in o.contracts.items()}
         ns[n("compiling")] = torch.compiler.is_compiling
-        ns[n("fail_return")] = _outside_compile(
+        ns[n("fail_return")] = outside_compile(
             lambda vk, r, *vc: o.contracts[vk].fail_return(r, o.contracts[vk]._check(*vc) or (),
                                                            dict(zip(o.contracts[vk]._param_names, vc, strict=False)),
                                                            rolled_back=False))
@@ -147,8 +147,8 @@ def _check_lines(o: OpParts, n: Names, ns: dict[str, Any], fixed: int | None, pl
             n("types"): {k: vc.check_types for k, vc in cs.items()},  # (marked in Contract.__init__)
             n("TypeViolation"): BeartypeCallHintParamViolation,
         })
-        ns[n("badv")] = _outside_compile(o._bad_variant)
-        failed = _outside_compile(functools.partial(o._hook_failed, "variant", o._variant_expected))
+        ns[n("badv")] = outside_compile(o._bad_variant)
+        failed = outside_compile(functools.partial(o._hook_failed, "variant", o._variant_expected))
         assert o._variant_raw is not None  # (variant_of is its guarded form)
         ns[n("variant")] = _hashable_variant(o._variant_raw, ns[n("badv")], failed)
         lines += [f"    {v} = {n('variant')}({', '.join(o._variant_params)})",
@@ -191,7 +191,7 @@ def _run_lines(o: OpParts, n: Names, ns: dict[str, Any], call: list[str], plain:
     memo = n("memo") if any(vc.spec.value_checks is not None for vc in o.contracts.values()) else "None"
     direct = f"{chosen}.run({', '.join(call)})"
     extras = f"{chosen}.run({dims}, {v}{', ' if call else ''}{', '.join(call)})"
-    ns.update({n("transact"): o._transact, n("ContractError"): ContractError, n("failed"): _outside_compile(o._failed)})
+    ns.update({n("transact"): o._transact, n("ContractError"): ContractError, n("failed"): outside_compile(o._failed)})
     # strict mode: snapshot what the op writes, run, check after, roll back on failure (eager only)
     # (no closure here: a lambda over the arguments would turn every one into a cell, on every call)
     pos = [a for a in call if "=" not in a and not a.startswith("**")]
@@ -330,7 +330,7 @@ def make_select(o: OpParts) -> Callable[[tuple[Any, ...], str], Chosen]:
         table.runner(b)
         return b.name
 
-    static_outside = _outside_compile(static)
+    static_outside = outside_compile(static)
 
     def traced(key: tuple[Any, ...], backend: str) -> Chosen:
         name = static_outside(key[:-1], backend)  # the dims (maybe symbolic) would be specialised

@@ -38,43 +38,35 @@ from typing import Any, NoReturn, TypeVar
 
 import torch
 
-from .. import hooks, modes
+from ..compile.marks import outside_compile
 from ..contract.body import body_uses_checks, runner
-from ..contract.decorator import Contract, _outside_compile, register_contract
-from ..contract.transaction import ROLLED_BACK, Transaction, partial_writes, rollback, written_parts
+from ..contract.compiled import Contract
+from ..contract.decorator import register_contract
+from ..contract.transaction import partial_writes, written_parts
 from ..errors import (
     AnnotationError,
     ArgumentTypeError,
     ContractError,
     Violation,
     _hint_text,
-    hook_violations,
     raise_violations,
 )
-from ..explain.explainer import explain_call, explain_return
-from ..model.markers import Where
+from ..explain.explainer import explain_call
 from ..model.spec import NO_HINT, CallContext, ContractOptions, Dims
 from ..reading.annotations import build_spec
 from ..reading.structure import mentions_array
 from ..rules.memory import has_addresses, without_data
-from .backends import Backend, BackendError, BackendTable, CallInfo, Chosen, _runner, verdict_lines
+from . import registry
+from .backends import Backend, BackendError, CallInfo, _runner
 from .dispatch import bootstrap, build_dispatcher
+from .strict import transact
+from .table import BackendTable, Chosen, verdict_lines
 
-_OPS: dict[str, Op] = {}
-PLUGIN_GROUP = "kda_contracts.backends"
-_PLUGIN_ERRORS: dict[str, str] = {}  # entry point -> why it failed to load
-_PENDING: dict[str, list[tuple[Backend, bool]]] = {}  # op name -> plug-in backends waiting for it
-_plugins_loaded = False
 _F = TypeVar("_F", bound=Callable[..., Any])
 #: what ``written=`` must return (said when it returns something else)
 _WRITTEN_RETURNS = ("{arg: None (all of it) | the rows of its dim 0 the call writes, a 1-D integer tensor of row "
                     "ids}")
 _NOTHING_RAN = "no backend ran: the call changed no tensor"
-
-
-def ops() -> dict[str, Op]:
-    """Every op defined so far, by name (plug-in backends are attached when listed)."""
-    return dict(_OPS)
 
 
 # -- the torch reference as a backend -------------------------------------------------------------
@@ -95,38 +87,6 @@ class _Reference(Backend):
 
 
 # -- plug-ins -------------------------------------------------------------------------------------
-def load_plugins(*, force: bool = False) -> dict[str, str]:
-    """Attach the backends of the ``kda_contracts.backends`` entry-point group to their ops
-    (once). An entry point's value is a :class:`Backend` with ``op=`` set, or a callable
-    returning one or several. Returns the plug-ins that failed to load, with why: a broken
-    plug-in never breaks dispatch, and ``explain_backends`` lists it."""
-    global _plugins_loaded
-    if _plugins_loaded and not force:
-        return dict(_PLUGIN_ERRORS)
-    _plugins_loaded = True
-    from importlib.metadata import entry_points
-
-    for ep in entry_points(group=PLUGIN_GROUP):
-        try:
-            obj = ep.load()
-            made = obj() if callable(obj) and not isinstance(obj, Backend) else obj
-            made = list(made) if isinstance(made, (list, tuple)) else [made]
-            for b in made:
-                if not isinstance(b, Backend) or b.op is None:
-                    raise TypeError(f"expected kda_contracts Backend(s) with op= set, got {b!r}")
-            for b in made:
-                _attach(b, replace=True)
-        except Exception as exc:
-            _PLUGIN_ERRORS[f"{ep.name} ({ep.value})"] = f"{type(exc).__name__}: {exc}"
-    return dict(_PLUGIN_ERRORS)
-
-
-def _attach(b: Backend, *, replace: bool) -> None:
-    target = _OPS.get(b.op or "")
-    if target is None:
-        _PENDING.setdefault(b.op or "", []).append((b, replace))
-    else:
-        target.table.register(b, replace=replace)
 
 
 # -- the op ---------------------------------------------------------------------------------------
@@ -187,8 +147,7 @@ class Op:
         at = next((i for i, p in enumerate(params) if p.kind is p.VAR_KEYWORD), len(params))
         params.insert(at, kw)
         self.__signature__ = self.signature.replace(parameters=params)
-        _OPS[self.name] = self
-        for b, replace in _PENDING.pop(self.name, []):
+        for b, replace in registry.add_op(self):
             self.table.register(b, replace=replace)
 
     # -- building --------------------------------------------------------------------------------
@@ -266,8 +225,8 @@ class Op:
         return names[0] if isinstance(returns, str) else names
 
     def _load_plugins(self) -> None:
-        load_plugins()
-        for b, replace in _PENDING.pop(self.name, []):
+        registry.load_plugins()
+        for b, replace in registry.waiting_for(self.name):
             self.table.register(b, replace=replace)
 
     # -- backends --------------------------------------------------------------------------------
@@ -387,7 +346,7 @@ class Op:
     def plugin_errors(self) -> dict[str, str]:
         """Plug-ins (of any op) that failed to load, with why."""
         self.table.load_plugins()
-        return {**_PLUGIN_ERRORS, **self.table.plugin_errors}
+        return {**registry.plugin_errors(), **self.table.plugin_errors}
 
     @property
     def torch_op(self) -> Any:
@@ -419,73 +378,8 @@ class Op:
     def _transact(self, chosen: Chosen, dims: tuple[int, ...], variant: str | None, vals: tuple[Any, ...],
                   config: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
                   memo: dict[str, Any] | None = None) -> Any:
-        """Strict mode: snapshot what the op writes, run the backend, run the ``after`` checks;
-        if the backend raises or a check fails, restore the snapshot, then raise. Compiled code
-        (and CUDA-graph capture) runs the backend alone, as check mode does."""
-        def run() -> Any:
-            return chosen.run(*args, **kwargs) if chosen.direct else chosen.run(dims, variant, *args, **kwargs)
-
-        if torch.compiler.is_compiling():
-            return run()
-        c = self.contracts[variant]
-        values = dict(zip(c._param_names, vals, strict=True))
-        env = dict(zip(c.spec.symbols, dims, strict=True))
-        ctx = CallContext(c.spec, values, config, env, c.provenance(config), memo=memo if memo is not None else {})
-        # asked once (the aliasing check and the snapshot share it); not of tensors without data
-        parts = None if without_data(values) else written_parts(self.written, self.name, ctx)
-        violations = [] if parts is None else self.alias_violations(ctx, parts)
-        if violations:
-            c.rejections += 1
-            raise_violations(self.name, violations, env, ctx.provenance)
-        saved = None if parts is None else Transaction.begin(values, parts)
-        try:
-            res = run()
-        except Exception as exc:
-            rollback(saved)
-            if isinstance(exc, ContractError):
-                raise
-            self._failed(chosen.name, exc, rolled_back=saved is not None)
-        except BaseException:  # KeyboardInterrupt, SystemExit, a cancelled task: rolled back, then on its way
-            rollback(saved)
-            raise
-        violations = self._checks_after(ctx, variant, chosen, res, saved)
-        if violations:
-            c.rejections += 1
-            if saved is not None:
-                violations = [dataclasses.replace(v, details=(*v.details, ROLLED_BACK)) for v in violations]
-            try:  # saved (KDA_CONTRACTS_DUMP_DIR) as the backend left it, then rolled back
-                with hooks.rejecting(self, values, config, stage="after", backend=chosen.name):
-                    raise_violations(f"{self.name} (after backend {chosen.name!r})", violations, env,
-                                     ctx.provenance)
-            finally:
-                rollback(saved)
-        return res
-
-    def _checks_after(self, ctx: CallContext, variant: str | None, chosen: Chosen, res: Any,
-                      saved: Transaction | None) -> list[Violation]:
-        """Strict mode, after the backend: the result against the return annotation, then the
-        op's ``after`` checks (a check that raises is a BackendError, the call rolled back)."""
-        c = self.contracts[variant]
-        check = c.result_checker()
-        if check is not None and self.returns is None and not self.returns_none:
-            dims = tuple(ctx.dims[s] for s in c.spec.symbols)
-            if not check(res, dims, *(ctx.values.get(p) for p in c._param_names)):
-                found = explain_return(c.spec, res, dict(ctx.dims), ctx.values)
-                if found:
-                    return found
-        if self.after is None:
-            return []
-        try:
-            found = self.after(ctx, chosen.name)
-        except Exception as exc:
-            rollback(saved)
-            self._hook_failed("after", "the op's after checks to run on the backend's outputs", exc, subject="they",
-                              hint="strict mode restored every tensor the op writes" if saved is not None else None)
-        try:
-            return hook_violations(found, f"{self.name}: after")
-        except AnnotationError:
-            rollback(saved)  # (the contract's mistake: the call changes nothing either way)
-            raise
+        """Strict mode's run of the chosen backend (:func:`.strict.transact`)."""
+        return transact(self, chosen, dims, variant, vals, config, args, kwargs, memo)
 
     # -- the op's own hooks, run during a call ---------------------------------------------------
     def _hook_failed(self, hook: str, expected: str, exc: Exception, *, subject: str = "it",
@@ -501,7 +395,7 @@ class Op:
         """``fn`` (the op's ``hook=``), whose exceptions become :meth:`_hook_failed`'s BackendError; a
         ContractError or AnnotationError it raises (a check of its own) goes on as itself. Its
         name and docstring stay ``fn``'s (the docs show them)."""
-        failed = _outside_compile(functools.partial(self._hook_failed, hook, expected, subject=subject))
+        failed = outside_compile(functools.partial(self._hook_failed, hook, expected, subject=subject))
 
         @functools.wraps(fn)
         def guarded(*args: Any, **kwargs: Any) -> Any:
@@ -588,45 +482,4 @@ class Op:
             return tuple(env.get(s, -1) for s in c.spec.symbols)
         return d
 
-
-def op(fn: Callable[..., Any] | None = None, /, *, name: str | None = None, config: Any = None,
-       config_arg: str | None = None, where: Iterable[str | Where] = (), bind_first: Sequence[str] = (),
-       hints: Sequence[Callable[[Violation, CallContext], str | None]] = (),
-       value_checks: Callable[[CallContext], list[Violation]] | None = None,
-       after: Callable[[CallContext, str], list[Violation]] | None = None,
-       returns: str | Sequence[str] | None = None, variants: Mapping[str, Any] | None = None,
-       variant: Callable[..., str] | None = None, unchecked_dims: Callable[..., tuple[int, ...]] | None = None,
-       namespace: str = "kda_contracts_ops", mode: modes.ModeName | None = None, autograd: bool = False,
-       written: Callable[[CallContext], Mapping[str, Any]] | None = None) -> Any:
-    """Make an :class:`Op` of a function whose annotations are the contract and whose body is
-    the torch reference (backend ``"torch"``).
-
-    Options as :func:`kc.contract` (``config``, ``config_arg``, ``where``, ``hints``,
-    ``value_checks``, ``mode``), plus:
-
-    - ``returns``: the argument(s) the op returns (the tensors it writes), e.g. ``("out", "state")``;
-      otherwise it returns what the backend returns (checked against a return annotation).
-    - ``after``: ``(ctx, backend) -> [Violation]``, strict mode's checks after the backend ran.
-    - ``variants``/``variant``: several contracts chosen per call (see the module docstring); a
-      variant is a function, or ``(function, {option: value})`` overriding options for it.
-    - ``unchecked_dims``: ``(variant, *args) -> dims`` read without checking, for mode ``off``.
-    - ``namespace``: the ``torch.library`` namespace of :attr:`Op.torch_op`.
-    - ``autograd``: tensors marked ``kc.Spec(mutated=True)`` may require grad.
-    - ``written``: ``ctx -> {arg: None | rows}``, what the op writes of each mutated argument
-      (None: all of it; a 1-D integer tensor: those rows of dim 0, padding left out); strict mode
-      snapshots exactly that and restores it when the call is rejected after the backend ran
-      (default: every argument marked ``kc.Spec(mutated=True)``, whole).
-
-    A hook (``value_checks``, ``after``, ``variant``, ``written``) that raises during a call is a
-    BackendError naming it, its exception the cause.
-    """
-    options = ContractOptions(config=config, config_arg=config_arg, where=tuple(where), bind_first=tuple(bind_first),
-                              hints=tuple(hints), value_checks=value_checks, mode=mode, name=name, register=False,
-                              autograd=autograd)
-
-    def make(f: Callable[..., Any]) -> Op:
-        return Op(f, options, variants=variants, variant=variant, returns=returns, after=after,
-                  unchecked_dims=unchecked_dims, namespace=namespace, written=written)
-
-    return make if fn is None else make(fn)
 

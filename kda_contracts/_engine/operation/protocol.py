@@ -1,6 +1,7 @@
 """What the code generators of an op read of it (:class:`OpParts`): the dispatcher
-(:mod:`.dispatch`) and the custom op (:mod:`.torch_op`) are built from an op without importing
-the class that makes one (:class:`~.opdef.Op` satisfies this protocol).
+(:mod:`.dispatch`), strict mode's run (:mod:`.strict`) and the custom op (:mod:`.torch_op`)
+work on an op without importing the class that makes one (:class:`~.opdef.Op` satisfies this
+protocol).
 
 Example::
 
@@ -13,9 +14,10 @@ import inspect
 from collections.abc import Callable, Mapping
 from typing import Any, NoReturn, Protocol
 
-from ..contract.decorator import Contract
-from ..model.spec import ContractOptions
-from .backends import BackendTable, Chosen
+from ..contract.compiled import Contract
+from ..errors import Violation
+from ..model.spec import CallContext, ContractOptions
+from .table import BackendTable, Chosen
 
 
 class OpParts(Protocol):
@@ -30,6 +32,8 @@ class OpParts(Protocol):
     returns_none: bool
     table: BackendTable
     unchecked_dims: Callable[..., tuple[int, ...]] | None
+    after: Callable[[CallContext, str], list[Violation]] | None
+    written: Callable[[CallContext], Mapping[str, Any]] | None
     variant_of: Callable[..., Any] | None
     _variant_raw: Callable[..., Any] | None
     _variant_expected: str
@@ -39,6 +43,8 @@ class OpParts(Protocol):
 
     @property
     def contracts(self) -> Mapping[str | None, Contract]: ...
+
+    def alias_violations(self, ctx: CallContext, parts: Mapping[str, Any] | None = None) -> list[Violation]: ...
 
     def contract_for(self, values: Mapping[str, Any]) -> tuple[str | None, Contract]: ...
 

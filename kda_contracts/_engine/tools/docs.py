@@ -24,7 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..contract.decorator import Contract, registered_contracts
+from ..contract.compiled import Contract
+from ..contract.decorator import registered_contracts
 from ..explain.explainer import config_value_of
 from ..grammar.constraints import parse_constraint
 from ..grammar.dims import Expr

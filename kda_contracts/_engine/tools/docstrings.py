@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any
 from .. import hooks
 
 if TYPE_CHECKING:
-    from ..contract.decorator import Contract
+    from ..contract.compiled import Contract
 
 
 ENV_VAR = "KDA_CONTRACTS_DOC"

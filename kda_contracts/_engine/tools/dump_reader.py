@@ -32,7 +32,7 @@ from .. import modes
 from .dumps import FORMAT_KEY, FORMAT_VERSION, TAG
 
 if TYPE_CHECKING:
-    from ..contract.decorator import Contract
+    from ..contract.compiled import Contract
     from ..operation.opdef import Op
 
 
@@ -279,7 +279,8 @@ class CallDump:
 
 def _resolve(target: Mapping[str, Any], path: str) -> tuple[Op | None, Contract]:
     from ..contract.decorator import registered_contracts
-    from ..operation.opdef import Op, ops
+    from ..operation.opdef import Op
+    from ..operation.registry import ops
 
     kind, name, ref = target.get("kind"), str(target.get("name")), str(target.get("ref"))
     if kind not in ("op", "contract"):

@@ -23,11 +23,12 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ..contract.decorator import Contract
+from ..contract.compiled import Contract
 from ..errors import ContractError, DeviceError, Violation, format_report, uninspectable
 from ..explain.explainer import explain_call
 from ..model.spec import CallContext, Dims
-from ..operation.backends import Backend, verdict_lines
+from ..operation.backends import Backend
+from ..operation.table import verdict_lines
 from .dump_reader import CallDump, Placeholder, SavedConfig
 from .dumps import DUMP_DIR_ENV, TAG
 

@@ -48,7 +48,7 @@ from ..model.markers import config_dim_source, config_dims, config_dtypes
 from ..version import __version__
 
 if TYPE_CHECKING:
-    from ..contract.decorator import Contract
+    from ..contract.compiled import Contract
     from ..operation.opdef import Op
 
 
@@ -189,7 +189,7 @@ def _target_of(target: Any) -> tuple[Op | None, Contract]:
 
 def _owner_of(contract: Contract) -> tuple[Op | None, str | None]:
     """The op a contract belongs to (one of its variants), if any."""
-    from ..operation.opdef import ops
+    from ..operation.registry import ops
 
     for o in ops().values():
         for key, c in o.contracts.items():

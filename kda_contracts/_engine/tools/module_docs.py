@@ -31,9 +31,11 @@ from typing import Any
 
 import torch
 
-from ..contract.decorator import Contract, registered_contracts
+from ..contract.compiled import Contract
+from ..contract.decorator import registered_contracts
 from ..operation.backends import Backend
-from ..operation.opdef import Op, ops
+from ..operation.opdef import Op
+from ..operation.registry import ops
 from .docs import GENERATED_MARK, Section, cell, describe_contract, render_contract, render_reference
 
 _BACKEND_FIELDS = frozenset(f.name for f in dataclasses.fields(Backend))

@@ -43,7 +43,8 @@ from dataclasses import dataclass, field
 import pytest
 
 from .. import modes
-from ..contract.decorator import Contract, registered_contracts
+from ..contract.compiled import Contract
+from ..contract.decorator import registered_contracts
 from .import_hook import ImportHook, ImportHookWarning, install_import_hook
 
 MODES = ("strict", "check", "off")

@@ -1,0 +1,62 @@
+"""``@kc.op``: an operation made of a contract (or one per variant), the torch reference (the
+decorated body) and the backends registered on it later.
+
+Example::
+
+    @kc.op
+    def scale_rows(x: Float[Tensor, "B D"], out: Annotated[Float[Tensor, "B D"], kc.Spec(mutated=True)]) -> None:
+        out.copy_(2 * x)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
+
+from .. import modes
+from ..errors import Violation
+from ..model.markers import Where
+from ..model.spec import CallContext, ContractOptions
+from .opdef import Op
+
+
+def op(fn: Callable[..., Any] | None = None, /, *, name: str | None = None, config: Any = None,
+       config_arg: str | None = None, where: Iterable[str | Where] = (), bind_first: Sequence[str] = (),
+       hints: Sequence[Callable[[Violation, CallContext], str | None]] = (),
+       value_checks: Callable[[CallContext], list[Violation]] | None = None,
+       after: Callable[[CallContext, str], list[Violation]] | None = None,
+       returns: str | Sequence[str] | None = None, variants: Mapping[str, Any] | None = None,
+       variant: Callable[..., str] | None = None, unchecked_dims: Callable[..., tuple[int, ...]] | None = None,
+       namespace: str = "kda_contracts_ops", mode: modes.ModeName | None = None, autograd: bool = False,
+       written: Callable[[CallContext], Mapping[str, Any]] | None = None) -> Any:
+    """Make an :class:`Op` of a function whose annotations are the contract and whose body is
+    the torch reference (backend ``"torch"``).
+
+    Options as :func:`kc.contract` (``config``, ``config_arg``, ``where``, ``hints``,
+    ``value_checks``, ``mode``), plus:
+
+    - ``returns``: the argument(s) the op returns (the tensors it writes), e.g. ``("out", "state")``;
+      otherwise it returns what the backend returns (checked against a return annotation).
+    - ``after``: ``(ctx, backend) -> [Violation]``, strict mode's checks after the backend ran.
+    - ``variants``/``variant``: several contracts chosen per call (see the module docstring); a
+      variant is a function, or ``(function, {option: value})`` overriding options for it.
+    - ``unchecked_dims``: ``(variant, *args) -> dims`` read without checking, for mode ``off``.
+    - ``namespace``: the ``torch.library`` namespace of :attr:`Op.torch_op`.
+    - ``autograd``: tensors marked ``kc.Spec(mutated=True)`` may require grad.
+    - ``written``: ``ctx -> {arg: None | rows}``, what the op writes of each mutated argument
+      (None: all of it; a 1-D integer tensor: those rows of dim 0, padding left out); strict mode
+      snapshots exactly that and restores it when the call is rejected after the backend ran
+      (default: every argument marked ``kc.Spec(mutated=True)``, whole).
+
+    A hook (``value_checks``, ``after``, ``variant``, ``written``) that raises during a call is a
+    BackendError naming it, its exception the cause.
+    """
+    options = ContractOptions(config=config, config_arg=config_arg, where=tuple(where), bind_first=tuple(bind_first),
+                              hints=tuple(hints), value_checks=value_checks, mode=mode, name=name, register=False,
+                              autograd=autograd)
+
+    def make(f: Callable[..., Any]) -> Op:
+        return Op(f, options, variants=variants, variant=variant, returns=returns, after=after,
+                  unchecked_dims=unchecked_dims, namespace=namespace, written=written)
+
+    return make if fn is None else make(fn)
