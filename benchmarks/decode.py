@@ -84,6 +84,7 @@ def method_text() -> str:
 Launch = Callable[[torch.Tensor], None]
 Binder = Callable[[dict[str, Any]], Launch]
 OP = KDA  # the op being measured (main sets it from --op)
+SECTION: str | None = None  # --section: the report's heading instead of the op's
 
 
 @dataclass
@@ -185,11 +186,14 @@ def candidate_configs(layout: str, sdt: torch.dtype, batch: int, num_v_heads: in
     B·HV = 8192), 64 columns on two warps (``bv64-w2``, the one picked before at 1024-4096), and the
     shared-memory tile (``sh128-w2``, ``sh64-w1``: auto's shapes from B·HV = 2048 / 4096, for GDN
     from 1024 / 2048; ``sh128-w4``), and the register tile (``rgN``: N columns, ``-wW``: W warps,
-    ``-ev0``: no hint on the state, ``-ka``: q, k and the gate inputs kept in L2)."""
+    ``-ev0``: no hint on the state, ``-ka``: q, k and the gate inputs kept in L2). For VK also, for both
+    state widths: ``rN`` the pick on N rows (2 to 32), ``w2`` on two warps, ``r2x-w2`` twice the rows on
+    two warps, ``m`` / ``br`` the masked / branch guard; and ``base``: the regime table's own shape where
+    this card's table (``pick_config(device=...)``) picks another."""
     from kda_kernels.triton_decode import DecodeConfig, pick_config
 
     gdn = {"gdn": True} if OP.name == "gdn" and "gdn" in inspect.signature(pick_config).parameters else {}
-    p = pick_config(batch, num_v_heads, V, sdt, layout, **gdn)  # GDN's own table, once pick_config has one
+    p = pick_config(batch, num_v_heads, V, sdt, layout, **gdn, **device_kw())  # this card's pick
     grouped = num_v_heads % 16 == 0
     qka = dict(act_eviction="evict_last", v_eviction="")  # keep q, k and the gate inputs, not v, in L2
     if layout == "KV":
@@ -262,8 +266,25 @@ def candidate_configs(layout: str, sdt: torch.dtype, batch: int, num_v_heads: in
                "r8-flat-br-fo": p._replace(block_v=8, grid="flat", guard="branch", fused_output=True)}
         if grouped:
             out["grp"] = p._replace(grid="grouped")
+    # tiles of 2 to 32 rows, two warps (on the same rows, or on twice as many), the guards
+    for n in (2, 4, 8, 16, 32):
+        out.setdefault(f"r{n}", p._replace(block_v=n))
+    out.update({"w2": p._replace(num_warps=2), "r2x-w2": p._replace(block_v=2 * rows, num_warps=2)})
+    out.setdefault("m", p._replace(guard="mask"))
+    out.setdefault("br", p._replace(guard="branch"))
     out.update(_tile_knobs(p))
+    if "device" in inspect.signature(pick_config).parameters:  # the regime table's own pick (every card's base)
+        out["base"] = pick_config(batch, num_v_heads, V, sdt, layout, **gdn, device="default")
     return _unique(p, out)
+
+
+def device_kw() -> dict[str, Any]:
+    """``{"device": this GPU's name}`` for ``pick_config`` (its per-device table), where it takes one."""
+    from kda_kernels.triton_decode import pick_config
+
+    if "device" not in inspect.signature(pick_config).parameters or not torch.cuda.is_available():
+        return {}
+    return {"device": torch.cuda.get_device_name()}
 
 
 def _unique(pick: Any, candidates: dict[str, Any]) -> dict[str, Any]:
@@ -288,6 +309,7 @@ def _tile_knobs(p: Any) -> dict[str, Any]:
 SKIP: set[str] = set()  # backends left out (--skip)
 ONLY: set[str] = set()  # candidates timed (--only; empty: all)
 SAME_SIZE_COPY: dict[tuple[int, str, int], float] = {}  # (H, state, B) -> TB/s of a copy of the state's bytes
+CONFIG_OF: dict[tuple[str, str, int, int, str], str] = {}  # (layout, state, B, HV, backend) -> its DecodeConfig
 
 
 def backends(layout: str, sdt: torch.dtype, B: int, HV: int, ours: dict[str, Kernel], peers: dict[str, Binder],
@@ -295,6 +317,11 @@ def backends(layout: str, sdt: torch.dtype, B: int, HV: int, ours: dict[str, Ker
     """Ours (``OP.ours()``: only ``OURS`` on KV), candidates, then peers (VK only)."""
     # KV: only ours (and the reference that stands in for it in a GDN dry run)
     out = {n: our_binder(k) for n, k in ours.items() if n not in SKIP and (layout == "VK" or n in (OURS, "torch"))}
+    if OURS in out:
+        from kda_kernels.triton_decode import pick_config
+
+        gdn = {"gdn": True} if OP.name == "gdn" and "gdn" in inspect.signature(pick_config).parameters else {}
+        CONFIG_OF[(layout, str(sdt)[6:], B, HV, OURS)] = repr(pick_config(B, HV, V, sdt, layout, **gdn, **device_kw()))
     if candidates and OURS in ours:
         from kda_kernels import triton_decode
 
@@ -302,6 +329,7 @@ def backends(layout: str, sdt: torch.dtype, B: int, HV: int, ours: dict[str, Ker
         for cname, cfg in candidate_configs(layout, sdt, B, HV).items():
             if not ONLY or cname in ONLY:
                 out[f"{OURS}:{cname}"] = our_binder(kernel, config=cfg)
+                CONFIG_OF[(layout, str(sdt)[6:], B, HV, f"{OURS}:{cname}")] = repr(cfg)
     if layout == "VK":
         out.update({n: b for n, b in peers.items() if n not in SKIP})
     return out
@@ -430,6 +458,7 @@ def launch_shapes(batches: list[int], heads: list[int], states: list[torch.dtype
     from kda_kernels.triton_decode import pick_config
 
     gdn = {"gdn": True} if OP.name == "gdn" and "gdn" in inspect.signature(pick_config).parameters else {}
+    gdn.update(device_kw())
     found: dict[tuple[int, str, str, Any], None] = {}
     for H in heads:
         for sdt in states:
@@ -646,6 +675,8 @@ def add_ratios(rows: list[Row], copy_tbps: float) -> list[dict[str, Any]]:
         main = group.get(OP.main_peer)
         d["vs_main_peer"] = None if main is None or main.us is None or r.us is None else main.us / r.us
         d["kv_vs_vk"] = None if r.layout != "KV" or vk is None or vk.us is None or r.us is None else vk.us / r.us
+        if (cfg := CONFIG_OF.get((r.layout, r.state, r.B, r.HV, r.backend))) is not None:
+            d["config"] = cfg  # our launch shape (the pick, or a candidate's)
         out.append(d)
     return out
 
@@ -653,7 +684,7 @@ def add_ratios(rows: list[Row], copy_tbps: float) -> list[dict[str, Any]]:
 def report(data: list[dict[str, Any]], copy_tbps: float, eager: list[tuple[str, float]], cmd: str,
            facts: str | None = None, method: str | None = None) -> str:
     """The op's Markdown section (this process's run facts and method unless given)."""
-    return render(data, copy_tbps, eager, cmd, method or method_text(), section=OP.section,
+    return render(data, copy_tbps, eager, cmd, method or method_text(), section=SECTION or OP.section,
                   summary_lines=OP.summary(data), main_peer=OP.main_peer, eager_shape=OP.eager_shape, facts=facts)
 
 
@@ -678,7 +709,7 @@ def report_from_json(paths: list[str], out: str | None) -> int:
                   docs[0].get("method"))
     print(text)
     if out:
-        replace_section(Path(out), OP.section, text)
+        replace_section(Path(out), SECTION or OP.section, text)
     return 0
 
 
@@ -746,9 +777,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dry", action="store_true", help="CPU smoke test of this script (tiny sizes, no timing)")
     p.add_argument("--report", nargs="+", metavar="JSON", help="write the section (--out) from --json files of one "
                    "op, e.g. a sweep split by --heads over several commands, and exit")
+    p.add_argument("--section", help="the Markdown heading of the section (--out, --report) instead of the op's, "
+                   "e.g. '## Packed decode kernels (GPU, H100)' for a second card's table")
     args = p.parse_args(argv)
-    global OP
+    global OP, SECTION
     OP = OPS[args.op]()
+    SECTION = args.section
     if args.plot:
         plot(Path(args.plot[0]), Path(args.plot[1]))
         return 0
@@ -788,7 +822,7 @@ def main(argv: list[str] | None = None) -> int:
     text = report(add_ratios(rows, copy_tbps), copy_tbps, eager, cmd)
     print(text)
     if args.out:
-        replace_section(Path(args.out), OP.section, text)
+        replace_section(Path(args.out), SECTION or OP.section, text)
     return 0
 
 

@@ -1,11 +1,13 @@
 """Launch shapes of the Triton packed-decode kernel: :class:`DecodeConfig` (the knobs) and
-:func:`pick_config` (the regime table measured on an H200 against sglang's Helion kernel; the
-figures are in docs/benchmarks.md). Pure Python: importable without triton.
+:func:`pick_config` (the regime table measured on an H200 against sglang's Helion kernel, with the
+rows another card measured differently on in that card's table, :data:`DEVICE_TABLES`; the figures
+are in docs/benchmarks.md). Pure Python: importable without triton.
 
 Example::
 
     from kda_kernels.triton_configs import pick_config
     pick_config(1024, 32, 128, torch.bfloat16).guard   # 'mask'
+    pick_config(8, 32, 128, torch.bfloat16, device="NVIDIA H100 80GB HBM3")   # the H100's table
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from typing import NamedTuple
 
 import torch
 
-__all__ = ["DecodeConfig", "pick_config", "picked_configs"]
+__all__ = ["DEVICE_TABLES", "DecodeConfig", "TableRule", "pick_config", "picked_configs", "table_for"]
 
 
 class DecodeConfig(NamedTuple):
@@ -89,11 +91,70 @@ class DecodeConfig(NamedTuple):
     kv_registers: bool = False
 
 
+class TableRule(NamedTuple):
+    """One row of a device's table (:data:`DEVICE_TABLES`): a call whose state width, value heads and
+    batch fall in these inclusive ranges (and whose op and layout match) takes ``config`` instead of
+    the H200 regime table's shape."""
+
+    wide_state: bool  #: fp32 state (True) or 16-bit state (False)
+    num_v_heads: tuple[int, int]
+    batch: tuple[int, int]
+    config: DecodeConfig
+    layout: str = "VK"
+    gdn: bool = False
+
+    def matches(self, batch: int, num_v_heads: int, wide_state: bool, layout: str, gdn: bool) -> bool:
+        return (self.wide_state == wide_state and self.layout == layout and self.gdn == gdn
+                and self.num_v_heads[0] <= num_v_heads <= self.num_v_heads[1]
+                and self.batch[0] <= batch <= self.batch[1])
+
+
+#: Per-device tables: the rows where a card's measurements chose another launch shape than the H200
+#: regime table of :func:`pick_config` (the first matching rule wins; no rule: the regime table).
+#: A GPU takes the table whose name, upper case, is in its name (``torch.cuda.get_device_name()``
+#: upper case, letters and digits only; the longest such name wins): "h100" for every H100 (SXM,
+#: PCIe, NVL), "h200" for the H200 and GH200. "h200" and "default" (any other card) are the regime
+#: table itself. A card's rows come from ``python benchmarks/device_table.py --write`` run on it
+#: (docs/kernels.md), which rewrites the block between the two marker lines below.
+DEVICE_TABLES: dict[str, tuple[TableRule, ...]] = {
+    "h200": (),
+    "default": (),
+    # BEGIN GENERATED TABLES (benchmarks/device_table.py --write)
+    "h100": (  # not measured yet: the regime table until device_table.py --write runs on an H100
+    ),
+    # END GENERATED TABLES
+}
+
+
+def table_for(device: str | None) -> str:
+    """The table a device takes: ``device`` is a table name (``"h100"``), a GPU's name as
+    ``torch.cuda.get_device_name()`` gives it, or None (``"default"``).
+
+    Example::
+
+        table_for("NVIDIA H100 80GB HBM3")   # 'h100'
+        table_for("NVIDIA A100-SXM4-80GB")   # 'default'
+    """
+    if device is None:
+        return "default"
+    if device in DEVICE_TABLES:
+        return device
+    name = _alnum(device)
+    named = sorted((t for t in DEVICE_TABLES if t != "default"), key=len, reverse=True)
+    return next((table for table in named if _alnum(table) in name), "default")
+
+
+def _alnum(name: str) -> str:
+    return "".join(c for c in name.upper() if c.isascii() and c.isalnum())
+
+
 def pick_config(
     batch: int, num_v_heads: int, head_v_dim: int, state_dtype: torch.dtype, state_layout: str = "VK",
-    *, gdn: bool = False, kv_shared: bool = True,
+    *, gdn: bool = False, kv_shared: bool = True, device: str | None = None,
 ) -> DecodeConfig:
     """The launch shape for a call (measured on an H200 with K = V = 128; no runtime autotuning).
+    ``device`` (a GPU's name or a table name, see :func:`table_for`) selects the card's table: its
+    rules (:data:`DEVICE_TABLES`) first, then the regime table below, which every card shares.
 
     VK: one-warp programs won at every batch size: a single warp keeps every reduction in shuffles
     (no shared-memory round trips or barriers), and many small programs keep enough loads in
@@ -155,6 +216,9 @@ def pick_config(
     limit = 1 << max(head_v_dim - 1, 0).bit_length()  # the V tile never exceeds next_pow2(V)
     work = batch * num_v_heads
     wide_state = state_dtype.itemsize >= 4
+    for rule in DEVICE_TABLES.get(table_for(device), ()):
+        if rule.matches(batch, num_v_heads, wide_state, state_layout, gdn) and (kv_shared or not rule.config.kv_shared):
+            return rule.config._replace(block_v=min(rule.config.block_v, limit))
     if gdn and state_layout == "VK" and not wide_state:
         rows = 16
         while rows > 4 and work * -(-head_v_dim // rows) < 1024:
@@ -213,15 +277,18 @@ def pick_config(
     return cfg._replace(block_v=min(cfg.block_v, limit))
 
 
-def picked_configs(head_v_dim: int = 128) -> list[DecodeConfig]:
-    """Every launch shape :func:`pick_config` can choose at this V (for tests and device checks).
+def picked_configs(head_v_dim: int = 128, device: str | None = None) -> list[DecodeConfig]:
+    """Every launch shape :func:`pick_config` can choose at this V on ``device`` (a GPU's or a table's
+    name), or with None on any card: every table's (for tests and device checks).
 
     Example::
 
         DecodeConfig(block_v=4, num_warps=1) in picked_configs()   # True
     """
+    tables = list(DEVICE_TABLES) if device is None else [table_for(device)]
     found = {
-        pick_config(batch, hv, head_v_dim, dtype, layout, gdn=gdn, kv_shared=kv_shared)
+        pick_config(batch, hv, head_v_dim, dtype, layout, gdn=gdn, kv_shared=kv_shared, device=table)
+        for table in tables
         for batch in (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096)
         for hv in (1, 2, 4, 8, 12, 16, 32, 64, 96)
         for dtype in (torch.float32, torch.bfloat16, torch.float16)
@@ -229,4 +296,7 @@ def picked_configs(head_v_dim: int = 128) -> list[DecodeConfig]:
         for gdn in (False, True)
         for kv_shared in (True, False)
     }
+    # every rule's shape, also where no batch or head count above falls in its ranges
+    found.update(rule.config._replace(block_v=min(rule.config.block_v, 1 << max(head_v_dim - 1, 0).bit_length()))
+                 for table in tables for rule in DEVICE_TABLES.get(table, ()))
     return sorted(found, key=repr)

@@ -7,9 +7,10 @@ q/k/v/gate vectors of its head, doing the whole delta-rule step in registers and
 back. Gates and the q/k l2 norms are recomputed by every V tile of a head: they are K-long vectors,
 which is cheap next to a ``BV*K`` tile. Programs are one warp (every reduction stays in
 shuffles) over a few KB of state; :func:`pick_config` (``triton_configs.py``) holds the shapes
-measured on an H200. There, at B=256, H=HV=32, K=V=128, a call took 267 µs with fp32 state and
-138 µs with bf16 state (4.07 and 3.96 TB/s against 4.29 TB/s for a device-to-device copy), level
-with or ahead of sglang's Helion kernel in the same run (docs/benchmarks.md).
+measured on an H200, and per card (the pool's GPU, by name) the rows measured differently on it.
+On the H200, at B=256, H=HV=32, K=V=128, a call took 267 µs with fp32 state and 138 µs with bf16
+state (4.07 and 3.96 TB/s against 4.29 TB/s for a device-to-device copy), level with or ahead
+of sglang's Helion kernel in the same run (docs/benchmarks.md).
 
 Memory safety does not depend on validation: an index < 0 (padding) or >= N (out of range) zeroes
 the output row and touches no pool byte; pool addresses are computed in int64.
@@ -29,6 +30,7 @@ Example::
 
 from __future__ import annotations
 
+import functools
 import os
 import warnings
 
@@ -552,10 +554,23 @@ def _misaligned_plan(pkey: tuple, state: Tensor) -> tuple:
     config = pkey[-1]
     if config is not None:
         raise ValueError(f"{config} cannot run here: {triton_kv_shared.misaligned(state)}")
-    dims, state_dtype, state_layout, gdn = pkey[0], pkey[5], pkey[6], pkey[7]
-    fallback = pick_config(dims[0], dims[2], dims[4], state_dtype, state_layout, gdn=gdn, kv_shared=False)
+    dims, state_dtype, state_layout, gdn, gpu = pkey[0], pkey[5], pkey[6], pkey[7], pkey[-2]
+    fallback = pick_config(dims[0], dims[2], dims[4], state_dtype, state_layout, gdn=gdn, kv_shared=False,
+                           device=_device_name(gpu))
     key = (*pkey[:-1], fallback)
     return _plans.get(key) or _plan(key)
+
+
+@functools.cache
+def _device_name(gpu: int) -> str | None:
+    """The name of CUDA device ``gpu`` (the pool's), which selects :func:`pick_config`'s per-device
+    table; None for a CPU pool (the Triton interpreter): the default table."""
+    if gpu < 0 or not torch.cuda.is_available():
+        return None
+    try:
+        return torch.cuda.get_device_name(gpu)
+    except (RuntimeError, AssertionError):  # no such device after all: the default table
+        return None
 
 
 def _pow2(n: int) -> int:
@@ -573,8 +588,9 @@ def _plan(pkey: tuple) -> tuple:
     a small id standing for all three in the fast launch's key, and the kernel."""
     dims, s_qkv, s_a, s_b, s_state, state_dtype, state_layout, gdn, use_qk_l2norm, bounded, counted, gpu, config = pkey
     batch, num_heads, num_v_heads, head_k_dim, head_v_dim, _ = dims
+    device_name = _device_name(gpu)  # the card's table (pick_config's device)
     cfg = config if config is not None else pick_config(batch, num_v_heads, head_v_dim, state_dtype, state_layout,
-                                                        gdn=gdn)
+                                                        gdn=gdn, device=device_name)
     if cfg.kv_shared and cfg.kv_registers:
         raise ValueError(f"{cfg}: kv_shared and kv_registers exclude each other (the tile is in shared memory "
                          "or in registers)")
@@ -593,7 +609,8 @@ def _plan(pkey: tuple) -> tuple:
         if config is not None:
             raise ValueError(f"{config} cannot run here: {why}")
         # auto: the shape picked where the shared-memory tile cannot run (or was not timed)
-        cfg = pick_config(batch, num_v_heads, head_v_dim, state_dtype, state_layout, gdn=gdn, kv_shared=False)
+        cfg = pick_config(batch, num_v_heads, head_v_dim, state_dtype, state_layout, gdn=gdn, kv_shared=False,
+                          device=device_name)
     if cfg.early_load and cfg.tiles != 1:
         raise ValueError(f"{cfg}: early_load needs one tile per program (tiles=1)")
     span = cfg.block_v * cfg.tiles
