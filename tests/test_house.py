@@ -122,6 +122,25 @@ def test_the_ops_use_the_engine_through_its_api_only():
     assert not bad, "; ".join(f"{m}:{ln} -> {t}" for m, t, ln in bad)
 
 
+# The engine's floors, bottom first: each imports only what stands below it (or beside it in its
+# own folder). The data path reads upward: grammar, rules and the model's types, the readers that
+# build a spec, the code generated from it, the explainer, the contract, the op, and the tools.
+FLOORS = ("errors", "facts", "source", "version", "hooks", "compile", "modes", "grammar", "rules", "model", "reading",
+          "codegen", "explain", "contract", "operation", "tools")
+
+
+def test_the_engine_imports_downward_only():
+    def floor(module: str) -> int | None:
+        parts = module.split(".")
+        return FLOORS.index(parts[2]) if parts[:2] == ["kda_contracts", "_engine"] and len(parts) > 2 else None
+
+    assert {p.name.removesuffix(".py") for p in (PACKAGE / "_engine").iterdir()
+            if p.name != "__init__.py" and not p.name.startswith("__")} == set(FLOORS)
+    bad = [(m, t, line) for m, edges in GRAPH.items() if floor(m) is not None for t, line in edges
+           if floor(t) is not None and floor(t) > floor(m)]  # type: ignore[operator]
+    assert not bad, "; ".join(f"{m}:{ln} -> {t}" for m, t, ln in bad)
+
+
 def test_no_import_cycle():
     assert cycles() == []
 
