@@ -547,6 +547,7 @@ TYPE_CASES = [  # (hint, value): values whose every item agrees, so beartype's o
     (dict[str, Tag], {"a": Tag(1)}), (dict[str, Tag], {1: Tag(1)}),
     (Sequence[str], "abc"), (Sequence[int], [1]), (Mapping[str, int], {"a": 1}), (dict[str, int], MappingProxyType({})),
     (list[list[float]], [[1, 2.5]]), (torch.Size, torch.Size([2])), (tuple[int, ...], torch.Size([2, 3])),
+    (set[int], {1, 2}), (set[int], {"a", "b"}), (frozenset[str], frozenset({"a"})),
     (Batch, Batch(x=torch.zeros(1, 1), scale=1.0)), (Step, Step(torch.zeros(1, 1), 1)), (Any, object()),
 ]
 
@@ -563,7 +564,7 @@ def test_a_traced_type_tree_gives_beartypes_verdict(hint, value):
     assert (tree.match(value, {}, "v") is None) == is_bearable(value, hint, conf=BeartypeConf(is_pep484_tower=True))
 
 
-@pytest.mark.parametrize("hint", [Literal["a"], set[int], Callable[[int], int], type[int], Annotated[int, "x"]],
+@pytest.mark.parametrize("hint", [Literal["a"], Callable[[int], int], type[int], Annotated[int, "x"]],
                          ids=repr)
 def test_a_hint_more_than_types_decide_has_no_traced_type_tree(hint):
     from kda_contracts._engine.reading.type_trees import read_types

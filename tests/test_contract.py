@@ -43,7 +43,7 @@ def test_a_single_unknown_is_solved_from_a_linear_width():
 
 
 def test_a_width_with_no_integer_solution_says_why():
-    with pytest.raises(kc.ShapeError, match=r"gives no positive integer H with HV=2, K=4, V=5: H = \(35 - 10\) / 8"):
+    with pytest.raises(kc.ShapeError, match=r"gives no whole H >= 0 with HV=2, K=4, V=5: H = \(35 - 10\) / 8"):
         packed(t(1, 35), t(1, 2, 5, 4))
 
 

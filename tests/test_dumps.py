@@ -79,7 +79,7 @@ def test_an_invalid_call_replays_every_violation_with_its_fix(tmp_path, capsys):
     assert "INVALID: 3 violations" in text
     assert [line.strip() for line in text.splitlines() if line.startswith("  [")] == \
         ["[1] w: ShapeError", "[2] x: DtypeError", "[3] out: LayoutError"]
-    assert "fix: pass out.contiguous()" in text
+    assert "fix: out is written in place, so a .contiguous() copy would take the writes and lose them" in text
     assert "backends: none would run it (dump_scale_rows validates before dispatching)" in text
 
 

@@ -137,13 +137,14 @@ def test_a_negative_coefficient_is_solved(width) -> None:
     assert trim(torch.zeros(10), torch.zeros(10 - width)).shape == (width,)
 
 
-def test_a_negative_coefficient_that_gives_no_positive_dim_is_a_shape_error() -> None:
+def test_a_negative_coefficient_that_gives_a_negative_dim_is_a_shape_error() -> None:
     @kc.contract
     def trim(x: Float[Tensor, "D"], y: Float[Tensor, "D-H"]) -> None:
         return None
 
-    with pytest.raises(kc.ShapeError, match=r"gives no positive integer H"):
-        trim(torch.zeros(4), torch.zeros(4))
+    with pytest.raises(kc.ShapeError, match=r"gives no whole H >= 0"):
+        trim(torch.zeros(4), torch.zeros(5))
+    trim(torch.zeros(4), torch.zeros(4))  # H = 0: an empty dim is a dim
 
 
 def test_labels_name_a_dim_for_the_reader() -> None:

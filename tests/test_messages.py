@@ -123,7 +123,7 @@ def test_packed_width_with_no_integer_h(call):
         r"  \[1\] mixed_qkv: ShapeError",
         r"      expected \[B, 2\*H\*K\+HV\*V\] = \[2, \?\]",
         r"      got      \[2, 12285\]",
-        r"      dim 1 \(2\*H\*K\+HV\*V\) = 12285 gives no positive integer H with HV=32, K=128, V=128: "
+        r"      dim 1 \(2\*H\*K\+HV\*V\) = 12285 gives no whole H >= 0 with HV=32, K=128, V=128: "
         r"H = \(12285 - 4096\) / 256 = 31.9883",
         r"      fix: mixed_qkv must be exactly \[q heads \| k heads \| v heads\] = 2\*H\*K \+ HV\*V columns; .*",
         r"  dims: B=2 from mixed_qkv.shape\[0\]; HV=32 from initial_state.shape\[1\]; K=128 from "

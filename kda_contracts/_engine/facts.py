@@ -46,7 +46,7 @@ class AxisMismatch(Fact):
 
 @dataclass(frozen=True)
 class Unsolvable(Fact):
-    """No positive integer ``symbol`` solves ``coef*symbol + const == size`` for axis ``axis``
+    """No whole ``symbol`` >= 0 solves ``coef*symbol + const == size`` for axis ``axis``
     (whose dim is ``dim``); ``coef`` and ``const`` are evaluated with the other bound dims."""
 
     symbol: str

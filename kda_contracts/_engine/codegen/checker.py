@@ -335,7 +335,8 @@ class _Checker:
                     slots = g.slots(rule, value=self.arg[sp.name], config_value=f"{n('cmatch')}[{k}]")
                     g.reject_if([f"({n('cmatch')} is not None and {rule.test(slots)})"])
                 else:
-                    g.reject_if([rule.test(g.slots(rule, value=self.arg[sp.name]))])
+                    bound = self.dim.get(sp.name, "None")  # (the dim an argument is named after)
+                    g.reject_if([rule.test(g.slots(rule, value=self.arg[sp.name], bound=bound))])
 
 
 def generate_checker(spec: ContractSpec) -> tuple[str, dict[str, Any], bool]:

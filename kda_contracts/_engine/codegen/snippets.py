@@ -42,7 +42,7 @@ VARIADIC_AXES = "{shape}[{start}:len({shape}) - {after}]"
 BIND_AXIS = "{dim} = {shape}[{axis}]"
 UNPACK = "{dims} = {shape}"
 SOLVE = ("{coef} = {coef_expr}", "{rest} = {shape}[{axis}] - ({const_expr})",
-         "if {coef} == 0 or {rest} % {coef} or {rest} // {coef} < 1:", "    return None", "{dim} = {rest} // {coef}")
+         "if {coef} == 0 or {rest} % {coef} or {rest} // {coef} < 0:", "    return None", "{dim} = {rest} // {coef}")
 CONFIG_VIEW = ("{view} = {views}.get(id({cfg}))", "if {view} is None or {view}[0]() is not {cfg}:",
                "    {view} = {views}.make({cfg})", "{cdims}, {cdtypes}, {cmatch} = {view}[1], {view}[2], {view}[3]")
 NO_CONFIG = "{cdtypes}, {cmatch} = {nones}, None"

@@ -149,7 +149,7 @@ class Explainer:
             except ZeroDivisionError:
                 continue
             rest = size - const
-            if coef != 0 and rest % coef == 0 and rest // coef >= 1:
+            if coef != 0 and rest % coef == 0 and rest // coef >= 0:
                 self.dims[s.symbol] = rest // coef
                 self.prov[s.symbol] = derived_provenance(s)
                 continue
@@ -157,8 +157,9 @@ class Explainer:
             frac = f"({size} - {const}) / {coef} = {rest / coef:g}" if coef else f"coefficient {s.coef} is 0"
             axis = self._real_axis(s.param, s.axis)
             self.bad_axes.setdefault(s.param, {})[axis] = (
-                f"dim {axis} ({s.dim}) = {size} gives no positive integer {s.symbol} "
-                f"with {known}: {s.symbol} = {frac}", Unsolvable(s.symbol, axis, str(s.dim), size, coef, const))
+                f"dim {axis} ({s.dim}) = {size} gives no whole {s.symbol} >= 0"
+                + (f" with {known}" if known else "") + f": {s.symbol} = {frac}",
+                Unsolvable(s.symbol, axis, str(s.dim), size, coef, const))
 
     def _nested(self) -> None:
         """Walk the tensors inside containers with the dims bound so far; the walk binds the dims
@@ -395,7 +396,8 @@ class Explainer:
                     continue  # None skips a range (the type check decided whether None is allowed)
                 if from_config and self.config is None:
                     continue
-                values = {"value": v, "config_value": config_value_of(rule, self.config, {})}
+                values = {"value": v, "config_value": config_value_of(rule, self.config, {}),
+                          "bound": self.dims.get(name)}
                 if rule.broken(**values):
                     self.violations.append(rule.violation(**values))
                     break
@@ -435,6 +437,11 @@ def _generic_hint(v: Violation, ctx: CallContext) -> str | None:
         return None
     if v.kind is LayoutError:
         layout = v.fact(LayoutBroken)
+        tp = ctx.spec.tensors.get(v.argument)
+        if tp is not None and tp.spec.mutated and layout is not None and layout.rule != "disjoint":
+            return (f"{v.argument} is written in place, so a .contiguous() copy would take the writes and lose "
+                    f"them: allocate {v.argument} with the layout asked (e.g. torch.empty(...) of its full shape, "
+                    "then view it) and pass that tensor itself")
         if layout is not None and layout.rule == "contiguous":
             return f"pass {v.argument}.contiguous()"
         if layout is not None and layout.rule == "disjoint":

@@ -112,7 +112,8 @@ class ArgFact:
         return f"itemsize({self.arg})" if self.kind == "itemsize" else f"{self.arg} is None"
 
 
-_FACT = re.compile(r"itemsize\(([A-Za-z_][A-Za-z_0-9]*)\)|([A-Za-z_][A-Za-z_0-9]*) is None")
+_NAME = r"[^\W\d]\w*"  # an identifier, as Python (and jaxtyping) have them: non-ASCII letters too
+_FACT = re.compile(rf"itemsize\(({_NAME})\)|({_NAME}) is None")
 
 
 def arg_fact(symbol: str) -> ArgFact | None:
@@ -201,7 +202,7 @@ class Variadic:
 
 DimSpec = Expr | _Any | Broadcast | Variadic
 
-_TOKEN = re.compile(r"\s*(?:(\d+)|([A-Za-z_][A-Za-z_0-9]*)|(//|==|!=|<=|>=|[-+*%()<>,\[\]]))")
+_TOKEN = re.compile(rf"\s*(?:(\d+)|({_NAME})|(//|==|!=|<=|>=|[-+*%()<>,\[\]]))")
 _CMP = ("==", "!=", "<=", ">=", "<", ">")
 _KEYWORDS = frozenset(("and", "or", "not", "in", "is", "None", "if", "else"))
 

@@ -297,12 +297,20 @@ class SequenceOf(Node):
             if all(issubclass(t, classes) for t in set(map(type, items))):
                 return None
             i, item = next((i, v) for i, v in enumerate(items) if not isinstance(v, classes))
-            return self.item.match(item, env, f"{path}[{i}]")
+            return self.item.match(item, env, self.item_path(path, i, item))
         for i, item in enumerate(value):  # type: ignore[var-annotated, arg-type]
-            problem = self.item.match(item, env, f"{path}[{i}]")
+            problem = self.item.match(item, env, self.item_path(path, i, item))
             if problem is not None:
                 return problem
         return None
+
+    def item_path(self, path: str, i: int, item: Any) -> str:
+        """How a report names an item: by its index (a set's items have none: by their value)."""
+        return f"{path}[{i}]" if self.ordered else f"{path} item {safe_repr(item)}"
+
+    @property
+    def ordered(self) -> bool:
+        return not issubclass(self.kind, cabc.Set)
 
 
 @dataclass(frozen=True)

@@ -204,7 +204,8 @@ def _run_lines(o: OpParts, n: Names, ns: dict[str, Any], call: list[str], plain:
             f"            if {chosen}.direct:", f"                {res} = {direct}", "            else:",
             f"                {res} = {extras}",
             f"        except {n('ContractError')}:", "            raise",
-            f"        except Exception as {n('exc')}:", f"            {n('failed')}({chosen}.name, {n('exc')})"]
+            f"        except Exception as {n('exc')}:",
+            f"            {n('failed')}({chosen}.name, {n('exc')}, ({plain}{',' if plain else ''}), {cfg}, {v})"]
 
 
 def _hashable_variant(variant: Callable[..., Any], bad: Callable[[Any], Any],

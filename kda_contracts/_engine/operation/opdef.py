@@ -28,6 +28,7 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import inspect
@@ -38,6 +39,7 @@ from typing import Any, NoReturn, TypeVar
 
 import torch
 
+from .. import hooks
 from ..compile.marks import outside_compile
 from ..contract.body import body_uses_checks, runner
 from ..contract.compiled import Contract
@@ -459,13 +461,20 @@ class Op:
                 hint=f"leave padding and out-of-range ids out: rows[(rows >= 0) & (rows < {name}.shape[0])] "
                      f"({_NOTHING_RAN})")], {}, {})
 
-    def _failed(self, backend: str, exc: BaseException, *, rolled_back: bool = False) -> None:
-        """A backend raised: a BackendError naming it, the original as its cause."""
+    def _failed(self, backend: str, exc: BaseException, vals: tuple[Any, ...] | None = None, config: Any = None,
+                variant: str | None = None, *, rolled_back: bool = False) -> None:
+        """A backend raised on a validated call (its checked arguments ``vals``, ``config``,
+        ``variant``): a BackendError naming it, the original as its cause; the call is saved
+        (``KDA_CONTRACTS_DUMP_DIR``) as any rejected call is, as the backend left it."""
         what = ("strict mode restored every tensor the op writes" if rolled_back else
                 partial_writes(self.contract.written) or "the op writes no tensor in place")
-        raise_violations(self.name, [Violation(
-            BackendError, "backend", f"backend {backend!r} to run the validated call",
-            f"it raised {type(exc).__name__}: {exc}", hint=what)], {}, {}, cause=exc)
+        names = self.contracts[variant]._param_names if variant in self.contracts else ()
+        values = dict(zip(names, vals or (), strict=False))
+        with hooks.rejecting(self, values, config, stage="backend", backend=backend) if vals is not None \
+                else contextlib.nullcontext():
+            raise_violations(self.name, [Violation(
+                BackendError, "backend", f"backend {backend!r} to run the validated call",
+                f"it raised {type(exc).__name__}: {exc}", hint=what)], {}, {}, cause=exc)
 
     def _dims_off(self, variant: str | None, *vals_and_cfg: Any) -> tuple[int, ...] | None:
         """The dims of a call in mode ``off`` (taken on trust; None when they cannot be read)."""

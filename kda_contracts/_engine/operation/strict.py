@@ -53,7 +53,7 @@ def transact(op: OpParts, chosen: Chosen, dims: tuple[int, ...], variant: str | 
         rollback(saved)
         if isinstance(exc, ContractError):
             raise
-        op._failed(chosen.name, exc, rolled_back=saved is not None)
+        op._failed(chosen.name, exc, vals, config, variant, rolled_back=saved is not None)
     except BaseException:  # KeyboardInterrupt, SystemExit, a cancelled task: rolled back, then on its way
         rollback(saved)
         raise

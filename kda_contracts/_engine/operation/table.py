@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import warnings
 from collections import namedtuple
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -142,25 +143,36 @@ class BackendTable:
         return cached
 
     def _probe(self, b: Backend) -> tuple[bool, str]:
+        """Whether ``b`` can load here. A backend that is broken (a package it requires fails to
+        import, its availability check raises, its ``"module:function"`` kernel cannot be loaded or
+        does not take the op's call) is unavailable and said so in a RuntimeWarning, once: ``auto``
+        never passes over a broken backend without a word. One whose package is not installed, or
+        whose check says no (no CUDA device here), is simply unavailable."""
         for mod in b.requires:
             try:
                 importlib.import_module(mod)
-            except Exception as exc:  # ImportError, or a package that breaks on import
-                kind = "is not installed" if isinstance(exc, ModuleNotFoundError) else f"fails to import ({exc})"
-                return False, f"{mod} {kind}"
+            except ModuleNotFoundError:
+                return False, f"{mod} is not installed"
+            except Exception as exc:  # a package that breaks on import
+                return self._broken(b, f"{mod} fails to import ({exc})")
         if b.availability is not None:
             try:
                 ok, why = b.availability()
             except Exception as exc:  # a plug-in's probe must not break dispatch
-                return False, f"availability check failed: {exc!r}"
+                return self._broken(b, f"availability check failed: {exc!r}")
             if not ok:
                 return False, why
         if not callable(b.kernel):  # import it now: a broken or mis-shaped kernel is unavailable
             try:
                 self.runner(b)
             except Exception as exc:
-                return False, f"kernel {b.kernel!r} cannot be loaded: {exc}"
+                return self._broken(b, f"kernel {b.kernel!r} cannot be loaded: {exc}")
         return True, ""
+
+    def _broken(self, b: Backend, why: str) -> tuple[bool, str]:
+        warnings.warn(f"kda_contracts: {self.op_name}: backend {b.name!r} is broken, so backend='auto' will not "
+                      f"choose it: {why}", RuntimeWarning, stacklevel=4)
+        return False, why
 
     def runner(self, b: Backend) -> Callable[..., Any]:
         """``run(dims, variant, *op_args)`` for backend ``b`` (its kernel loaded and checked)."""

@@ -40,7 +40,7 @@ from ..model.nodes import tensor_rules
 from ..model.spec import NO_HINT, ContractOptions, ContractSpec, NestedParam, ScalarParam, TensorNode
 from ..model.type_verdict import BEARTYPE_CONF
 from ..rules.scalar import scalar_param_rules
-from .arrays import _is_jaxtyping_array, array_dtypes, split_optional, unalias, unsupported_array_type
+from .arrays import _is_jaxtyping_array, array_dtypes, int_hint, split_optional, unalias, unsupported_array_type
 from .plan import plan_binding
 from .structure import mentions_array, read_structure
 
@@ -166,8 +166,10 @@ def build_spec(fn: Callable[..., Any], options: ContractOptions | None = None, *
     tensors = {n: replace(tp, rules=tensor_rules(tp, first_tensor, options.autograd)) for n, tp in tensors.items()}
     if returns is not None:
         returns = tuple(replace(r, rules=tensor_rules(r, first_tensor)) for r in returns)
-    scalars = {n: replace(sp, rules=scalar_param_rules(sp.name, sp.range, sp.optional, sp.match, sp.constraints))
-               for n, sp in scalars.items()}
+    scalars = {n: replace(sp, rules=scalar_param_rules(
+        sp.name, sp.range, sp.optional, sp.match, sp.constraints,
+        dim=sp.name if sp.name in plan.symbols and sp.name not in plan.scalar_sources and int_hint(sp.hint) else None))
+        for n, sp in scalars.items()}
     return ContractSpec(
         name=qualname, signature=sig, tensors=tensors, scalars=scalars, nested=nested, returns=returns,
         returns_tuple=returns_tuple, where=tuple(constraints), symbols=plan.symbols, sources=plan.sources,

@@ -92,3 +92,14 @@ _SEQUENCES: Mapping[Any, type] = {list: list, cabc.Sequence: cabc.Sequence, cabc
 
 
 _MAPPINGS = (dict, cabc.Mapping, cabc.MutableMapping)
+
+
+def int_hint(hint: Any) -> bool:
+    """Whether a scalar's hint (its ``None`` split off) gives an int: ``int``, or a ``Literal`` of
+    ints (``Literal[3, 4]``), so an argument named like a dim binds it or is checked against it."""
+    inner, _ = split_optional(hint)
+    if inner is int:
+        return True
+    args = typing.get_args(inner)
+    return typing.get_origin(inner) is typing.Literal and bool(args) and \
+        all(isinstance(a, int) and not isinstance(a, bool) for a in args)

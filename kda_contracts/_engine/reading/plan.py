@@ -27,6 +27,7 @@ from ..grammar.constraints import Constraint
 from ..grammar.dims import ArgFact, Broadcast, Const, Expr, Sym, arg_fact, dim_symbols, linear_form
 from ..model.markers import Where, config_dims
 from ..model.spec import AxisSource, BindingPlan, Derived, Solver, VariadicSource
+from .arrays import int_hint
 
 if TYPE_CHECKING:
     from ..model.nodes import Node
@@ -116,7 +117,7 @@ def plan_binding(qualname: str, tensors: Mapping[str, TensorNode], scalars: Mapp
                  options: ContractOptions, nested: Mapping[str, Node] | None = None) -> BindingPlan:
     """Plan how every dim of a contract is bound; raise AnnotationError for a dim nothing binds."""
     static_cfg = set(config_dims(options.config)) if options.config is not None else set()
-    int_args = {sp.name for sp in scalars.values() if sp.hint is int and not sp.optional}
+    int_args = {sp.name for sp in scalars.values() if int_hint(sp.hint) and not sp.optional}
     symbols = _symbols(tensors, constraints, returns or (), static_cfg, int_args)
     order = list(options.bind_first) + [n for n in tensors if n not in options.bind_first]
     sources: dict[str, list[AxisSource]] = {}
@@ -135,7 +136,7 @@ def plan_binding(qualname: str, tensors: Mapping[str, TensorNode], scalars: Mapp
         if v is not None and v.name is not None and vi is not None:
             vsources.setdefault(v.key, []).append(VariadicSource(n, vi, len(tp.dims) - 1 - vi, v.broadcast))
     scalar_sources = {sp.name: sp.name for sp in scalars.values()
-                      if sp.hint is int and sp.name in symbols and not sp.optional}
+                      if int_hint(sp.hint) and sp.name in symbols and not sp.optional}
     direct = set(sources) | set(scalar_sources) | static_cfg
     config_only = [s for s in symbols if s in static_cfg and s not in sources and s not in scalar_sources]
     facts = _facts(qualname, tensors, scalars, constraints, returns or ())

@@ -19,6 +19,7 @@ Example::
 from __future__ import annotations
 
 import abc
+import collections.abc as cabc
 import typing
 from collections.abc import Mapping
 from types import NoneType, UnionType
@@ -31,6 +32,8 @@ from ..model.type_verdict import BEARTYPE_CONF, _items_problem
 from .arrays import _MAPPINGS, _SEQUENCES
 
 _TOWER: Mapping[Any, tuple[type, ...]] = {float: (int, float), complex: (int, float, complex)}
+#: sets whose items a type tree checks, every one (beartype samples one)
+_SETS: Mapping[Any, type] = {set: set, frozenset: frozenset, cabc.Set: cabc.Set, cabc.MutableSet: cabc.MutableSet}
 
 
 def read_types(tp: Any) -> Node | None:
@@ -60,6 +63,8 @@ def read_types(tp: Any) -> Node | None:
             return SequenceOf(tuple, items[0], text_ok=True)
         bare = tp is typing.Tuple  # noqa: UP006  # (the bare alias itself; tuple[()] has no args either)
         return TupleOf(items) if args else (InstanceOf(tuple, (tuple,)) if bare else None)
+    if origin in _SETS:
+        return SequenceOf(_SETS[origin], items[0]) if len(items) == 1 else InstanceOf(origin, (origin,))
     if origin in _SEQUENCES or origin in _MAPPINGS:
         if not args:
             return InstanceOf(origin, (origin,))

@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from ..errors import ContractError, ValueRangeError, Violation
+from ..errors import ContractError, ShapeError, ValueRangeError, Violation
 from ..facts import ConfigMismatch
 from .tensor import CONFIG_ABSENT, Rule, Slots
 
@@ -175,10 +175,38 @@ class Satisfies(Rule):
         return f"`{data['predicate']}(value)` is true"
 
 
+@dataclass(frozen=True)
+class EqualsDim(Rule):
+    """An int argument named like a dim that does not bind it (it may be None, ``H: int | None``):
+    when given, it equals the dim as the call bound it."""
+
+    argument: str
+    symbol: str
+    kind: ClassVar[type[ContractError]] = ShapeError
+    needs: ClassVar[frozenset[str]] = frozenset({"value", "bound"})
+    family: ClassVar[str] = "scalar"
+    order: ClassVar[int] = 50
+    doc_section: ClassVar[str | None] = "scalar"
+
+    def test(self, n: Slots) -> str:
+        return f"{n.value} is not None and {n.bound} is not None and {n.value} != {n.bound}"
+
+    def violation(self, **values: Any) -> Violation:
+        return Violation(ShapeError, self.argument, f"{self.symbol}={values['bound']} (the dim it is named after)",
+                         repr(values["value"]))
+
+    def describe(self, dims: Sequence[Any], env: Mapping[str, int], config_value: Any = None) -> dict[str, Any]:
+        return {"equals_dim": self.symbol}
+
+    def doc(self, data: Mapping[str, Any]) -> str:
+        return f"equals dim `{self.symbol}` when given"
+
+
 def scalar_param_rules(name: str, rng: Any, optional: bool, match: Any,
-                       constraints: tuple[Rule, ...]) -> tuple[Rule, ...]:
-    """A scalar's rules: its ``kc.Range``, then its ``kc.MatchConfig``, then its other constraints."""
-    rules: list[Rule] = []
+                       constraints: tuple[Rule, ...], dim: str | None = None) -> tuple[Rule, ...]:
+    """A scalar's rules: its ``kc.Range``, then its ``kc.MatchConfig``, then its other constraints;
+    ``dim``: the dim it is named after without binding it (checked against the call's)."""
+    rules: list[Rule] = [EqualsDim(name, dim)] if dim is not None else []
     if rng is not None:
         rules.append(ScalarInRange(name, rng, optional))
     if match is not None:

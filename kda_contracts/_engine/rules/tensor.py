@@ -112,6 +112,7 @@ class Slots:
     device: str = "device"  # the device of the call's first tensor
     config_value: str = "config_value"  # what the config fixes for this rule (None: nothing)
     other_dtype: str = "other_dtype"  # the dtype of the argument named by same_dtype_as
+    bound: str = "bound"  # the dim an argument is named after, as the call bound it (None: unbound)
     constants: Mapping[str, str] = field(default_factory=dict)  # constant object id -> name
     # Names already holding each axis's size (when the generated code has them in locals), from
     # the front; None: index ``shape``.

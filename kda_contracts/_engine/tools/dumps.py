@@ -305,7 +305,8 @@ def _save_rejected(target: Contract | Op, values: Mapping[str, Any], config: Any
             variant, contract = target.contract_for(values)
         else:
             contract = target
-        mode = "strict" if stage != "contract" or modes.current_mode() == modes.STRICT else "check"
+        strict = stage in ("value checks", "after") or modes.current_mode() == modes.STRICT
+        mode = "strict" if strict else "check"
         saved = {"by": "rejection", "mode": mode, "stage": stage, "backend": backend, "error": str(err),
                  "backend_asked": None}
         data = build_dump(op, contract, variant, values, config, saved, max_bytes=max_bytes)

@@ -36,6 +36,7 @@ Example::
 
 from __future__ import annotations
 
+import functools
 import importlib.abc
 import importlib.machinery
 import inspect
@@ -196,6 +197,21 @@ class ImportHook(importlib.abc.MetaPathFinder):
             if inspect.isclass(inner) and inner.__qualname__ == f"{cls.__qualname__}.{attr}":
                 self._contract_class(inner, decorate, refusals, seen)
 
+    @staticmethod
+    def _contract_function(obj: Any, decorate: Decorate) -> Any:
+        """``obj`` contracted when its annotations mention a tensor type (else itself); a function
+        under ``functools.lru_cache``/``functools.cache`` is contracted beneath a new cache of the
+        same parameters, so a call that misses the cache is checked."""
+        inner = _cached_function(obj)
+        fn = obj if inner is None else inner
+        if not wants_contract(fn, fn.__qualname__):
+            return obj
+        wrapper = decorate(fn, fn.__qualname__)
+        if inner is None:
+            return wrapper
+        cached = functools.lru_cache(**obj.cache_parameters())(wrapper)
+        return functools.update_wrapper(cached, fn)
+
     def _contract_module(self, module: ModuleType) -> None:
         name = module.__name__
         done: list[str] = []
@@ -210,13 +226,15 @@ class ImportHook(importlib.abc.MetaPathFinder):
                 self._contract_class(obj, decorate, refusals, seen)
             elif inspect.isfunction(obj) and id(obj) in replaced:
                 setattr(module, attr, replaced[id(obj)])
-            elif inspect.isfunction(obj):
+            elif inspect.isfunction(obj) or _cached_function(obj) is not None:
                 try:
-                    if wants_contract(obj, obj.__qualname__):
-                        replaced[id(obj)] = wrapper = decorate(obj, obj.__qualname__)
-                        setattr(module, attr, wrapper)
+                    wrapper = self._contract_function(obj, decorate)
                 except AnnotationError as err:
                     refusals.append(err)
+                    continue
+                if wrapper is not obj:
+                    replaced[id(obj)] = wrapper
+                    setattr(module, attr, wrapper)
         if refusals:
             what = "a function" if len(refusals) == 1 else f"{len(refusals)} functions"
             raise AnnotationError(
@@ -251,3 +269,9 @@ def install_import_hook(packages: str | Iterable[str], mode: modes.ModeName | No
                       ImportHookWarning, stacklevel=2)
     sys.meta_path.insert(0, hook)
     return hook
+
+
+def _cached_function(obj: Any) -> Any:
+    """The function under a ``functools.lru_cache``/``functools.cache`` wrapper, else None."""
+    inner = getattr(obj, "__wrapped__", None)
+    return inner if callable(getattr(obj, "cache_parameters", None)) and inspect.isfunction(inner) else None

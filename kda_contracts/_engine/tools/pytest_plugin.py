@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import contextlib
 import fnmatch
+import importlib.util
 import os
 import warnings
 from collections.abc import Generator
@@ -173,6 +174,13 @@ def _install_hook(config: pytest.Config, values: list[str]) -> None:
     except (TypeError, ValueError) as err:
         raise pytest.UsageError(f"--kda-contracts-packages={','.join(values)}: {err}") from None
     state.hook_warnings = [str(w.message) for w in caught]
+    # (after the hook, so that a parent package found on the way is imported through it)
+    missing = [p for p in packages if _find(p) is None]
+    if missing:
+        state.hook.uninstall()
+        raise pytest.UsageError(f"--kda-contracts-packages={','.join(values)}: no package or module named "
+                                f"{', '.join(map(repr, missing))} can be imported here (a typo? the hook would "
+                                "contract nothing)")
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -292,9 +300,19 @@ def _is_builtin(c: Contract) -> bool:
     return module == "kda_contracts" or module.startswith("kda_contracts.")
 
 
+def _find(name: str) -> object | None:
+    try:
+        return importlib.util.find_spec(name)
+    except (ImportError, ValueError):  # a parent that is not a package, or fails to import
+        return None
+
+
 def _matches(pattern: str, key: str, c: Contract) -> bool:
+    """Whether a contract matches a ``--kda-contracts-require`` pattern, by its registry key, its
+    name, or its module and name written either way (``mod:fn`` or ``mod.fn``, so ``mod.*`` and
+    ``mod:*`` both match the functions of ``mod``)."""
     module = getattr(c.fn, "__module__", None)
-    names = (key, c.name, f"{module}:{c.name}")
+    names = (key, c.name, f"{module}:{c.name}", f"{module}.{c.name}")
     return any(fnmatch.fnmatchcase(n, pattern) for n in names)
 
 
