@@ -397,3 +397,14 @@ def test_modes_that_differ_across_threads_after_a_compile_are_said_out_loud():
     out = subprocess.run([sys.executable, "-c", _THREADS_PROBE], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     assert "kc.mode: different modes are in force in several threads" in out.stdout
+
+
+# -- one way to register a packed op's kernels ----------------------------------------------------
+def test_every_packed_op_registers_its_kernels_one_way():
+    from kda_contracts.ops._packed.backends import InterfaceBackend
+
+    for op in (kc.packed_decode, kc.gdn_packed_decode):
+        shipped = [b for b in op.backends() if b.name != "torch"]
+        assert {b.name for b in shipped} == {"triton", "helion", "fla"}
+        assert all(isinstance(b, InterfaceBackend) and b.op == op.name for b in shipped)
+        assert all(isinstance(b.kernel, str) and b.kernel.startswith("kda_kernels.") for b in shipped)

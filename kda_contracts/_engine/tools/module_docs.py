@@ -118,8 +118,10 @@ def describe_backend(b: Backend, floating: Sequence[str], available: tuple[bool,
         "dtypes": dtypes, "where": list(b.where), "requires": list(b.requires),
         "variants": None if b.variants is None else list(b.variants), "description": b.description,
         "kernel": b.kernel if isinstance(b.kernel, str) else _callable_name(b.kernel),
+        # a subclass's own fields, where they restrict more than their defaults do
         "more": {f.name: _plain(getattr(b, f.name)) for f in dataclasses.fields(b)
-                 if f.name not in _BACKEND_FIELDS and not f.name.startswith("_")},
+                 if f.name not in _BACKEND_FIELDS and not f.name.startswith("_")
+                 and getattr(b, f.name) != f.default},
     }
     if available is not None:
         out["available"] = {"ok": available[0], "why_not": available[1]}

@@ -19,17 +19,11 @@ Example::
 
 from __future__ import annotations
 
-import importlib
-import inspect
-import os
-from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-import torch
-
 from ..._engine import Backend, BackendError, CallInfo
-from .._packed.layouts import SYMBOLS  # B, H, HV, K, V, N: kda_kernels' DecodeDims order
+from .._packed.backends import InterfaceBackend, shipped_kernels
 
 if TYPE_CHECKING:
     from ..._engine import Op
@@ -39,13 +33,11 @@ __all__ = ["Adapter", "BackendError", "available", "bind", "describe", "get", "l
 
 
 ENTRY_POINT_GROUP = "kda_contracts.adapters"  # the older group; ``kda_contracts.backends`` serves any op
-_INTERFACE_ARGS = 9  # mixed_qkv ... indices, then the keywords below
-_INTERFACE_KEYWORDS = ("num_heads", "use_qk_l2norm", "lower_bound", "state_layout")
 _PLUGIN_ERRORS: dict[str, str] = {}
 
 
 @dataclass(frozen=True)
-class Adapter(Backend):
+class Adapter(InterfaceBackend):
     """One backend of packed decode, its kernel in the kernel-interface convention.
 
     ``kernel`` is the kernel itself or ``"module:function"`` (imported on first use).
@@ -55,10 +47,6 @@ class Adapter(Backend):
     when asked by name (a callable is asked per call).
     """
 
-    state_dtypes: frozenset[torch.dtype] | None = None
-    layouts: frozenset[str] = frozenset({"VK", "KV"})
-    gates: frozenset[str] = frozenset({"softplus", "bounded"})
-
     def __post_init__(self) -> None:
         super().__post_init__()
         object.__setattr__(self, "op", "packed_decode")
@@ -66,60 +54,6 @@ class Adapter(Backend):
     def available(self) -> tuple[bool, str]:
         """``(True, "")`` when this backend can load here, else ``(False, why)`` (cached)."""
         return _op().table.available(self)
-
-    def key_args(self, floating: Sequence[str]) -> tuple[tuple[str, ...], tuple[str, ...]]:
-        return (("initial_state",) if self.state_dtypes is not None else (),
-                ("lower_bound",) if self.gates != {"softplus", "bounded"} else ())
-
-    def extra_unsupported(self, info: CallInfo) -> list[str]:
-        why = []
-        state = info.dtypes.get("initial_state")
-        if self.state_dtypes is not None and state is not None and state not in self.state_dtypes:
-            why.append(f"state dtype {str(state).removeprefix('torch.')} not supported")
-        if info.variant is not None and info.variant not in self.layouts:
-            why.append(f"state layout {info.variant} not supported")
-        gate = "softplus" if "lower_bound" in info.absent else "bounded"
-        if gate not in self.gates:
-            why.append(f"{gate} gate not supported")
-        return why
-
-    def signature_problem(self, kernel: Callable[..., Any], params: Sequence[inspect.Parameter]) -> str | None:
-        try:
-            sig = inspect.signature(kernel)
-        except (TypeError, ValueError) as exc:
-            return f"its signature cannot be read ({exc})"
-        try:
-            sig.bind(*range(_INTERFACE_ARGS), **dict.fromkeys(_INTERFACE_KEYWORDS))
-        except TypeError as exc:
-            return (f"it cannot be called as kernels/INTERFACE.md says (9 tensors and scalars, then "
-                    f"{', '.join(k + '=' for k in _INTERFACE_KEYWORDS)}): {exc}")
-        return None
-
-    def make_runner(self, kernel: Callable[..., Any], params: Sequence[inspect.Parameter],
-                    dims_types: Mapping[str | None, type]) -> Callable[..., Any]:
-        heads = {v: t._fields.index("H") for v, t in dims_types.items()}  # type: ignore[attr-defined]
-        from kda_kernels.interface import DecodeBackend  # plain torch (no triton, helion or fla)
-
-        launch = kernel.launch if isinstance(kernel, DecodeBackend) else None
-        if launch is not None and all(t._fields == SYMBOLS for t in dims_types.values()):  # type: ignore[attr-defined]
-            # a kda_kernels DecodeBackend: hand it the dims the contract bound (not read again)
-            def run_with_dims(d: tuple[int, ...], layout: str, mixed_qkv: Any, a: Any, b: Any, A_log: Any,
-                              dt_bias: Any, scale: float, initial_state: Any, out: Any, ssm_state_indices: Any,
-                              use_qk_l2norm_in_kernel: bool, lower_bound: float | None, *, config: Any,
-                              state_layout: Any) -> None:
-                launch(d, mixed_qkv, a, b, A_log, dt_bias, scale, initial_state, out, ssm_state_indices,
-                       use_qk_l2norm_in_kernel, lower_bound, layout)
-
-            return run_with_dims
-
-        def run(d: tuple[int, ...], layout: str, mixed_qkv: Any, a: Any, b: Any, A_log: Any, dt_bias: Any,
-                scale: float, initial_state: Any, out: Any, ssm_state_indices: Any, use_qk_l2norm_in_kernel: bool,
-                lower_bound: float | None, *, config: Any, state_layout: Any) -> None:
-            kernel(mixed_qkv, a, b, A_log, dt_bias, scale, initial_state, out, ssm_state_indices,
-                   num_heads=d[heads[layout]],
-                   use_qk_l2norm=use_qk_l2norm_in_kernel, lower_bound=lower_bound, state_layout=layout)
-
-        return run
 
 
 _OP: list[Op] = []  # packed decode itself, once its module has made it (bind())
@@ -219,43 +153,21 @@ def verdicts(info: CallInfo) -> list[tuple[Backend, list[str]]]:
     return _op().table.verdicts(info)
 
 
-def _probe_of(module: str) -> Callable[[], tuple[bool, str]]:
-    """An availability check that imports ``module`` only when asked and calls its is_available()."""
-
-    def probe() -> tuple[bool, str]:
-        try:
-            mod = importlib.import_module(module)
-        except Exception as exc:
-            return False, f"{module} fails to import ({type(exc).__name__}: {exc})"
-        return mod.is_available()
-
-    return probe
-
-
-def _cpu_if_interpreting() -> tuple[str, ...]:
-    # Read per call, not at import: the pytest plugin imports kda_contracts before a conftest
-    # can set TRITON_INTERPRET.
-    return ("cpu",) if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0") else ()
-
-
-def _gpu_backend(name: str, priority: int, description: str, *, interpreted: bool = False) -> Adapter:
-    """A shipped CUDA backend: ``kda_kernels.<name>_decode`` behind the ``<name>`` package;
-    ``interpreted``: also on the CPU when asked by name under ``TRITON_INTERPRET`` (for tests)."""
-    module = f"kda_kernels.{name}_decode"
-    return Adapter(name=name, kernel=f"{module}:packed_decode", devices=("cuda",), priority=priority,
-                   requires=(name,), availability=_probe_of(module), description=description,
-                   explicit_devices=_cpu_if_interpreting if interpreted else ())
+#: the kernels kda-contracts ships for packed decode: name -> (priority, module, function, availability
+#: check, description, runs on the CPU when asked by name under the Triton interpreter)
+_KERNELS = {
+    "triton": (30, "kda_kernels.triton_decode", "packed_decode", "is_available",
+               "our Triton kernel: one program per (request, value head, V tile), bounds-guarded", True),
+    "helion": (20, "kda_kernels.helion_decode", "packed_decode", "is_available",
+               "our Helion kernel with pinned configs (no run-time autotuning)", True),
+    "fla": (10, "kda_kernels.fla_decode", "packed_decode", "is_available",
+            "flash-linear-attention's fused_recurrent_kda (peer); padding compacted on the host (syncs)", False),
+}
 
 
 def shipped() -> list[Adapter]:
     """The kernels kda-contracts ships (the torch reference is the op's own body)."""
-    return [
-        _gpu_backend("triton", 30, "our Triton kernel: one program per (request, value head, V tile), bounds-guarded",
-                     interpreted=True),
-        _gpu_backend("helion", 20, "our Helion kernel with pinned configs (no run-time autotuning)", interpreted=True),
-        _gpu_backend("fla", 10, "flash-linear-attention's fused_recurrent_kda (peer); padding compacted on the host "
-                     "(syncs)"),
-    ]
+    return shipped_kernels("packed_decode", _KERNELS, make=Adapter)  # type: ignore[return-value]
 
 
 def describe(backend: Backend) -> dict[str, Any]:

@@ -1,0 +1,162 @@
+"""How a packed op's kernels are registered, one way for every packed op: an
+:class:`InterfaceBackend` is a ``kc.Backend`` whose kernel takes the packed-decode kernel
+interface (``kernels/INTERFACE.md``: ``kernel(mixed_qkv, a, b, A_log, dt_bias, scale, state, out,
+indices, *, num_heads, use_qk_l2norm, lower_bound, state_layout)``) and which may restrict the
+state dtypes, layouts and gates it supports; :func:`shipped_kernels` makes the ``kda_kernels``
+ones. A kernel that cannot take that call is refused when it is registered (or, given as
+``"module:function"``, when it is loaded), never chosen by ``auto``, and ``auto`` says so.
+
+Plug-in packages ship backends through the entry-point group ``kda_contracts.backends``
+(packed decode also reads its older group, ``kda_contracts.adapters``).
+
+Example::
+
+    op.register_backend(InterfaceBackend(name="mine", kernel="my_pkg.kernels:packed_decode",
+                                         op="packed_decode", devices=("cuda",), priority=50))
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import os
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from ..._engine import Backend, CallInfo
+from .layouts import SYMBOLS
+
+_INTERFACE_ARGS = 9  # mixed_qkv ... indices, then the keywords below
+_INTERFACE_KEYWORDS = ("num_heads", "use_qk_l2norm", "lower_bound", "state_layout")
+
+
+@dataclass(frozen=True)
+class InterfaceBackend(Backend):
+    """A backend of a packed op whose kernel takes the kernel interface. ``state_dtypes``,
+    ``layouts`` and ``gates`` restrict what it supports (``gates`` matters to an op with a
+    ``lower_bound`` argument, KDA's: None there is the softplus gate, a bound the bounded one)."""
+
+    state_dtypes: frozenset[torch.dtype] | None = None
+    layouts: frozenset[str] = frozenset({"VK", "KV"})
+    gates: frozenset[str] = frozenset({"softplus", "bounded"})
+
+    def key_args(self, floating: Sequence[str]) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        return (("initial_state",) if self.state_dtypes is not None else (),
+                ("lower_bound",) if self.gates != {"softplus", "bounded"} else ())
+
+    def extra_unsupported(self, info: CallInfo) -> list[str]:
+        why = []
+        state = info.dtypes.get("initial_state")
+        if self.state_dtypes is not None and state is not None and state not in self.state_dtypes:
+            why.append(f"state dtype {str(state).removeprefix('torch.')} not supported")
+        if info.variant is not None and info.variant not in self.layouts:
+            why.append(f"state layout {info.variant} not supported")
+        gate = "softplus" if "lower_bound" in info.absent else "bounded"
+        if gate not in self.gates:
+            why.append(f"{gate} gate not supported")
+        return why
+
+    def signature_problem(self, kernel: Callable[..., Any], params: Sequence[inspect.Parameter]) -> str | None:
+        try:
+            sig = inspect.signature(kernel)
+        except (TypeError, ValueError) as exc:
+            return f"its signature cannot be read ({exc})"
+        try:
+            sig.bind(*range(_INTERFACE_ARGS), **dict.fromkeys(_INTERFACE_KEYWORDS))
+        except TypeError as exc:
+            return (f"it cannot be called as kernels/INTERFACE.md says (9 tensors and scalars, then "
+                    f"{', '.join(k + '=' for k in _INTERFACE_KEYWORDS)}): {exc}")
+        return None
+
+    def make_runner(self, kernel: Callable[..., Any], params: Sequence[inspect.Parameter],
+                    dims_types: Mapping[str | None, type]) -> Callable[..., Any]:
+        from kda_kernels.interface import DecodeBackend  # plain torch (no triton, helion or fla)
+
+        launch = kernel.launch if isinstance(kernel, DecodeBackend) else None
+        if launch is not None and all(t._fields == SYMBOLS for t in dims_types.values()):  # type: ignore[attr-defined]
+            return _launcher(launch, gated="lower_bound" in {p.name for p in params})
+        heads = {v: t._fields.index("H") for v, t in dims_types.items()}  # type: ignore[attr-defined]
+        return _interface_caller(kernel, heads, gated="lower_bound" in {p.name for p in params})
+
+
+def _launcher(launch: Callable[..., None], *, gated: bool) -> Callable[..., Any]:
+    """A ``kda_kernels`` DecodeBackend handed the dims the contract bound (not read again)."""
+    if gated:
+        def run_with_dims(d: tuple[int, ...], layout: str, mixed_qkv: Any, a: Any, b: Any, A_log: Any,
+                          dt_bias: Any, scale: float, initial_state: Any, out: Any, ssm_state_indices: Any,
+                          use_qk_l2norm_in_kernel: bool, lower_bound: float | None, *, config: Any,
+                          state_layout: Any) -> None:
+            launch(d, mixed_qkv, a, b, A_log, dt_bias, scale, initial_state, out, ssm_state_indices,
+                   use_qk_l2norm_in_kernel, lower_bound, layout)
+
+        return run_with_dims
+
+    def run_softplus(d: tuple[int, ...], layout: str, mixed_qkv: Any, a: Any, b: Any, A_log: Any, dt_bias: Any,
+                     scale: float, initial_state: Any, out: Any, ssm_state_indices: Any,
+                     use_qk_l2norm_in_kernel: bool = False, *, config: Any, state_layout: Any) -> None:
+        launch(d, mixed_qkv, a, b, A_log, dt_bias, scale, initial_state, out, ssm_state_indices,
+               use_qk_l2norm_in_kernel, None, layout)
+
+    return run_softplus
+
+
+def _interface_caller(kernel: Callable[..., Any], heads: Mapping[str | None, int], *,
+                      gated: bool) -> Callable[..., Any]:
+    """A kernel in the interface convention, called with the head count the contract bound."""
+    if gated:
+        def run(d: tuple[int, ...], layout: str, mixed_qkv: Any, a: Any, b: Any, A_log: Any, dt_bias: Any,
+                scale: float, initial_state: Any, out: Any, ssm_state_indices: Any, use_qk_l2norm_in_kernel: bool,
+                lower_bound: float | None, *, config: Any, state_layout: Any) -> None:
+            kernel(mixed_qkv, a, b, A_log, dt_bias, scale, initial_state, out, ssm_state_indices,
+                   num_heads=d[heads[layout]], use_qk_l2norm=use_qk_l2norm_in_kernel, lower_bound=lower_bound,
+                   state_layout=layout)
+
+        return run
+
+    def run_softplus(d: tuple[int, ...], layout: str, mixed_qkv: Any, a: Any, b: Any, A_log: Any, dt_bias: Any,
+                     scale: float, initial_state: Any, out: Any, ssm_state_indices: Any,
+                     use_qk_l2norm_in_kernel: bool = False, *, config: Any, state_layout: Any) -> None:
+        kernel(mixed_qkv, a, b, A_log, dt_bias, scale, initial_state, out, ssm_state_indices,
+               num_heads=d[heads[layout]], use_qk_l2norm=use_qk_l2norm_in_kernel, lower_bound=None,
+               state_layout=layout)
+
+    return run_softplus
+
+
+def cpu_if_interpreting() -> tuple[str, ...]:
+    """``("cpu",)`` under ``TRITON_INTERPRET`` (a backend then runs on the CPU when asked by name,
+    for tests). Read per call: a conftest may set it after kda_contracts is imported."""
+    return ("cpu",) if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0") else ()
+
+
+def probe(module: str, check: str = "is_available", *, interpreted: bool = False) -> Callable[[], tuple[bool, str]]:
+    """An availability check that imports ``module`` only when asked and calls its ``check()``;
+    ``interpreted``: under ``TRITON_INTERPRET`` a module that imports is available (it then runs on
+    the CPU when asked by name)."""
+
+    def available() -> tuple[bool, str]:
+        try:
+            mod = importlib.import_module(module)
+        except Exception as exc:
+            return False, f"{module} fails to import ({type(exc).__name__}: {exc})"
+        ok, why = getattr(mod, check)()
+        if not ok and interpreted and cpu_if_interpreting() and "CUDA" in why:
+            return True, "the Triton interpreter (TRITON_INTERPRET is set)"
+        return ok, why
+
+    return available
+
+
+def shipped_kernels(op: str, kernels: Mapping[str, tuple[int, str, str, str, str, bool]],
+                    make: Callable[..., InterfaceBackend] = InterfaceBackend, *, interpreter_probe: bool = False
+                    ) -> list[InterfaceBackend]:
+    """The ``kda_kernels`` backends of a packed op, one per entry ``name: (priority, module,
+    function, availability check, description, runs on the CPU when asked by name under the
+    interpreter)``; ``interpreter_probe``: see :func:`probe`."""
+    return [make(name=name, kernel=f"{module}:{function}", devices=("cuda",), priority=priority, requires=(name,),
+                 availability=probe(module, check, interpreted=interpreter_probe), description=description, op=op,
+                 explicit_devices=cpu_if_interpreting if interpreted else ())
+            for name, (priority, module, function, check, description, interpreted) in kernels.items()]
