@@ -162,8 +162,13 @@ def table_name(device: str) -> str:
 def entry(name: str, device: str, rules: list[tuple[str, str]]) -> str:
     day = datetime.date.today().isoformat()
     head = f'    "{name}": (  # benchmarks/device_table.py on {device}, {day}: {len(rules)} rules\n'
-    body = "".join(f"        # {why}\n        {src},\n" for src, why in rules)
+    body = "".join(f"        # {why}\n        {_wrapped(src)},\n" for src, why in rules)
     return head + body + "    ),\n"
+
+
+def _wrapped(src: str, width: int = 110) -> str:
+    """A rule's source on two lines when it is too long for one (the config on the second)."""
+    return src if len(src) <= width else src.replace(", DecodeConfig(", ",\n                  DecodeConfig(", 1)
 
 
 def write(name: str, text: str, path: Path = CONFIGS) -> None:

@@ -120,7 +120,33 @@ DEVICE_TABLES: dict[str, tuple[TableRule, ...]] = {
     "h200": (),
     "default": (),
     # BEGIN GENERATED TABLES (benchmarks/device_table.py --write)
-    "h100": (  # not measured yet: the regime table until device_table.py --write runs on an H100
+    "h100": (  # benchmarks/device_table.py on NVIDIA H100 80GB HBM3, 2026-12-06: 11 rules
+        # H=32 bfloat16 B=1: triton:m 1.076 / 1.345
+        TableRule(False, (23, 65536), (1, 2), DecodeConfig(block_v=4, num_warps=1, guard='mask')),
+        # H=32 bfloat16 B=8: triton:el 1.004 / 1.082
+        TableRule(False, (23, 65536), (3, 22),
+                  DecodeConfig(block_v=16, num_warps=1, guard='mask', act_eviction='evict_last', early_load=True)),
+        # H=16 bfloat16 B=1: triton:m 1.192 / 1.436
+        TableRule(False, (9, 22), (1, 2), DecodeConfig(block_v=4, num_warps=1, guard='mask')),
+        # H=4 bfloat16 B=1: triton:m 1.150 / 1.225
+        TableRule(False, (1, 8), (1, 2), DecodeConfig(block_v=4, num_warps=1, guard='mask')),
+        # H=4 bfloat16 B=8: triton:m 1.070 / 1.178
+        TableRule(False, (1, 8), (3, 22), DecodeConfig(block_v=4, num_warps=1, guard='mask')),
+        # H=32 float32 B=1: triton:flat 1.123 / 1.218
+        TableRule(True, (23, 65536), (1, 2), DecodeConfig(block_v=4, num_warps=1, guard='mask', fused_output=True)),
+        # H=32 float32 B=8: triton:el 1.205 / 0.995
+        TableRule(True, (23, 65536), (3, 22),
+                  DecodeConfig(block_v=8, num_warps=1, fused_output=True, early_load=True)),
+        # H=16 float32 B=1: triton:flat 1.182 / 1.280
+        TableRule(True, (9, 22), (1, 2), DecodeConfig(block_v=4, num_warps=1, guard='mask', fused_output=True)),
+        # H=4 float32 B=1: triton:r2 1.201 / 1.347
+        TableRule(True, (1, 8), (1, 2),
+                  DecodeConfig(block_v=2, num_warps=1, guard='mask', grid='v_fastest', fused_output=True)),
+        # H=4 float32 B=8: triton:flat 1.111 / 1.233
+        TableRule(True, (1, 8), (3, 22), DecodeConfig(block_v=4, num_warps=1, guard='mask', fused_output=True)),
+        # H=4 float32 B=64: triton:el 1.163 / 1.001
+        TableRule(True, (1, 8), (23, 1073741824),
+                  DecodeConfig(block_v=8, num_warps=1, fused_output=True, early_load=True)),
     ),
     # END GENERATED TABLES
 }
