@@ -196,3 +196,21 @@ def test_every_item_of_a_set_is_checked_under_torch_compile():
         cf(torch.ones(2), {1, "a"})
 
 
+
+
+@kc.contract(register=False)
+def scale_rows(x: Float[Tensor, "B D"], w: Float[Tensor, "D"]) -> None: ...
+
+
+def test_a_dump_whose_arguments_no_longer_fit_the_signature_is_unusable_not_invalid(tmp_path):
+    from kda_contracts._engine.tools.dump_reader import DumpError
+
+    path = tmp_path / "call.pt"
+    kc.save_call(scale_rows, path, torch.zeros(2, 3), torch.zeros(3))
+    raw = torch.load(path, weights_only=True)
+    raw["arguments"]["weight"] = raw["arguments"].pop("w")  # saved before the parameter was renamed
+    torch.save(raw, path)
+    with pytest.raises(DumpError, match=r"the dump's arguments no longer match .*scale_rows's signature \(saved "
+                                        r"arguments the function has no parameter for: weight; parameters with no "
+                                        r"saved argument: w\)"):
+        read_call_dump(load_file(path))

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import inspect
 import os
 import pickle
 import re
@@ -324,6 +325,22 @@ def read_call_dump(loaded: LoadedFile) -> CallDump:
     notes = [str(n) for n in raw.get("notes", [])]
     dec = _Decoder(notes)
     values = {str(k): dec.decode(v, str(k)) for k, v in raw["arguments"].items()}
+    _refuse_other_signature(contract, values, p)
     config = dec.decode(raw.get("config"), "config")
     return CallDump(p, dict(raw["target"]), op, contract, values, config, raw.get("config_arg"), raw["tensors"],
                     bool(raw.get("values_saved", True)), dict(raw["saved"]), notes, loaded)
+
+
+def _refuse_other_signature(contract: Any, values: Mapping[str, Any], path: str | Path) -> None:
+    """A dump whose arguments no longer fit the function's signature (a parameter renamed, added
+    or removed since it was saved) is not a verdict on the call: DumpError (exit 2), naming them."""
+    params = contract.spec.signature.parameters
+    unknown = [n for n in values if n not in params]
+    missing = [n for n, p in params.items() if n not in values and p.default is inspect.Parameter.empty
+               and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+    if unknown or missing:
+        said = "; ".join(part for part in (
+            f"saved arguments the function has no parameter for: {', '.join(unknown)}" if unknown else "",
+            f"parameters with no saved argument: {', '.join(missing)}" if missing else "") if part)
+        raise DumpError(f"{path}: the dump's arguments no longer match {contract.name}'s signature ({said}): it was "
+                        "saved from another version of the code; save the call again")
