@@ -18,8 +18,9 @@ os.environ.setdefault("TRITON_INTERPRET", "1")
 _FUZZ = dict(deadline=None, print_blob=True,
              suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much])
 settings.register_profile("ci", settings.get_profile("ci"), max_examples=200, **_FUZZ)
-settings.register_profile("dev", max_examples=200, **_FUZZ)
-settings.register_profile("long", max_examples=5000, **_FUZZ)
+# (parented on "default" explicitly: with CI set, Hypothesis makes "ci" the parent of a new profile)
+settings.register_profile("dev", settings.get_profile("default"), max_examples=200, **_FUZZ)
+settings.register_profile("long", settings.get_profile("default"), max_examples=5000, **_FUZZ)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE") or "ci")
 
 

@@ -88,6 +88,57 @@ def test_a_function_without_annotations_is_refused():
         kc.contract(scale)
 
 
+_FIELDS_MODULE = """
+from __future__ import annotations
+import dataclasses
+from typing import TYPE_CHECKING, NamedTuple
+import kda_contracts as kc
+if TYPE_CHECKING:
+    from kda_contracts import Float, Tensor
+
+@dataclasses.dataclass
+class Batch:
+    x: Float[Tensor, "B D"]
+
+class Pair(NamedTuple):
+    x: Float[Tensor, "B D"]
+
+@dataclasses.dataclass
+class Outer:
+    inner: Later
+
+REFUSED = {}
+for cls in (Batch, Pair, Outer):
+    def f(b: object) -> None: ...
+    f.__annotations__["b"] = cls
+    try:
+        kc.contract(register=False)(f)
+    except kc.AnnotationError as err:
+        REFUSED[cls.__name__] = str(err)
+
+@dataclasses.dataclass
+class Later:  # defined after the decoration: Outer.inner does not resolve when it is read
+    x: int
+"""
+
+
+def test_a_field_annotation_that_does_not_resolve_is_refused_not_skipped(tmp_path, monkeypatch):
+    (tmp_path / "edge_fields.py").write_text(_FIELDS_MODULE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "edge_fields", raising=False)
+    import edge_fields  # type: ignore[import-not-found]
+
+    fix = ("make it resolvable (import the names it uses at runtime, not under TYPE_CHECKING; define a class it "
+           "names before the decorated function), or mark {} @typing.no_type_check to pass it as an opaque "
+           "object, checked with isinstance only")
+    for cls, field, text, why in [("Batch", "x", "Float[Tensor, 'B D']", "name 'Float' is not defined"),
+                                  ("Pair", "x", "Float[Tensor, 'B D']", "name 'Float' is not defined"),
+                                  ("Outer", "inner", "Later", "name 'Later' is not defined")]:
+        assert edge_fields.REFUSED[cls] == (
+            f"f: argument 'b': cannot read the annotation of {cls}.{field} ({text}) at decoration: {why}, so "
+            f"what {cls} holds would go unchecked; " + fix.format(cls))
+
+
 # -- the import hook and functools caches ----------------------------------------------------------
 def test_the_import_hook_contracts_a_function_under_lru_cache_and_cache(tmp_path, monkeypatch):
     (tmp_path / "cachedpkg").mkdir()

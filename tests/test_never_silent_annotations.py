@@ -226,20 +226,33 @@ class NoTensors:
     tok: "TypeOnly | None" = None
 
 
+@typing.no_type_check
+@dataclasses.dataclass
+class OptedOut:
+    n: int
+    tok: "TypeOnly | None" = None
+
+
 def test_a_dataclass_whose_other_fields_hold_tensors_must_resolve_every_annotation() -> None:
     def f(x: Float[Tensor, "B D"], p: HalfResolvable) -> None: ...
 
     with pytest.raises(kc.AnnotationError, match=r"f: argument 'p': cannot read the annotation of "
-                                                 r"HalfResolvable.tok \(name 'TypeOnly' is not defined\), and its "
-                                                 r"other fields hold tensors, which would go unchecked"):
+                                                 r"HalfResolvable.tok \(TypeOnly \| None\) at decoration: name "
+                                                 r"'TypeOnly' is not defined, so what HalfResolvable holds would go "
+                                                 r"unchecked"):
         _decorate(f)
 
-    @kc.contract(register=False)  # without tensors it stays an opaque type, checked with isinstance
     def g(x: Float[Tensor, "B D"], p: NoTensors) -> None: ...
 
-    g(torch.zeros(2, 3), NoTensors(1))
+    with pytest.raises(kc.AnnotationError, match=r"NoTensors.tok .* or mark NoTensors @typing.no_type_check"):
+        _decorate(g)
+
+    @kc.contract(register=False)  # marked @typing.no_type_check: an opaque type, checked with isinstance
+    def h(x: Float[Tensor, "B D"], p: OptedOut) -> None: ...
+
+    h(torch.zeros(2, 3), OptedOut(1))
     with pytest.raises(kc.ArgumentTypeError):
-        g(torch.zeros(2, 3), "not NoTensors")
+        h(torch.zeros(2, 3), "not OptedOut")
 
 
 @dataclasses.dataclass

@@ -47,31 +47,35 @@ def _structured(tp: Any) -> type | None:
 
 
 def _fields_mention_array(cls: type, _seen: frozenset[Any]) -> bool:
-    """Whether the fields of a structured class (or TypedDict) mention an array type. When its
-    annotations do not resolve as a whole, each field is tried alone: a class whose resolvable
-    fields hold tensors while others do not resolve is an AnnotationError (its tensors would go
-    unchecked); one without tensors stays an opaque type, checked with isinstance."""
+    """Whether the fields of a structured class (or TypedDict) mention an array type. A field
+    annotation that does not resolve at decoration (a ``TYPE_CHECKING``-only import, a class defined
+    later) is an AnnotationError: what it holds would go unchecked. A class marked
+    ``@typing.no_type_check`` is the opt-out: an opaque type, checked with isinstance only."""
+    if getattr(cls, "__no_type_check__", False):
+        return False
     try:
         fields = _field_hints(cls) if not _is_typeddict(cls) else typing.get_type_hints(cls, include_extras=True)
     except Exception as exc:
         if isinstance(exc, AnnotationError) and not isinstance(exc, _UnreadableHints):
             raise  # (the annotations read, and say something that cannot be checked)
-        unresolved, holds = [], False
-        namespace = {**vars(sys.modules.get(cls.__module__, object())), **vars(cls)}
-        for name, hint in _raw_annotations(cls).items():
-            try:
-                hint = eval(hint, namespace) if isinstance(hint, str) else hint  # the class's own annotation
-            except Exception:
-                unresolved.append(name)
-                continue
-            holds = holds or mentions_array(hint, _seen | {cls})
-        if holds and unresolved:
-            raise AnnotationError(f"cannot read the annotation of {cls.__name__}.{unresolved[0]} "
-                                  f"({exc.__cause__ or exc}), and its other fields hold tensors, which would "
-                                  "go unchecked; make those annotations resolvable at decoration (import the names "
-                                  "they use at runtime)") from exc
-        return False
+        raise AnnotationError(_unresolved_field_message(cls, exc)) from exc
     return fields is not None and any(mentions_array(h, _seen | {cls}) for h in fields.values())
+
+
+def _unresolved_field_message(cls: type, exc: Exception) -> str:
+    namespace = {**vars(sys.modules.get(cls.__module__, object())), **vars(cls)}
+    shown, why = cls.__name__, str(exc.__cause__ or exc)
+    for name, hint in _raw_annotations(cls).items():
+        text = hint.__forward_arg__ if isinstance(hint, typing.ForwardRef) else hint
+        try:
+            eval(text, namespace) if isinstance(text, str) else text  # the class's own annotation
+        except Exception as field_exc:
+            shown, why = f"{cls.__name__}.{name} ({text})", str(field_exc)
+            break
+    return (f"cannot read the annotation of {shown} at decoration: {why}, so what {cls.__name__} holds would "
+            "go unchecked; make it resolvable (import the names it uses at runtime, not under TYPE_CHECKING; "
+            f"define a class it names before the decorated function), or mark {cls.__name__} "
+            "@typing.no_type_check to pass it as an opaque object, checked with isinstance only")
 
 
 class _UnreadableHints(AnnotationError):
