@@ -197,3 +197,13 @@ def imports_text(tmp_path: Path, text: str, sub: str = "") -> list[tuple[str, in
     finally:
         path.unlink()
         MODULES.pop(module_name(path), None)
+
+
+def test_every_package_is_listed_in_pyproject():
+    """A new folder that pyproject does not list is left out of the wheel (CI's check_dist fails late)."""
+    import tomllib
+
+    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["tool"]["setuptools"]["packages"])
+    on_disk = {module_name(p) for p in PACKAGE.rglob("__init__.py")}
+    on_disk |= {"kda_kernels" + module_name(p)[len("kernels"):] for p in (ROOT / "kernels").rglob("__init__.py")}
+    assert on_disk == listed, f"missing from pyproject: {sorted(on_disk - listed)}; stale: {sorted(listed - on_disk)}"
