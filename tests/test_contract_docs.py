@@ -24,25 +24,25 @@ Contract (kda-contracts)::
 
     Config: none: every dim comes from the arguments.
 
-    | argument | shape | for this config | dtypes | layout |
-    |---|---|---|---|---|
-    | `x` | `[*batch, D]` | `[*batch, D]` | float32 | any strides |
-    | `w` | `[D, E]` | `[D, E]` | float32 | contiguous: strides `[E, 1]` = `[E, 1]` |
+    | argument | shape | dtypes | layout |
+    |---|---|---|---|
+    | `x` | `[*batch, D]` | float32 | any strides |
+    | `w` | `[D, E]` | float32 | contiguous: strides `[E, 1]` |
 
     Where each dim is bound from (the first source binds it; every other appearance is checked against it):
 
-    | dim | this config | without a config | with the config | appears in |
-    |---|---|---|---|---|
-    | `*batch` | per call | — | — |  |
-    | `D` | per call | from x.shape[-1] | — | x.shape[-1], w.shape[0] |
-    | `E` | per call | from w.shape[1] | — | w.shape[1] |
+    | dim | bound | appears in |
+    |---|---|---|
+    | `*batch` | from x.shape[:-1] | x.shape[:-1] |
+    | `D` | from x.shape[-1] | x.shape[-1], w.shape[0] |
+    | `E` | from w.shape[1] | w.shape[1] |
 
     Cross-argument constraints:
 
     - `E >= D` (ShapeError; checked per call)
     - every tensor on the device of `x` (DeviceError)
 
-    Returns: `return` `[*batch, E]` = `[*batch, E]` (float32)"""
+    Returns: `return` `[*batch, E]` (float32)"""
 
 F32 = kc.Spec(dtypes=(torch.float32,))
 
@@ -103,7 +103,7 @@ def test_help_shows_the_table_as_an_indented_literal_block():
     f = kc.contract(project, doc=True, register=False)
     text = pydoc.render_doc(f, renderer=pydoc.plaintext)
     assert "    Contract (kda-contracts)::\n    \n        Config: none" in text
-    assert "        | `w` | `[D, E]` | `[D, E]` | float32 | contiguous" in text
+    assert "        | `w` | `[D, E]` | float32 | contiguous" in text
 
 
 def test_every_line_of_the_block_is_indented_so_sphinx_reads_it_verbatim():
@@ -246,5 +246,32 @@ def test_container_arguments_are_documented_and_the_dims_they_bind_have_a_source
 
     doc = stack_heads.__doc__
     assert "| `heads` | `list[Tensor[B D]]` | every tensor inside, against the call's dims |" in doc
-    assert "| `B` | per call | from the tensors inside heads | — | every tensor inside heads |" in doc
-    assert "| `D` | per call | from bias.shape[0] | — | bias.shape[0], every tensor inside heads |" in doc
+    assert "| `B` | from the tensors inside heads | every tensor inside heads |" in doc
+    assert "| `D` | from bias.shape[0] | bias.shape[0], every tensor inside heads |" in doc
+
+
+def test_an_op_gets_the_table_of_each_variant_with_doc_true_or_the_process_setting():
+    def body(x: Float[Tensor, "B D"], w: Float[Tensor, "D"]) -> Float[Tensor, "B D"]:
+        """Scale each row of x by w."""
+        return x * w
+
+    assert kc.op(body, name="doc_off_op").__doc__ == "Scale each row of x by w."  # (the setting is off here)
+    scale = kc.op(body, name="doc_on_op", doc=True)
+    assert scale.__doc__.startswith(f"Scale each row of x by w.\n\n{HEADING}\n\n    Config: none")
+    assert "    | `w` | `[D]` | bfloat16, float16, float32, float64, any float8 | any strides |" in scale.__doc__
+    kc.set_contract_docs(True)
+    assert HEADING in kc.op(body, name="doc_setting_op").__doc__
+
+    def wide(x: Float[Tensor, "B 2*D"], w: Float[Tensor, "D"]) -> None: ...
+
+    def narrow(x: Float[Tensor, "B D"], w: Float[Tensor, "D"]) -> None: ...
+
+    def plain(x, w):
+        """Scale x."""
+        return x * w
+
+    both = kc.op(plain, name="doc_variants_op", variants={"wide": wide, "narrow": narrow},
+                 variant=lambda x, w: "wide" if x.shape[1] == 2 * w.shape[0] else "narrow")
+    lines = both.__doc__.splitlines()
+    assert "    Variant ``wide``:" in lines and "    Variant ``narrow``:" in lines
+    assert "    | `x` | `[B, 2*D]` | bfloat16, float16, float32, float64, any float8 | any strides |" in lines

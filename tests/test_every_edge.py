@@ -45,6 +45,53 @@ def test_a_dim_no_known_dim_helps_solve_is_worded_without_an_empty_with():
         f(torch.zeros(2, 3))
 
 
+# -- a required #*b beside an optional *b -----------------------------------------------------------
+def _beside(x: Float[Tensor, "#*b D"], y: Float[Tensor, "*b D"] | None = None) -> Float[Tensor, "*b D"]:
+    return x if y is None else x + y
+
+
+def _optional_first(y: Float[Tensor, "*b D"] | None, x: Float[Tensor, "#*b D"],
+                    z: Float[Tensor, "#*b D"] | None = None) -> None: ...
+
+
+_BESIDE_CALLS = [  # (function, x shape, y shape or None, z shape or None; z only for _optional_first)
+    (_beside, (2, 3, 4), None, None), (_beside, (1, 3, 4), (2, 3, 4), None), (_beside, (1, 1, 4), (5, 3, 4), None),
+    (_beside, (3, 4), (2, 3, 4), None), (_beside, (2, 3, 4), (5, 3, 4), None), (_beside, (2, 3, 4), (3, 4), None),
+    (_beside, (4,), (7, 4), None), (_beside, (2, 4), (2, 3, 4), None),
+    (_optional_first, (1, 3, 4), (2, 3, 4), (3, 4)), (_optional_first, (1, 3, 4), None, (2, 1, 4)),
+    (_optional_first, (1, 3, 4), (2, 3, 4), (5, 3, 4)), (_optional_first, (3, 4), None, None),
+]
+
+
+@pytest.mark.parametrize("fn, x, y, z", _BESIDE_CALLS)
+def test_a_required_broadcastable_variadic_beside_an_optional_plain_one_gets_jaxtypings_verdict(fn, x, y, z):
+    from beartype import beartype
+    from jaxtyping import jaxtyped
+
+    args = {"x": torch.zeros(x), "y": None if y is None else torch.zeros(y)}
+    if fn is _optional_first:
+        args["z"] = None if z is None else torch.zeros(z)
+    try:
+        jaxtyped(typechecker=beartype)(fn)(**args)
+        want = True
+    except Exception:
+        want = False
+    try:
+        kc.contract(register=False)(fn)(**args)
+        got = True
+    except kc.ContractError:
+        got = False
+    assert got == want, f"{fn.__name__}(**{ {k: None if v is None else tuple(v.shape) for k, v in args.items()} })"
+
+
+def test_an_optional_plain_variadic_fixes_what_broadcastable_ones_bound_for_the_result():
+    beside = kc.contract(register=False)(_beside)
+    assert beside(torch.zeros(1, 3, 4), torch.zeros(2, 3, 4)).shape == (2, 3, 4)
+    with pytest.raises(kc.ShapeError, match=r"dims 0:2 \(\*b\): expected \[2, 3\] \(\*b from x.shape\[0:2\]\), got "
+                                            r"\[5, 3\]"):
+        beside(torch.zeros(2, 3, 4), torch.zeros(5, 3, 4))
+
+
 # -- int arguments named like a dim -----------------------------------------------------------------
 @kc.contract(register=False)
 def heads_or_none(x: Float[Tensor, "H"], H: int | None = None) -> None: ...

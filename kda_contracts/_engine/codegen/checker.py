@@ -17,9 +17,19 @@ from typing import Any
 
 import torch
 
-from ..grammar.dims import ANY, Broadcast, Expr, Sym, broadcast_dim, broadcast_sizes, dim_symbols, fits_variadic
+from ..grammar.dims import (
+    ANY,
+    Broadcast,
+    Expr,
+    Sym,
+    WideSizes,
+    bind_variadic,
+    broadcast_dim,
+    dim_symbols,
+    fits_variadic,
+)
 from ..model.nodes import DEVICE, match_dims, walk_containers
-from ..model.spec import ContractSpec, Derived, TensorNode, result_env, weak_symbols, widenable_variadics, widened_key
+from ..model.spec import ContractSpec, Derived, TensorNode, result_env, weak_symbols, widenable_variadics
 from ..reading.arrays import split_optional
 from ..rules.tensor import Rule
 from .config_views import config_view_layout
@@ -114,6 +124,10 @@ class _Checker:
         # first binders of distinct dims is unpacked in one statement (after its rank test);
         # one whose dims are all expressions is compared as one tuple once every dim is bound.
         self.weak = weak_symbols(spec)
+        # variadic dims bound from every occurrence at once (some broadcastable or optional);
+        # the others (all required and plain) take the first one's sizes, which the rest must equal
+        self.merged_variadics = {k for k, vs in spec.variadic_sources.items() if any(v.broadcast or v.optional
+                                                                                     for v in vs)}
         self.unpacked = {tp.name for tp in spec.tensors.values() if self._unpackable(tp)}
         self.whole = {tp.name for tp in spec.tensors.values()
                       if not tp.optional and tp.name not in self.unpacked and tp.variadic is None
@@ -193,13 +207,18 @@ class _Checker:
             sizes = ", ".join(f"{self.shape[src.param]}[{src.axis}]" for src in srcs)
             g.emit(f"{self.dim[sym]} = {g.const(broadcast_dim)}({sizes})")
         for key, vsrcs in spec.variadic_sources.items():
-            axes = [VARIADIC_AXES.format(shape=self.shape[v.param], start=v.start, after=v.after) for v in vsrcs]
-            if not any(v.broadcast for v in vsrcs):
-                g.emit(f"{self.dim[key]} = {axes[0]}")
+            if key not in self.merged_variadics:  # the first occurrence fixes it
+                g.emit(f"{self.dim[key]} = " + VARIADIC_AXES.format(shape=self.shape[vsrcs[0].param],
+                                                                    start=vsrcs[0].start, after=vsrcs[0].after))
                 continue
-            pairs = ", ".join(f"({a}, {v.broadcast})" for a, v in zip(axes, vsrcs, strict=True))
-            g.emit(f"{self.dim[key]} = {g.const(broadcast_sizes)}({pairs})")
-            g.reject_if([f"{self.dim[key]} is None"])
+            pairs = []
+            for v in vsrcs:  # every occurrence given: optional ones when not None
+                shape = f"{self.arg[v.param]}.shape" if v.optional else self.shape[v.param]
+                axes = VARIADIC_AXES.format(shape=shape, start=v.start, after=v.after)
+                pairs.append(f"(None if {self.arg[v.param]} is None else {axes}, {v.broadcast})" if v.optional
+                             else f"({axes}, {v.broadcast})")
+            g.emit(f"{self.dim[key]} = {g.const(bind_variadic)}({', '.join(pairs)})")
+            g.reject_if([f"{self.dim[key]} is False"])
         for s in spec.steps:
             if isinstance(s, Derived):
                 g.emit(BIND_EQUAL, dim=self.dim[s.symbol], expr=s.expr.render(self.dim))
@@ -216,8 +235,9 @@ class _Checker:
         env = n("env")
         bound = [s for s in spec.symbols if s not in spec.nested_only]
         widen = widenable_variadics(spec)
-        key = {s: widened_key(s, widen) for s in bound}
-        entries = [f"{key[s]!r}: {self.dim[s]}" for s in bound]
+        wide = g.const(WideSizes)
+        entries = [f"({'#' + s!r} if type({self.dim[s]}) is {wide} else {s!r}): {self.dim[s]}" if s in widen
+                   else f"{s!r}: {self.dim[s]}" for s in bound]
         if spec.first_tensor is not None:
             entries.append(f"{DEVICE!r}: {n('dev')}")
         g.emit(f"{env} = {{" + ", ".join(entries) + "}")
@@ -230,8 +250,8 @@ class _Checker:
             widened = f", {env}.get({'#' + s!r})" if s.startswith("*") else ""
             g.emit(f"{self.dim[s]} = {env}.get({s!r}{widened})")
         for s in bound:
-            if key[s] != s:  # a widenable variadic dim: what the walk made of it
-                g.emit(f"{self.dim[s]} = {env}.get({s!r}, {env}.get({key[s]!r}))")
+            if s in widen:  # a widenable variadic dim: what the walk made of it
+                g.emit(f"{self.dim[s]} = {env}.get({s!r}, {env}.get({'#' + s!r}))")
 
     def read_config(self) -> None:
         """What a config fixes is read once per config object into a flat view (see ConfigViews);
@@ -292,9 +312,8 @@ class _Checker:
             srcs = self.spec.variadic_sources.get(v.key, ())
             axes = VARIADIC_AXES.format(shape=shape, start=vi, after=len(tp.dims) - 1 - vi)
             if tp.optional:  # required ones were all decided when the dim was bound
-                if not srcs:
-                    self.g.emit(f"if {self.dim[v.key]} is None:", f"    {self.dim[v.key]} = tuple({axes})")
-                conds.append(f"not {self.g.const(fits_variadic)}({axes}, {v.broadcast}, {self.dim[v.key]})")
+                if v.key not in self.merged_variadics:  # (else this occurrence was merged into the binding)
+                    conds.append(f"not {self.g.const(fits_variadic)}({axes}, {v.broadcast}, {self.dim[v.key]})")
             elif not any(src.broadcast for src in srcs) and srcs[0].param != tp.name:  # not the binder
                 conds.append(f"{axes} != {self.dim[v.key]}")
         self.g.reject_if(conds)

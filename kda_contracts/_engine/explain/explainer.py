@@ -28,7 +28,7 @@ from ..facts import (
     Unsolvable,
 )
 from ..grammar.constraints import Constraint
-from ..grammar.dims import Broadcast, Expr, Sym, Variadic, broadcast_dim, broadcast_sizes, fits_variadic
+from ..grammar.dims import Broadcast, Expr, Sym, Variadic, bind_variadic, broadcast_dim, fits_variadic
 from ..model.markers import CONFIG_LACKS, ConfigKindError, config_dim_source, config_dims, config_dtypes, is_int_dim
 from ..model.nodes import DEVICE, walk_containers
 from ..model.spec import (
@@ -38,7 +38,6 @@ from ..model.spec import (
     TensorNode,
     bound_dims,
     derived_provenance,
-    widenable_variadics,
 )
 from ..rules.tensor import Rule, dtype_name, fmt_ints
 
@@ -164,7 +163,7 @@ class Explainer:
     def _nested(self) -> None:
         """Walk the tensors inside containers with the dims bound so far; the walk binds the dims
         only they carry, and its verdict is the fast path's."""
-        env: dict[str, Any] = bound_dims(tuple(self.dims), tuple(self.dims.values()), widenable_variadics(self.spec))
+        env: dict[str, Any] = bound_dims(tuple(self.dims), tuple(self.dims.values()))
         first = self.values.get(self.spec.first_tensor) if self.spec.first_tensor is not None else None
         if isinstance(first, torch.Tensor):
             env[DEVICE] = first.device
@@ -180,8 +179,9 @@ class Explainer:
                 if rule.broken(value=value):
                     self.violations.append(rule.violation(value=value))
         for sym in self.spec.variadic_sources:
-            if sym in env:  # a widenable variadic dim the walk fixed
-                self.dims[sym] = env[sym]
+            walked = env.get(sym, env.get("#" + sym))
+            if sym in self.dims and walked is not None:  # a widenable variadic dim: what the walk made of it
+                self.dims[sym] = walked
         for sym in (*self.spec.nested_only, *self.spec.broadcast_sources):
             value = env.get(sym, env.get("#" + sym))
             if value is not None and sym not in self.dims:
@@ -258,10 +258,10 @@ class Explainer:
             found = [(v, self._variadic_axes(v.param, v.start, v.after)) for v in vsrcs if v.param in self.usable]
             if not found:
                 continue
-            merged = broadcast_sizes(*((sizes, v.broadcast) for v, sizes in found)) \
+            merged = bind_variadic(*((sizes, v.broadcast) for v, sizes in found)) \
                 if any(v.broadcast for v, _ in found) else None
             sizes_list = [sizes for _, sizes in found]
-            best = merged if merged is not None else max(sizes_list, key=sizes_list.count)
+            best = merged if isinstance(merged, tuple) else max(sizes_list, key=sizes_list.count)
             v = found[sizes_list.index(best)][0] if best in sizes_list else found[0][0]
             shape = self.usable[v.param]
             self.dims[key] = best  # type: ignore[assignment]  # a variadic dim is a tuple of sizes

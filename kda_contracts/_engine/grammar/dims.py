@@ -442,6 +442,34 @@ def broadcast_sizes(*occurrences: tuple[Sequence[int], bool]) -> tuple[int, ...]
     return result
 
 
+class WideSizes(tuple):  # type: ignore[type-arg]
+    """The sizes of a variadic dim only broadcastable occurrences (``#*name``) bound so far: a
+    plain occurrence, a tensor inside a container or the result may still widen them, as torch's
+    broadcasting would. Equal to (and hashed as) the plain tuple of the same sizes."""
+
+    __slots__ = ()
+
+
+def bind_variadic(*occurrences: tuple[Sequence[int] | None, bool]) -> tuple[int, ...] | bool | None:
+    """A variadic dim bound from every ``(sizes, broadcastable)`` occurrence given (sizes None:
+    an optional argument that is None): their broadcast (see :func:`broadcast_sizes`), a
+    :class:`WideSizes` when every occurrence given is broadcastable; None when none is given;
+    False when they do not agree.
+
+    Example::
+
+        bind_variadic(((1, 3), True), ((2, 3), False))   # (2, 3)
+        bind_variadic(((1, 3), True), (None, False))     # WideSizes((1, 3)): a result may widen it
+    """
+    given = [(sizes, bc) for sizes, bc in occurrences if sizes is not None]
+    if not given:
+        return None
+    merged = broadcast_sizes(*given)  # type: ignore[arg-type]
+    if merged is None:
+        return False
+    return WideSizes(merged) if all(bc for _, bc in given) else merged
+
+
 def broadcast_dim(*sizes: int) -> int | None:
     """The size a dim only broadcastable axes (``#N``) carry: the first size that is not 1 (the
     checks that follow reject any other), or None when all are 1 (then it is bound by nothing,

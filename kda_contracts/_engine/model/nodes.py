@@ -21,7 +21,18 @@ from beartype.door import is_bearable
 
 from ..compile.marks import mark_constant_result
 from ..errors import ArgumentTypeError, ShapeError
-from ..grammar.dims import ANY, Broadcast, DimSpec, Expr, Sym, Variadic, broadcast_sizes, dim_symbols, fits_variadic
+from ..grammar.dims import (
+    ANY,
+    Broadcast,
+    DimSpec,
+    Expr,
+    Sym,
+    Variadic,
+    WideSizes,
+    broadcast_sizes,
+    dim_symbols,
+    fits_variadic,
+)
 from ..rules.tensor import Contiguous, Disjoint, DtypeIn, InnerDense, Rule, SameDevice, SameDtype, Writable
 from .markers import Spec
 from .type_verdict import BEARTYPE_CONF, Problem, deep_problem, safe_repr, words
@@ -201,12 +212,15 @@ def match_dims(dims: tuple[DimSpec, ...], shape: tuple[int, ...], env: dict[str,
                 if merged is None or (not d.broadcast and merged != tuple(sizes)):
                     return words("dims {}: {} does not broadcast with {}", d, sizes, widenable)
                 if d.broadcast:
-                    env["#" + d.key] = merged
+                    env["#" + d.key] = WideSizes(merged)
                 else:
                     del env["#" + d.key]
                     env[d.key] = merged
             elif bound is None:
-                env[("#" if d.broadcast else "") + d.key] = tuple(sizes)
+                if d.broadcast:
+                    env["#" + d.key] = WideSizes(sizes)
+                else:
+                    env[d.key] = tuple(sizes)
             elif d.broadcast:  # it must broadcast to what a plain occurrence fixed
                 if broadcast_sizes((bound, True), (sizes, True)) != tuple(bound):
                     return words("dims {}: {} does not broadcast to {}", d, sizes, bound)

@@ -17,7 +17,7 @@ from typing import Any
 
 from ..errors import Violation
 from ..grammar.constraints import Constraint
-from ..grammar.dims import ArgFact, Expr
+from ..grammar.dims import ArgFact, Expr, WideSizes
 from ..rules.tensor import Rule
 from .markers import MatchConfig, Range, Where, config_dim_source, config_dims
 from .nodes import Node, TensorNode, walk_containers
@@ -117,6 +117,8 @@ class ContractSpec:
             elif self.sources.get(sym):
                 src = self.sources[sym][0]
                 prov[sym] = f"from {src.param}.shape[{src.axis}]"
+            elif self.variadic_sources.get(sym):
+                prov[sym] = variadic_provenance(self.variadic_sources[sym])
             elif sym in self.nested_only:  # bound by the first tensor inside a container that carries it
                 holders = [n for n, p in self.nested.items() if sym in p.node.symbols()]
                 prov[sym] = f"from the tensors inside {', '.join(holders)}"
@@ -126,6 +128,15 @@ class ContractSpec:
                         prov[sym] = derived_provenance(s)
                         break
         return prov
+
+
+def variadic_provenance(sources: tuple[VariadicSource, ...]) -> str:
+    """Where a variadic dim comes from, as docs and reports say it: ``from x.shape[:-1]``; the
+    broadcast of several occurrences when any is broadcastable (``#*name``)."""
+    axes = [f"{v.param}.shape[{v.start or ''}:{-v.after if v.after else ''}]" for v in sources]
+    if not any(v.broadcast for v in sources):
+        return f"from {axes[0]}"
+    return "from " + (axes[0] if len(axes) == 1 else "the broadcast of " + ", ".join(axes))
 
 
 def derived_provenance(step: Solver | Derived) -> str:
@@ -213,6 +224,7 @@ class VariadicSource:
     start: int
     after: int
     broadcast: bool
+    optional: bool = False  # an argument that may be None: it binds the dim only when given
 
 
 @dataclass(frozen=True)
@@ -250,22 +262,25 @@ class BindingPlan:
     facts: tuple[ArgFact, ...] = ()  # argument facts dims and constraints read (itemsize(t), t is None)
 
 
-def bound_dims(symbols: tuple[str, ...], values: tuple[Any, ...], weak: frozenset[str] = frozenset()
-               ) -> dict[str, Any]:
+def bound_dims(symbols: tuple[str, ...], values: tuple[Any, ...]) -> dict[str, Any]:
     """The dims a call bound, leaving out those bound to nothing; a variadic dim only
-    broadcastable occurrences bound goes by ``#*name``, so a result may still widen it."""
-    return {widened_key(k, weak): v for k, v in zip(symbols, values, strict=True) if v is not None}
+    broadcastable occurrences bound (a :class:`WideSizes`) goes by ``#*name``, so a result may
+    still widen it."""
+    return {widened_key(k, v): v for k, v in zip(symbols, values, strict=True) if v is not None}
 
 
-def widened_key(key: str, widenable: frozenset[str]) -> str:
-    """The name a dim goes by in a walk's environment: ``#*name`` for a widenable variadic dim."""
-    return "#" + key if key in widenable and key.startswith("*") else key
+def widened_key(key: str, value: Any) -> str:
+    """The name a dim goes by in a walk's environment: ``#*name`` for a variadic dim only
+    broadcastable occurrences bound (its sizes a :class:`WideSizes`)."""
+    return "#" + key if type(value) is WideSizes else key
 
 
 def widenable_variadics(spec: ContractSpec) -> frozenset[str]:
-    """Variadic dims only broadcastable arguments carry (``#*name``): a container item or the
-    result may still widen them, as torch's broadcasting would."""
-    return frozenset(k for k, srcs in spec.variadic_sources.items() if all(s.broadcast for s in srcs))
+    """Variadic dims only broadcastable arguments may carry (``#*name``; an optional argument
+    with a plain ``*name`` may be None): a container item or the result may still widen them, as
+    torch's broadcasting would. Whether a call's binding is widenable: :func:`widened_key`."""
+    return frozenset(k for k, srcs in spec.variadic_sources.items()
+                     if all(s.broadcast for s in srcs if not s.optional) and any(s.broadcast for s in srcs))
 
 
 def weak_symbols(spec: ContractSpec) -> frozenset[str]:
@@ -286,9 +301,9 @@ def result_env(spec: ContractSpec, dims: tuple[Any, ...], values: Mapping[str, A
         # f(xs: list[Float[T, "*b"]], y: Float[T, "#*b"]) -> Float[T, "*b"], called with xs = [t(2,)]
         result_env(spec, dims, values)   # {"*b": (2,)}: a (7, 2) result is rejected
     """
-    widen = widenable_variadics(spec)
-    env = bound_dims(spec.symbols, dims, widen)
-    fixable = widen & {s for p in spec.nested.values() for s in p.node.plain_symbols()}
+    env = bound_dims(spec.symbols, dims)
+    fixable = {k[1:] for k in env if k.startswith("#")} & {s for p in spec.nested.values()
+                                                           for s in p.node.plain_symbols()}
     if fixable and values is not None:
         trial = dict(env)
         walk_containers(tuple((n, p.node, values.get(n)) for n, p in spec.nested.items()), trial)

@@ -28,7 +28,7 @@ def op(fn: Callable[..., Any] | None = None, /, *, name: str | None = None, conf
        returns: str | Sequence[str] | None = None, variants: Mapping[str, Any] | None = None,
        variant: Callable[..., str] | None = None, unchecked_dims: Callable[..., tuple[int, ...]] | None = None,
        namespace: str = "kda_contracts_ops", mode: modes.ModeName | None = None, autograd: bool = False,
-       written: Callable[[CallContext], Mapping[str, Any]] | None = None) -> Any:
+       written: Callable[[CallContext], Mapping[str, Any]] | None = None, doc: bool | None = None) -> Any:
     """Make an :class:`Op` of a function whose annotations are the contract and whose body is
     the torch reference (backend ``"torch"``).
 
@@ -47,13 +47,15 @@ def op(fn: Callable[..., Any] | None = None, /, *, name: str | None = None, conf
       (None: all of it; a 1-D integer tensor: those rows of dim 0, padding left out); strict mode
       snapshots exactly that and restores it when the call is rejected after the backend ran
       (default: every argument marked ``kc.Spec(mutated=True)``, whole).
+    - ``doc``: append the shape table of each variant to the op's ``__doc__``, as
+      ``kc.contract(doc=True)`` does; None follows ``kc.set_contract_docs`` / ``KDA_CONTRACTS_DOC``.
 
     A hook (``value_checks``, ``after``, ``variant``, ``written``) that raises during a call is a
     BackendError naming it, its exception the cause.
     """
     options = ContractOptions(config=config, config_arg=config_arg, where=tuple(where), bind_first=tuple(bind_first),
                               hints=tuple(hints), value_checks=value_checks, mode=mode, name=name, register=False,
-                              autograd=autograd)
+                              autograd=autograd, doc=doc)
 
     def make(f: Callable[..., Any]) -> Op:
         return Op(f, options, variants=variants, variant=variant, returns=returns, after=after,

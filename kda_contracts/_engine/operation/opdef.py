@@ -151,6 +151,7 @@ class Op:
         self.__signature__ = self.signature.replace(parameters=params)
         for b, replace in registry.add_op(self):
             self.table.register(b, replace=replace)
+        hooks.decorated(typing.cast(Any, self), self, options.doc)  # (the docstring's shape tables, when asked for)
 
     # -- building --------------------------------------------------------------------------------
     def _refuse_annotated_star_params(self, fn: Callable[..., Any]) -> None:

@@ -135,6 +135,11 @@ def plan_binding(qualname: str, tensors: Mapping[str, TensorNode], scalars: Mapp
         v, vi = tp.variadic, tp.variadic_index
         if v is not None and v.name is not None and vi is not None:
             vsources.setdefault(v.key, []).append(VariadicSource(n, vi, len(tp.dims) - 1 - vi, v.broadcast))
+    for n in order:  # a variadic dim binds from every occurrence given, optional ones too (when not None)
+        tp = tensors[n]
+        v, vi = tp.variadic, tp.variadic_index
+        if tp.optional and v is not None and v.name is not None and vi is not None:
+            vsources.setdefault(v.key, []).append(VariadicSource(n, vi, len(tp.dims) - 1 - vi, v.broadcast, True))
     scalar_sources = {sp.name: sp.name for sp in scalars.values()
                       if int_hint(sp.hint) and sp.name in symbols and not sp.optional}
     direct = set(sources) | set(scalar_sources) | static_cfg

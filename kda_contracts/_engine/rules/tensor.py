@@ -252,10 +252,16 @@ class DtypeIn(Rule):
                 "config_pins": dtype_name(config_value) if config_value is not None else None}
 
     def doc(self, data: Mapping[str, Any]) -> str:
-        text = ", ".join(data["dtypes"])
+        text = ", ".join(_grouped_dtype_names(data["dtypes"]))
         if data["config_pins"]:
             return f"**{data['config_pins']}** (config `{self.role}_dtype`; allowed without it: {text})"
         return text + (f" (config `{self.role}_dtype` may pin one)" if self.role else "")
+
+
+def _grouped_dtype_names(names: Sequence[str]) -> list[str]:
+    """Several float8 kinds shown as one "any float8" (jaxtyping's ``Float`` allows four)."""
+    f8 = [n for n in names if n.startswith("float8_")]
+    return list(names) if len(f8) < 2 else [*(n for n in names if n not in f8), "any float8"]
 
 
 @dataclass(frozen=True)
@@ -399,7 +405,8 @@ class Contiguous(Rule):
         return {"rule": "contiguous", "dense_inner_dims": len(dims), **_dense_strides_doc(dims, len(dims), env)}
 
     def doc(self, data: Mapping[str, Any]) -> str:
-        return f"contiguous: strides `{data['strides']}` = `{data['concrete_strides']}`"
+        same = data["concrete_strides"] == data["strides"]  # (no config gave the dims a value)
+        return f"contiguous: strides `{data['strides']}`" + ("" if same else f" = `{data['concrete_strides']}`")
 
 
 @dataclass(frozen=True)

@@ -32,7 +32,7 @@ from __future__ import annotations
 import inspect
 import os
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from .. import hooks
@@ -90,6 +90,22 @@ def _indented(lines: Sequence[str]) -> list[str]:
     return [f"    {line}" if line else "" for line in lines]
 
 
+def _table(c: Contract) -> list[str]:
+    """The tables ``kda-contracts docs`` renders for ``c``, without its heading."""
+    from .docs import describe_contract, render_contract  # docs imports the decorator: here, not at the top
+
+    table = render_contract(describe_contract(c.name, c, None), heading=False, errors_page=None)
+    while table and not table[-1]:
+        table.pop()
+    return table
+
+
+def _with_block(doc: str | None, lines: list[str]) -> str:
+    # the first line must not be the heading: help() dedents the lines after the first, the block's too
+    head = inspect.cleandoc(doc) if doc and doc.strip() else SUMMARY
+    return head + "\n\n" + "\n".join([HEADING, "", *_indented(lines)])
+
+
 def contract_docstring(doc: str | None, c: Contract) -> str:
     """``doc`` (cleaned as ``inspect.getdoc`` would) followed by the contract's tables.
 
@@ -97,14 +113,17 @@ def contract_docstring(doc: str | None, c: Contract) -> str:
 
         wrapper.__doc__ = contract_docstring(fn.__doc__, wrapper.__kda_contract__)
     """
-    from .docs import describe_contract, render_contract  # docs imports the decorator: here, not at the top
+    return _with_block(doc, _table(c))
 
-    table = render_contract(describe_contract(c.name, c, None), heading=False, errors_page=None)
-    while table and not table[-1]:
-        table.pop()
-    # the first line must not be the heading: help() dedents the lines after the first, the block's too
-    head = inspect.cleandoc(doc) if doc and doc.strip() else SUMMARY
-    return head + "\n\n" + "\n".join([HEADING, "", *_indented(table)])
+
+def op_docstring(doc: str | None, contracts: Mapping[str | None, Contract]) -> str:
+    """``doc`` followed by the tables of an op's contract, or of each of its variants in turn."""
+    if list(contracts) == [None]:
+        return contract_docstring(doc, contracts[None])
+    lines: list[str] = []
+    for variant, c in contracts.items():
+        lines += [f"Variant ``{variant}``:", "", *_table(c), ""]
+    return _with_block(doc, lines[:-1])
 
 
 def add_contract_doc(wrapper: Callable[..., Any], c: Contract) -> None:
@@ -121,9 +140,13 @@ def add_class_note(cls: type, methods: Sequence[str]) -> None:
 
 
 def _document(wrapper: Callable[..., Any], c: Any, option: bool | None) -> None:
-    """The decoration hook: the shape table in the docstring when the contract asks for it."""
-    if wants_doc(option) and hasattr(c, "spec"):
+    """The decoration hook: the shape tables in the docstring when the contract or op asks for them."""
+    if not wants_doc(option):
+        return
+    if hasattr(c, "spec"):
         add_contract_doc(wrapper, c)
+    elif isinstance(getattr(c, "contracts", None), Mapping):  # an op: its variants' contracts
+        wrapper.__doc__ = op_docstring(wrapper.__doc__, c.contracts)
 
 
 def _note_class(cls: type, methods: Sequence[str], option: bool | None) -> None:
