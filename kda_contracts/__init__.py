@@ -1,7 +1,14 @@
-"""kda-contracts: contracts for any PyTorch kernel or model function, stated once as jaxtyping
-annotations, enforced per call fast enough to leave on, explained in one read when broken, and
-rendered as shape docs; ``kc.op`` dispatches validated calls to pluggable kernels. KDA
-(Kimi-Linear) and GDN (Qwen3-Next) packed decode ship as ops built on the same public API.
+"""kda-contracts: runtime contracts for any PyTorch kernel or model function.
+
+A function's jaxtyping annotations (``Float[Tensor, "B T H D"]``, plus ``kc.Spec``, ``kc.Range``,
+``where=``) are its contract: ``@kc.contract`` checks every call's shapes, dtypes, devices and
+layouts (strides) fast enough to leave on, and a broken call raises a ``kc.ContractError`` that
+names each violation, where every dim came from and, for known mistakes, the fix. A config (a
+pydantic model or dataclass) can fix dims; ``kc.op`` sends a validated call to the best of its
+pluggable kernels (Triton, Helion, the torch reference); ``kc.save_call`` dumps a failing call;
+``kda-contracts docs`` renders the contracts as shape docs. KDA (Kimi-Linear) and GDN (Qwen3-Next)
+packed decode ship as ops built on the same public API (``kc.packed_decode``,
+``kc.gdn_packed_decode``).
 
 Example::
 
@@ -14,7 +21,8 @@ Example::
         return x @ w
 
     project(torch.zeros(2, 8, 16), torch.zeros(16, 4))     # fine
-    project(torch.zeros(2, 8, 16), torch.zeros(12, 4))     # kc.ShapeError: w dim 0 (D): expected 16, got 12
+    project(torch.zeros(2, 8, 16), torch.zeros(12, 4))     # kc.ShapeError, naming w:
+    # dim 0 (D): expected 16 (D from x.shape[-1]), got 12
 
 Nothing here imports triton, helion or fla: backends load when they are asked for.
 """

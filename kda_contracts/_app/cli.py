@@ -34,7 +34,9 @@ exit codes:
 """
 
 
-_DEMO = "a valid Kimi-Linear decode call, six real mistakes caught (one of GDN's), the reference kernel"
+_DEMO = ("a contract on a user-written attention function, one mistake caught; then a valid\n"
+         "Kimi-Linear decode call, six real packed-decode mistakes caught (one of GDN's), the reference kernel")
+_DEMO_HELP = "a contract on your own function, then the KDA/GDN tour"
 
 
 def _docs_configure(d: argparse.ArgumentParser) -> None:
@@ -68,4 +70,4 @@ def commands() -> list[Command]:
                     "for a config, and the catalogue of known mistakes; or, with --module, only the ops (contracts, "
                     "checks, backends) and contracts that your modules define.",
         epilog=_DOCS_EPILOG)
-    return [Command("demo", _DEMO, _DEMO, _demo), docs_command(docs), validate_command([dump_format()])]
+    return [Command("demo", _DEMO, _DEMO_HELP, _demo), docs_command(docs), validate_command([dump_format()])]
