@@ -486,7 +486,7 @@ def gdn_packed_decode(call: DecodeArgs, *, oob_counter: Tensor | None = None,
     """GDN (Gated DeltaNet, Qwen3-Next) packed decode with Triton; writes ``out`` and the used slots.
 
     The KDA kernel with GDN's gate: ``a`` is ``[B, HV]`` and ``dt_bias`` ``[HV]`` (one decay per
-    value head, ``../shared/SPEC-gdn-decode.md``), and ``sigmoid(b)`` is rounded to ``b``'s dtype
+    value head, ``docs/semantics.md``), and ``sigmoid(b)`` is rounded to ``b``'s dtype
     before use, as sglang does. Same interface (``lower_bound`` must be None), launch shapes,
     memory safety and options as :func:`packed_decode`.
 
