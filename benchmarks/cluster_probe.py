@@ -1,6 +1,6 @@
 """Can the installed Triton split a KV tile's sums over the CTAs of a cluster? (No GPU needed.)
 
-The KV design left untried by issue 15 (docs/benchmarks.md, "Four more KV designs") splits a head's
+The KV design left untried by issue 15 (docs/lab-notes.md, "KDA, KV layout") splits a head's
 ``[K, BV]`` tile over a cluster of programs that add up their partial sums through distributed
 shared memory. In Gluon that is a tensor whose layout spreads it over the CTAs of a cluster
 (``num_ctas`` > 1, the layout's ``cga_layout``), summed over the split axis, or first converted to a

@@ -340,8 +340,9 @@ def backends(layout: str, sdt: torch.dtype, B: int, HV: int, ours: dict[str, Ker
 
 def tolerances(sdt: torch.dtype) -> tuple[tuple[float, float], tuple[float, float]]:
     """(atol, rtol) for out and for the state. out is bf16 here, so one bf16 ulp (at most 2^-7
-    relative) on top of the spec's 1e-4 (fp32 state) / 2e-3 (bf16 state): two fp32 results a rounding
-    apart may land on neighbouring bf16 values. The state: 1e-5 (fp32), or 2e-3 plus one ulp (bf16)."""
+    relative) on top of 1e-4 (fp32 state) / 2e-3 (bf16 state), the benchmark tolerances of
+    docs/semantics.md: two fp32 results a rounding apart may land on neighbouring bf16 values. The
+    state: 1e-5 (fp32), or 2e-3 plus one ulp (bf16)."""
     if sdt == torch.float32:
         return (1e-4, 2**-7), (1e-5, 1e-5)
     return (2e-3, 2**-7), (2e-3, 2**-7)

@@ -14,7 +14,7 @@ known to be valid.
 fla's GDN kernel has no in-place pool path: :func:`gdn_packed_decode` gathers the valid rows'
 slots into a dense initial state, asks for the final state (fp32) and scatters it back into the
 pool. ``sigmoid(b)`` is computed outside the kernel and rounded to ``b``'s dtype, the GDN
-semantics (``../shared/SPEC-gdn-decode.md``), since fla's in-kernel sigmoid does not round.
+semantics (``docs/semantics.md``), since fla's in-kernel sigmoid does not round.
 
 Example::
 

@@ -1,7 +1,7 @@
 """PyTorch reference backend for GDN (Gated DeltaNet, Qwen3-Next) packed decode.
 
 Plain torch ops, vectorised over requests and heads, all math in fp32, written from
-``../shared/SPEC-gdn-decode.md``. GDN differs from KDA only in the gate: one scalar decay per
+``docs/semantics.md``. GDN differs from KDA only in the gate: one scalar decay per
 value head (``a`` is ``[B, HV]``, ``dt_bias`` ``[HV]``) instead of one per key channel. The
 q/k/v split, the state layouts and the padding-safe row gather/scatter are shared with the KDA
 reference (:mod:`kda_kernels.interface`); no host sync, so it is usable under CUDA-graph capture.

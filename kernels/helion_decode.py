@@ -385,7 +385,7 @@ def gdn_packed_decode(call: DecodeArgs) -> None:
     """One GDN (Gated DeltaNet, Qwen3-Next) decode step with the Helion kernel, in place.
 
     The KDA kernel and pinned configs with GDN's gate: ``a`` ``[B, HV]``, ``dt_bias`` ``[HV]``
-    (``../shared/SPEC-gdn-decode.md``); ``lower_bound`` must be None. Same memory safety as
+    (``docs/semantics.md``); ``lower_bound`` must be None. Same memory safety as
     :func:`packed_decode`.
 
     Example:

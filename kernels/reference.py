@@ -23,7 +23,7 @@ __all__ = ["kda_gate", "packed_decode"]
 
 # softplus(x) is taken as x above this; the same threshold as sglang/vLLM/fla kernels.
 _SOFTPLUS_THRESHOLD = 20.0
-# Added under the square root (not to the norm), as the spec and the public kernels do.
+# Added under the square root (not to the norm), as docs/semantics.md and the public kernels do.
 _L2NORM_EPS = 1e-6
 
 

@@ -1,7 +1,7 @@
 """Launch shapes of the Triton packed-decode kernel: :class:`DecodeConfig` (the knobs) and
 :func:`pick_config` (the regime table measured on an H200 against sglang's Helion kernel, with the
 rows another card measured differently on in that card's table, :data:`DEVICE_TABLES`; the figures
-are in docs/benchmarks.md). Pure Python: importable without triton.
+are in docs/benchmarks.md and docs/lab-notes.md). Pure Python: importable without triton.
 
 Example::
 
@@ -87,7 +87,7 @@ class DecodeConfig(NamedTuple):
     #: ``kv_shared`` (``state_eviction``, ``store_eviction``, ``act_eviction``), the rest do not apply.
     #: Not with ``kv_shared``. Measured and not picked: on the H200 at B <= 64, the best of seven shapes
     #: per row against the Triton KV pick, 2.4 % faster in 1 of 36 rows, level to 26 % slower in the
-    #: rest (docs/benchmarks.md).
+    #: rest (docs/lab-notes.md).
     kv_registers: bool = False
 
 
@@ -197,7 +197,7 @@ def pick_config(
     (side by side on the H200, 2-6% faster than groups of 16 heads first with the branch guard at
     B * HV >= 16384, 0.5-1.3% at 8192, level at 4096); below 4096 the activations are kept in L2
     (evict_last), or at B * HV < 1024 with HV < 16 the state is read through L2 only (.cg).
-    Measured per regime against sglang's Helion kernel: see docs/kernels.md and docs/benchmarks.md.
+    Measured per regime against sglang's Helion kernel: see docs/kernels.md and docs/lab-notes.md.
     KDA with fp32 state sums each tile's output from the decayed tile (``fused_output``): side by
     side on the H200 over the 30 fp32 VK rows (H 32/16/4, B 1-1024, hot and cold) against sglang's
     Helion kernel, 0.977-1.254x -> 0.980-1.281x: +0-0.7 % at B >= 256 (H=16 B=256 0.989 -> 0.994),

@@ -8,9 +8,9 @@ back. Gates and the q/k l2 norms are recomputed by every V tile of a head: they 
 which is cheap next to a ``BV*K`` tile. Programs are one warp (every reduction stays in
 shuffles) over a few KB of state; :func:`pick_config` (``triton_configs.py``) holds the shapes
 measured on an H200, and per card (the pool's GPU, by name) the rows measured differently on it.
-On the H200, at B=256, H=HV=32, K=V=128, a call took 267 µs with fp32 state and 138 µs with bf16
-state (4.07 and 3.96 TB/s against 4.29 TB/s for a device-to-device copy), level with or ahead
-of sglang's Helion kernel in the same run (docs/benchmarks.md).
+On the H200, at B=256, H=HV=32, K=V=128 (cold L2), a call took 264.8 µs with fp32 state and 136.2 µs
+with bf16 state (4.10 and 4.02 TB/s against 4.27 TB/s for a device-to-device copy), level with or
+ahead of sglang's Helion kernel in the same run (docs/benchmarks.md).
 
 Memory safety does not depend on validation: an index < 0 (padding) or >= N (out of range) zeroes
 the output row and touches no pool byte; pool addresses are computed in int64.
@@ -486,7 +486,7 @@ def gdn_packed_decode(call: DecodeArgs, *, oob_counter: Tensor | None = None,
     """GDN (Gated DeltaNet, Qwen3-Next) packed decode with Triton; writes ``out`` and the used slots.
 
     The KDA kernel with GDN's gate: ``a`` is ``[B, HV]`` and ``dt_bias`` ``[HV]`` (one decay per
-    value head, ``../shared/SPEC-gdn-decode.md``), and ``sigmoid(b)`` is rounded to ``b``'s dtype
+    value head, ``docs/semantics.md``), and ``sigmoid(b)`` is rounded to ``b``'s dtype
     before use, as sglang does. Same interface (``lower_bound`` must be None), launch shapes,
     memory safety and options as :func:`packed_decode`.
 

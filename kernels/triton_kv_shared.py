@@ -15,7 +15,7 @@ columns):
 3. reads it again from shared memory for the update ``S*d + k u^T`` and stores it to the pool.
 
 The pool is read from DRAM once and written once, like the VK kernel. Measured on the H200 against
-the two-pass chunked Triton tile and the VK kernel (docs/benchmarks.md). :func:`DecodeConfig`'s
+the two-pass chunked Triton tile and the VK kernel (docs/lab-notes.md). :func:`DecodeConfig`'s
 ``kv_shared`` selects it; :func:`unsupported` says when it cannot run (the Triton interpreter has no
 Gluon, ``cp.async`` needs sm_80, and the tile must fit the kernel's layout and shared memory).
 

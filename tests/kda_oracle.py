@@ -1,8 +1,8 @@
 """Test-side helpers shared by every backend's packed-decode tests.
 
 - :func:`oracle_packed_decode`: an independent, deliberately naive oracle: a Python loop
-  over requests and value heads that transcribes the KDA decode step (the spec's numbered
-  steps) line by line. It shares no code with ``kda_kernels``.
+  over requests and value heads that transcribes the KDA decode step (the numbered
+  steps of docs/semantics.md) line by line. It shares no code with ``kda_kernels``.
 - :func:`oracle_kda_gate`: the gate alone (steps 1-2), for backends that take ``g`` directly.
 - :func:`make_decode_case`: a seeded random-input factory returning a :class:`DecodeCase`
   (inputs for one call, optionally with padded row/slot strides).
@@ -30,7 +30,7 @@ from torch import Tensor
 
 # (atol, rtol) per compared dtype. fp32 is held to 1e-5. For bf16/fp16 both sides round
 # fp32 values that differ in the last fp32 bits, so they may land one unit of rounding
-# apart: atol is the spec's state tolerance (2e-3 / 5e-4), rtol is the dtype's eps (one ulp).
+# apart: atol is the state tolerance of docs/semantics.md (2e-3 / 5e-4), rtol is the dtype's eps (one ulp).
 TOLERANCES: dict[torch.dtype, tuple[float, float]] = {
     torch.float32: (1e-5, 1e-5),
     torch.bfloat16: (2e-3, torch.finfo(torch.bfloat16).eps),
@@ -186,12 +186,12 @@ def oracle_packed_decode(
     lower_bound: float | None,
     state_layout: str,
 ) -> tuple[Tensor, Tensor]:
-    """The spec's math, one request and one value head at a time; returns ``(out, new_state)``.
+    """The math of docs/semantics.md, one request and one value head at a time; returns ``(out, new_state)``.
 
     Out of place: ``state`` is not modified; ``new_state`` is a dense copy with the same shape
     and dtype. ``out`` is ``[B, 1, HV, V]`` in ``mixed_qkv``'s dtype. Indices must be
     duplicate-free (with duplicates this oracle would chain the updates, which no kernel does).
-    The step numbers below are those of the spec.
+    The step numbers below are those of docs/semantics.md.
     """
     batch, (N, HV) = mixed_qkv.shape[0], state.shape[:2]
     K, V = (state.shape[3], state.shape[2]) if state_layout == "VK" else (state.shape[2], state.shape[3])
@@ -235,7 +235,7 @@ def oracle_packed_decode(
 
 
 def oracle_kda_gate(a: Tensor, dt_bias: Tensor, A_log: Tensor, lower_bound: float | None) -> Tensor:
-    """The spec's gate (steps 1-2) element by element: ``[B, HV*K]`` logits -> ``[B, HV, K]`` fp32."""
+    """The gate of docs/semantics.md (steps 1-2) element by element: ``[B, HV*K]`` logits -> ``[B, HV, K]`` fp32."""
     HV = A_log.shape[0]
     K = dt_bias.shape[0] // HV
     x = a.float().cpu().view(-1, HV, K) + dt_bias.float().cpu().view(HV, K)

@@ -155,7 +155,7 @@ def test_the_eager_path_benchmark_says_it_needs_cuda(capsys):
 
 
 def test_the_cluster_probe_says_what_the_installed_triton_makes_of_sums_split_over_a_cluster():
-    # docs/benchmarks.md rests on it: Triton 3.6 (the H200 image's) compiles neither form, 3.9 both
+    # docs/lab-notes.md rests on it: Triton 3.6 (the H200 image's) compiles neither form, 3.9 both
     triton = pytest.importorskip("triton")
     pytest.importorskip("triton.experimental.gluon.language")
     probe = _load("cluster_probe")

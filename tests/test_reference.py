@@ -1,6 +1,6 @@
 """Specification tests for the PyTorch reference backend, ``kda_kernels.reference``.
 
-Numbers are checked against the loop oracle in ``kda_oracle.py`` (written from the spec)
+Numbers are checked against the loop oracle in ``kda_oracle.py`` (written from docs/semantics.md)
 and against flash-linear-attention's naive recurrent KDA; tolerances are
 ``kda_oracle.TOLERANCES``.
 """

@@ -179,7 +179,7 @@ def test_with_the_fused_output_the_tile_is_stored_before_the_output_rows(name: s
     assert compiled[name]["stores"][:2] == first, compiled[name]
 
 
-# the register tile (DecodeConfig.kv_registers): measured, not picked by auto (docs/benchmarks.md)
+# the register tile (DecodeConfig.kv_registers): measured, not picked by auto (docs/lab-notes.md)
 REGISTER_CASES = [
     (DecodeConfig(block_v=16, num_warps=1, kv_registers=True), torch.bfloat16, {"counted": True}),
     (DecodeConfig(block_v=32, num_warps=2, kv_registers=True), torch.bfloat16, {"gdn": True}),

@@ -6,7 +6,7 @@ The layer, per token (our own code, written from the public description of Kimi-
 2. a short causal depthwise conv over those C channels (``conv_kernel_size`` taps, SiLU), whose
    last W = ``conv_kernel_size - 1`` inputs per request live in a conv-state pool ``[N, C, W]``;
 3. the raw forget gate, low rank: ``f_a_proj`` (D -> K) then ``f_b_proj`` (K -> HV*K);
-   beta logits from ``b_proj`` (D -> HV); ``A_log [HV]`` and ``dt_bias [HV*K]`` as in the spec;
+   beta logits from ``b_proj`` (D -> HV); ``A_log [HV]`` and ``dt_bias [HV*K]`` as in docs/semantics.md;
 4. :func:`kda_contracts.packed_decode` on the recurrent-state pool ``[N, HV, V, K]``;
 5. the gated RMSNorm output gate: ``g_a_proj`` (D -> V) then ``g_b_proj`` (V -> HV*V), sigmoid,
    times the RMSNorm (over V, per head, with weight ``o_norm [V]``) of the attention output;

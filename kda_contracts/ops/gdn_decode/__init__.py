@@ -1,6 +1,6 @@
 """GDN packed decode (Gated DeltaNet: Qwen3-Next, Qwen3.5): the second shipped op, built with
 the public op API — contract (VK/KV variants), hints, config and the torch reference backend.
-Semantics: ``../shared/SPEC-gdn-decode.md``. Kernels register on :data:`gdn_packed_decode`
+Semantics: ``docs/semantics.md``. Kernels register on :data:`gdn_packed_decode`
 (``gdn_packed_decode.backend("triton", devices=("cuda",), priority=...)``).
 
 Example::

@@ -1,7 +1,7 @@
 """The GDN packed-decode contract, one variant per state layout, written with the public markers
 only (``kc.Spec``, ``kc.Range``, ``kc.MatchConfig``, ``kc.Where``). It is KDA's contract but for
 the gate: ``a`` is ``[B, HV]`` and ``dt_bias`` ``[HV]`` (one decay per value head), and there is no
-``lower_bound``. Semantics: ``../shared/SPEC-gdn-decode.md``.
+``lower_bound``. Semantics: ``docs/semantics.md``.
 
 Example::
 
