@@ -92,10 +92,7 @@ EXPLAINED = {
                              "jaxtyping's memo lets the result broadcast it. Confirmed: returning the items' "
                              "broadcast #*b instead, both accept.",
 }
-KNOWN_BUGS = {  # label: the strict-xfail reproduction at the end of this file
-    "known bug E1: the result's device is not checked against container items":
-        "test_edge_bug_1_the_result_is_checked_against_the_device_of_tensors_in_containers",
-}
+KNOWN_BUGS: dict[str, str] = {}  # label: a strict-xfail reproduction at the end of this file (none open)
 
 
 def _device(rng: random.Random, device: str) -> str:
@@ -140,15 +137,6 @@ def _widened(engines: Engines, call: Call) -> bool:
     return (engines.jaxtyping_verdict(narrow), our_verdict(engines.ours, narrow)[0]) == ("accept", "accept")
 
 
-def _result_device_unchecked(call: Call) -> bool:
-    """Known bug E1 (test_edge_bug_1_*): no tensor argument at the top level, and the result on another
-    device than the container's items (all on one device): we accept."""
-    if call.template.anchor is not None or call.template.placement != "list+return":
-        return False
-    args = {s.tensor.device for s in call.slots if s.group != "ret"}
-    return len(args) == 1 and {s.tensor.device for s in call.slots if s.group == "ret"} != args
-
-
 def _explain_mixed(engines: Engines, call: Call, jt: str, ours: str, kinds: frozenset[str]) -> str | None:
     """A call on two devices: we must reject it; jaxtyping's verdict must be the one it gives the same
     call on one device, and so must ours there (up to the explained differences)."""
@@ -158,13 +146,11 @@ def _explain_mixed(engines: Engines, call: Call, jt: str, ours: str, kinds: froz
     inner = explain(engines, one, jt_one, leafwise_one, ours_one, kinds_one)
     if inner is None or jt != jt_one:
         return None
-    if ours == "accept" and inner == "both accept" and _result_device_unchecked(call):
-        return "known bug E1: the result's device is not checked against container items"
     if ours != "reject":
         return None
     if jt == "reject":
-        if "DeviceError" not in kinds:
-            STATS["mixed, both reject: the device violation not reported beside the first"] += 1
+        if "DeviceError" not in kinds:  # (a container reports its first bad item, with all that item breaks)
+            STATS["mixed, both reject: the device violation of another item not reported"] += 1
         return "both reject"
     if ours_one == "accept":  # the device rule alone
         return "explained: devices" if "DeviceError" in kinds else None
@@ -216,8 +202,6 @@ def decorate(t: Template) -> Engines | None:
 
 def refusal(t: Template, message: str) -> str | None:
     """Why we refuse ``t`` at decoration (jaxtyping takes every template), or None if unforeseen."""
-    if "cannot bind dim 'B'" in message and t.inner == "#B" and t.anchor not in ("plain", "#B"):
-        return "a #B only containers, fields or the result carry (E5: a top-level #B alone decorates)"
     if "cannot bind dim" in message and t.placement in ("return", "return tuple"):
         return "a dim only the result carries (documented)"
     return None
@@ -295,8 +279,8 @@ def test_the_fuzz_compares_enough_calls_and_explains_every_difference() -> None:
             assert STATS[f"{axis}={value}"] >= 20, f"{axis}={value}: {STATS[f'{axis}={value}']} calls"
 
 
-# -- what this fuzz found: minimal reproductions, strict xfails until the engine is fixed ---------------
-# (E1 is a verdict, and the fuzz recognises its cases; E2-E5 are counted or seen beside verdicts that agree.)
+# -- what this fuzz found (E1-E5), fixed: minimal reproductions -------------------------------------
+# (E1 and E5 are verdicts the fuzz now compares; E2-E4 are the report's: counted, worded, complete.)
 @dataclasses.dataclass
 class Held:
     a: Float[Tensor, "D"]
@@ -323,51 +307,64 @@ E1_CASES = {  # header, arguments: a result on meta, every tensor argument on th
 }
 
 
-@pytest.mark.xfail(strict=True, reason="E1: with no top-level tensor argument the result's device is not checked")
 @pytest.mark.parametrize("case", sorted(E1_CASES))
-def test_edge_bug_1_the_result_is_checked_against_the_device_of_tensors_in_containers(case: str) -> None:
+def test_e1_the_result_is_checked_against_the_device_of_tensors_in_containers(case: str) -> None:
     header, args = E1_CASES[case]
     top = _contract('def f(x: Float[Tensor, "D"], r: Any) -> Float[Tensor, "D"]', "return r")
     assert isinstance(_raised(top, torch.zeros(3), META), kc.DeviceError)  # a top-level x: refused
-    assert isinstance(_raised(_contract(header, "return r"), *args), kc.DeviceError)  # we accept
+    assert isinstance(_raised(_contract(header, "return r"), *args), kc.DeviceError)  # (E1: accepted)
 
 
-@pytest.mark.xfail(strict=True, reason="E2: a rejected result is not counted in the contract's rejections")
-def test_edge_bug_2_a_rejected_result_counts_as_a_rejection() -> None:
+def test_e2_a_rejected_result_counts_as_a_rejection() -> None:
     f = _contract('def f(x: Float[Tensor, "D"], r: Any) -> Float[Tensor, "D"]', "return r")
     c = f.__kda_contract__
     _raised(f, torch.zeros(3), torch.zeros(4))  # ShapeError on the result (the pytest plugin's violations)
-    assert (c.calls, c.rejections) == (1, 1)  # we: (1, 0), eagerly and under torch.compile
+    assert (c.calls, c.rejections) == (1, 1)  # (E2: (1, 0))
+    _raised(torch.compile(f, backend="eager"), torch.zeros(3), torch.zeros(4))
+    assert (c.calls, c.rejections) == (2, 2)
 
 
-@pytest.mark.xfail(strict=True, reason="E3: the fix for a container item on another device reads ys.to('')")
-def test_edge_bug_3_the_device_fix_names_the_item_and_the_device() -> None:
+def test_e3_the_device_fix_names_the_item_and_the_device() -> None:
     f = _contract('def f(x: Float[Tensor, "D"], ys: list[Float[Tensor, "D"]])')
     hint = _raised(f, torch.zeros(3), [META]).violations[0].hint
-    assert "to('')" not in hint and "'cpu'" in hint  # we: "move it: ys.to('')" (a top-level y: "y.to('cpu')")
+    assert hint == "move it: ys[0].to('cpu')"  # (E3: "move it: ys.to('')"; a top-level y: "y.to('cpu')")
 
 
-@pytest.mark.xfail(strict=True, reason="E4: a container item's violations after its first are not reported")
-def test_edge_bug_4_every_violation_of_a_container_item_is_reported() -> None:
+def test_e4_every_violation_of_a_container_item_is_reported() -> None:
     top = _contract('def f(x: Float[Tensor, "D"], y: Float[Tensor, "D"])')
     both = _raised(top, torch.zeros(3), torch.zeros(4, device="meta"))
     assert isinstance(both, kc.ShapeError) and isinstance(both, kc.DeviceError)  # a top-level y: both
     inside = _contract('def f(x: Float[Tensor, "D"], ys: list[Float[Tensor, "D"]])')
     err = _raised(inside, torch.zeros(3), [torch.zeros(4, device="meta")])
-    assert isinstance(err, kc.ShapeError) and isinstance(err, kc.DeviceError)  # we: DeviceError alone
+    assert isinstance(err, kc.ShapeError) and isinstance(err, kc.DeviceError)  # (E4: DeviceError alone)
+    assert str(err) == (
+        "f(): 2 contract violations\n"
+        "  [1] ys: DeviceError\n"
+        "      expected list[Tensor[D]]\n"
+        "      got      ys[0]: device meta, expected cpu (device of the call's other tensors)\n"
+        "      fix: move it: ys[0].to('cpu')\n"
+        "  [2] ys: ShapeError\n"
+        "      expected list[Tensor[D]]\n"
+        "      got      ys[0]: shape [4]: dim 0 (D): expected 3, got 4\n"
+        "  dims: D=3 from x.shape[0]")
 
 
-E5_HEADERS = {  # jaxtyping takes each; we refuse them ("cannot bind dim 'B'"), not a top-level #B alone
+E5_HEADERS = {  # jaxtyping takes each; we refused them ("cannot bind dim 'B'"), not a top-level #B alone
     "fixed tuple": 'def f(p: tuple[Float[Tensor, "#B D"], Float[Tensor, "D"]])',
     "list": 'def f(x: Float[Tensor, "D"], ys: list[Float[Tensor, "#B D"]])',
 }
 
 
-@pytest.mark.xfail(strict=True, reason="E5: a #B only containers carry is refused; a top-level #B alone is not")
 @pytest.mark.parametrize("case", sorted(E5_HEADERS))
-def test_edge_bug_5_a_broadcast_only_dim_inside_a_container_decorates(case: str) -> None:
+def test_e5_a_broadcast_only_dim_inside_a_container_decorates(case: str) -> None:
     _contract('def f(x: Float[Tensor, "#B D"], w: Float[Tensor, "D"])')  # decorates
-    _contract(E5_HEADERS[case])  # we: AnnotationError "cannot bind dim 'B'"
+    f = _contract(E5_HEADERS[case])  # (E5: AnnotationError "cannot bind dim 'B'")
+    two, one, four = torch.zeros(2, 3), torch.zeros(1, 3), torch.zeros(4, 3)
+    args = {"fixed tuple": lambda b: ((b, torch.zeros(3)),), "list": lambda b: (torch.zeros(3), [b, one])}[case]
+    f(*args(two)), f(*args(one))  # B = 2, or bound to nothing (every size 1)
+    assert isinstance(_raised(f, *args(torch.zeros(2, 4))), kc.ShapeError)
+    if case == "list":  # one B for every item (jaxtyping samples one item: it takes this)
+        assert isinstance(_raised(f, torch.zeros(3), [two, four]), kc.ShapeError)
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -29,7 +29,15 @@ from ..grammar.dims import (
     fits_variadic,
 )
 from ..model.nodes import DEVICE, match_dims, walk_containers
-from ..model.spec import ContractSpec, Derived, TensorNode, result_env, weak_symbols, widenable_variadics
+from ..model.spec import (
+    ContractSpec,
+    Derived,
+    TensorNode,
+    call_device,
+    result_env,
+    weak_symbols,
+    widenable_variadics,
+)
 from ..reading.arrays import split_optional
 from ..rules.tensor import Rule
 from .config_views import config_view_layout
@@ -389,16 +397,16 @@ def checked_parameters(spec: ContractSpec) -> list[str]:
             if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD) or p.name in spec.nested or p.name in spec.scalars]
 
 
-def _result_rule_test(spec: ContractSpec, rule: Rule, g: Gen, t: str, shape: str, strides: str, args: str) -> str:
+def _result_rule_test(spec: ContractSpec, rule: Rule, g: Gen, t: str, shape: str, strides: str, args: str,
+                      call_dev: str) -> str:
     """A result tensor's rule (the same objects an argument's rules are) as a test over the result
     and the call's checked arguments ``args`` (a caller that passes none skips what needs them:
-    the device of the first tensor argument, the dtype a ``same_dtype_as`` names)."""
+    the call's device ``call_dev``, the dtype a ``same_dtype_as`` names)."""
     params = checked_parameters(spec)
     device, other, guards = "None", "None", []
-    if "device" in rule.needs and spec.first_tensor is not None:
-        k = params.index(spec.first_tensor)
-        device = f"{args}[{k}].device"
-        guards.append(f"len({args}) > {k}")
+    if "device" in rule.needs:
+        device = call_dev
+        guards.append(f"{call_dev} is not None")
     if (theirs := rule.other_argument()) is not None:
         j = params.index(theirs)
         other = f"({args}[{j}].dtype if len({args}) > {j} and {args}[{j}] is not None else None)"
@@ -427,6 +435,14 @@ def generate_return_checker(spec: ContractSpec) -> tuple[str, dict[str, Any]]:
         items = [f"{res}[{i}]" for i in range(len(spec.returns))]
     tensor = g.const(torch.Tensor)
     env, env_made = n("env"), False
+    call_dev = n("cdev")
+    if any("device" in r.needs for tp in spec.returns for r in tp.rules):
+        if spec.first_tensor is not None:  # (the first tensor argument's device, read directly)
+            k = params.index(spec.first_tensor)
+            g.emit(f"{call_dev} = {args}[{k}].device if len({args}) > {k} else None")
+        else:
+            values = f"dict(zip({g.const(tuple(params))}, {args})) if {args} else None"
+            g.emit(f"{call_dev} = {g.const(call_device)}({g.const(spec)}, {values})")
     for i, (tp, item) in enumerate(zip(spec.returns, items, strict=True)):
         t, s = n("r", i), n("s", i)
         g.emit(f"{t} = {item}")
@@ -455,7 +471,7 @@ def generate_return_checker(spec: ContractSpec) -> tuple[str, dict[str, Any]]:
                 conds.append(f"not {g.const(fits_variadic)}({axes}, {v.broadcast}, {dim[v.key]})")
         if any("strides" in r.needs for r in tp.rules):
             g.emit(READ_STRIDES, strides=n("st", i), arg=t)
-        conds += [_result_rule_test(spec, rule, g, t, s, n("st", i), args) for rule in tp.rules]
+        conds += [_result_rule_test(spec, rule, g, t, s, n("st", i), args, call_dev) for rule in tp.rules]
         g.emit("if " + " or ".join(conds) + ":", "    return False")
         if tp.optional:
             g.indent -= 1

@@ -337,6 +337,7 @@ class Contract:
         if note:
             violations = [dataclasses.replace(v, details=(*v.details, note)) for v in violations]
         if violations:
+            self.rejections += 1  # (a rejected result is a rejected call, as a rejected argument is)
             raise_violations(self.name, violations, env, self.provenance(None))
         warnings.warn(f"kda_contracts: the fast return checker of {self.name} rejected a result the full check "
                       "accepts; please report this with the result's shapes", RuntimeWarning, stacklevel=3)

@@ -30,7 +30,7 @@ from ..facts import (
 from ..grammar.constraints import Constraint
 from ..grammar.dims import Broadcast, Expr, Sym, Variadic, bind_variadic, broadcast_dim, fits_variadic
 from ..model.markers import CONFIG_LACKS, ConfigKindError, config_dim_source, config_dims, config_dtypes, is_int_dim
-from ..model.nodes import DEVICE, walk_containers
+from ..model.nodes import DEVICE, REPORT, walk_containers
 from ..model.spec import (
     CallContext,
     ContractSpec,
@@ -53,6 +53,7 @@ class Explainer:
         self.usable: dict[str, tuple[int, ...]] = {}
         # Per tensor: mismatching axes and notes, merged into one violation per argument.
         self.bad_axes: dict[str, dict[int, tuple[str, Fact | None]]] = {}
+        self.leaf_of: dict[int, Violation] = {}  # a container's violation -> its tensor's own (named by path)
 
     def run(self) -> tuple[dict[str, int], dict[str, str], list[Violation]]:
         spec = self.spec
@@ -76,7 +77,8 @@ class Explainer:
             text = h(v, ctx)
             if text:
                 return v.with_hint(text)
-        return v.with_hint(_generic_hint(v, ctx))
+        # a tensor inside a container: the fix names the item (ys[0].to('cpu'), not ys.to(...))
+        return v.with_hint(_generic_hint(self.leaf_of.get(id(v), v), ctx))
 
     def _ranks(self) -> None:
         for name, tp in self.spec.tensors.items():
@@ -167,13 +169,21 @@ class Explainer:
         first = self.values.get(self.spec.first_tensor) if self.spec.first_tensor is not None else None
         if isinstance(first, torch.Tensor):
             env[DEVICE] = first.device
+        report: dict[str, list[tuple[Any, Violation]]] = {}
+        env[REPORT] = report
         problems = walk_containers(tuple((name, param.node, self.values.get(name))
                                          for name, param in self.spec.nested.items()), env)
+        del env[REPORT]
         for name, param in self.spec.nested.items():
             value = self.values.get(name)
             if name in problems:
-                kind, text = problems[name]
-                self.violations.append(Violation(kind, name, str(param.node), text))
+                first = problems[name]
+                # every rule the tensor inside breaks, as a top-level argument's report says them
+                for (kind, text), leaf in report.get(first[1], [(first, None)]):
+                    v = Violation(kind, name, str(param.node), text, facts=leaf.facts if leaf else ())
+                    if leaf is not None:
+                        self.leaf_of[id(v)] = leaf
+                    self.violations.append(v)
                 continue
             for rule in param.rules:
                 if rule.broken(value=value):

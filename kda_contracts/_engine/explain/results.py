@@ -22,6 +22,7 @@ from ..model.nodes import match_dims
 from ..model.spec import (
     ContractSpec,
     TensorNode,
+    call_device,
     result_env,
 )
 from ..rules.tensor import fmt_ints
@@ -72,11 +73,11 @@ def _broken_rule(spec: ContractSpec, tp: TensorNode, t: torch.Tensor, values: Ma
                  ) -> Violation | None:
     """The first rule of a result tensor it breaks (the rules an argument of its annotation would
     have, decided with their own tests); what needs the call's arguments is skipped without them."""
-    first = values.get(spec.first_tensor) if values is not None and spec.first_tensor is not None else None
+    device = call_device(spec, values)
     for rule in tp.rules:
         other = values.get(rule.other_argument() or "") if values is not None else None
         slots = {"value": t, "dtype": t.dtype, "shape": tuple(t.shape), "strides": tuple(t.stride()),
-                 "device": first.device if isinstance(first, torch.Tensor) else None, "config_value": None,
+                 "device": device, "config_value": None,
                  "other_dtype": other.dtype if isinstance(other, torch.Tensor) else None}
         if "device" in rule.needs and slots["device"] is None:
             continue

@@ -20,7 +20,7 @@ import torch
 from beartype.door import is_bearable
 
 from ..compile.marks import mark_constant_result
-from ..errors import ArgumentTypeError, ShapeError
+from ..errors import ArgumentTypeError, ShapeError, Violation
 from ..grammar.dims import (
     ANY,
     Broadcast,
@@ -55,6 +55,9 @@ class Node:
 #: where a walk keeps the device of the call's tensors (the first tensor it meets binds it, as a
 #: dim's first occurrence binds the dim; the generated checker starts it at the first argument's)
 DEVICE = "@device"
+#: where the explainer's walk collects, for the problem a tensor inside reports (by its words),
+#: every rule that tensor breaks (the generated checker's walk stops at the first; the report names all)
+REPORT = "@report"
 
 
 @dataclass(frozen=True)
@@ -111,9 +114,10 @@ class TensorNode(Node):
     def symbols(self) -> frozenset[str]:
         return frozenset().union(*(dim_symbols(d) for d in self.dims))
 
-    def plain_symbols(self) -> frozenset[str]:
+    def plain_symbols(self) -> frozenset[str]:  # (a broadcastable "#B" too: the walk binds it from a size > 1)
         return frozenset(d.name for d in self.dims if isinstance(d, Sym)) | frozenset(
-            d.key for d in self.dims if isinstance(d, Variadic) and d.name is not None)
+            d.key for d in self.dims if isinstance(d, Variadic) and d.name is not None) | frozenset(
+            d.dim.name for d in self.dims if isinstance(d, Broadcast) and isinstance(d.dim, Sym))
 
     def match(self, value: Any, env: dict[str, Any], path: str) -> Problem | None:
         if value is None and self.optional:
@@ -128,9 +132,29 @@ class TensorNode(Node):
             if "shape" in rule.needs or "strides" in rule.needs:
                 slots.update(shape=tuple(value.shape), strides=value.stride())
             if broken(**{k: slots[k] for k in rule.needs}):
-                return rule.kind, rule.words(path, **slots)
+                problem = rule.kind, rule.words(path, **slots)
+                if (report := env.get(REPORT)) is not None:
+                    report[problem[1]] = self.every_problem(value, env, path, slots)
+                return problem
         why = match_dims(self.dims, tuple(value.shape), env)
         return None if why is None else (ShapeError, words("{}: shape {}: {}", path, tuple(value.shape), why))
+
+    def every_problem(self, value: torch.Tensor, env: dict[str, Any], path: str, slots: dict[str, Any]
+                      ) -> list[tuple[Problem, Violation]]:
+        """Each rule family this tensor breaks (its first broken rule), then its shape, with the
+        rule's own violation (its facts give the hint): what a top-level argument's report says."""
+        slots.update(shape=tuple(value.shape), strides=value.stride())
+        found: list[tuple[Problem, Violation]] = []
+        families: set[str] = set()
+        for rule in self.rules:
+            if rule.family not in families and rule.broken(**slots):
+                families.add(rule.family)
+                found.append(((rule.kind, rule.words(path, **slots)), replace(rule.violation(**slots), argument=path)))
+        why = match_dims(self.dims, tuple(value.shape), {k: v for k, v in env.items() if k != REPORT})
+        if why is not None:
+            text = words("{}: shape {}: {}", path, tuple(value.shape), why)
+            found.append(((ShapeError, text), Violation(ShapeError, path, str(self), text)))
+        return found
 
 
 def tensor_rules(node: TensorNode, first: str | None, autograd: bool = False) -> tuple[Rule, ...]:

@@ -15,12 +15,14 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
+
 from ..errors import Violation
 from ..grammar.constraints import Constraint
 from ..grammar.dims import ArgFact, Expr, WideSizes
 from ..rules.tensor import Rule
 from .markers import MatchConfig, Range, Where, config_dim_source, config_dims
-from .nodes import Node, TensorNode, walk_containers
+from .nodes import DEVICE, Node, TensorNode, walk_containers
 
 
 @dataclass(frozen=True)
@@ -311,3 +313,16 @@ def result_env(spec: ContractSpec, dims: tuple[Any, ...], values: Mapping[str, A
             env.pop("#" + key, None)
             env[key] = trial[key]
     return env
+
+
+def call_device(spec: ContractSpec, values: Mapping[str, Any] | None) -> Any:
+    """The call's device, which a result is held to: the first tensor argument's, else that of the
+    first tensor in the call's containers (the walk holds them all to it); None where unknown."""
+    if values is None:
+        return None
+    if spec.first_tensor is not None:
+        first = values.get(spec.first_tensor)
+        return first.device if isinstance(first, torch.Tensor) else None
+    env: dict[str, Any] = {}
+    walk_containers(tuple((n, p.node, values.get(n)) for n, p in spec.nested.items()), env)
+    return env.get(DEVICE)

@@ -36,7 +36,7 @@ from ..errors import AnnotationError, _hint_text
 from ..grammar.constraints import parse_constraint
 from ..grammar.dims import Variadic, parse_shape
 from ..model.markers import DTYPE_ROLES, MatchConfig, Range, Spec, Where, config_dtypes, read_metadata
-from ..model.nodes import tensor_rules
+from ..model.nodes import CALL_DEVICE, tensor_rules
 from ..model.spec import NO_HINT, ContractOptions, ContractSpec, NestedParam, ScalarParam, TensorNode
 from ..model.type_verdict import BEARTYPE_CONF
 from ..rules.scalar import scalar_param_rules
@@ -165,7 +165,9 @@ def build_spec(fn: Callable[..., Any], options: ContractOptions | None = None, *
     first_tensor = next((n for n in tensors if not tensors[n].optional), None)
     tensors = {n: replace(tp, rules=tensor_rules(tp, first_tensor, options.autograd)) for n, tp in tensors.items()}
     if returns is not None:
-        returns = tuple(replace(r, rules=tensor_rules(r, first_tensor)) for r in returns)
+        # a result is held to the call's device: the first tensor argument's, else the containers' one
+        call = first_tensor if first_tensor is not None else CALL_DEVICE if nested else None
+        returns = tuple(replace(r, rules=tensor_rules(r, call)) for r in returns)
     scalars = {n: replace(sp, rules=scalar_param_rules(
         sp.name, sp.range, sp.optional, sp.match, sp.constraints,
         dim=sp.name if sp.name in plan.symbols and sp.name not in plan.scalar_sources and int_hint(sp.hint) else None))
