@@ -608,7 +608,7 @@ def test_the_profile_budget_compares_enough_calls() -> None:
     assert STATS["compared"] >= 5 * settings.default.max_examples
 
 
-# -- the bugs this test found: minimal reproductions, strict xfails until the engine is fixed ---------
+# -- the bugs this test found (fixed): minimal reproductions ----------------------------------------
 def _both(header: str, *args: Any, ret: Any = None) -> tuple[str, str]:
     """jaxtyping's verdict and ours (or our escape) on one call of a one-line contract."""
     engines = Engines(Contract((), None), header + "\n    return _ret()\n")
