@@ -79,7 +79,8 @@ class DeviceMismatch(Fact):
 @dataclass(frozen=True)
 class LayoutBroken(Fact):
     """A stride rule broke: ``rule`` is ``"contiguous"``, ``"inner"`` (the last ``n`` dims are not
-    one dense block) or ``"disjoint"`` (blocks of the last ``n`` dims overlap)."""
+    one dense block), ``"dim_order"`` (the ``n`` dims are not dense in the declared order) or
+    ``"disjoint"`` (blocks of the last ``n`` dims overlap)."""
 
     rule: str
     n: int

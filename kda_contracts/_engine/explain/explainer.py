@@ -454,6 +454,11 @@ def _generic_hint(v: Violation, ctx: CallContext) -> str | None:
                     "then view it) and pass that tensor itself")
         if layout is not None and layout.rule == "contiguous":
             return f"pass {v.argument}.contiguous()"
+        if layout is not None and layout.rule == "dim_order" and tp is not None and tp.spec.dim_order is not None:
+            order = tp.spec.dim_order
+            back = sorted(range(len(order)), key=order.__getitem__)
+            return (f"pass {v.argument}.permute({', '.join(map(str, order))}).contiguous()"
+                    f".permute({', '.join(map(str, back))}) (the same values, dense in that order)")
         if layout is not None and layout.rule == "disjoint":
             return (f"{v.argument} is written in place, so its blocks must not share memory (an .expand()ed or "
                     f"as_strided view makes them): allocate it densely")

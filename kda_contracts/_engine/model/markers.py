@@ -36,6 +36,12 @@ class Spec:
     - ``contiguous``: the whole tensor must be contiguous.
     - ``inner_contiguous``: the last *n* dims must form one dense row-major block (``1``: the last
       dim has stride 1; ``3`` on a ``[N, HV, V, K]`` pool: each slot is dense, the pool stride is free).
+    - ``dim_order``: the tensor is dense with its dims laid out in this order, outermost first (as
+      ``torch.Tensor.dim_order()`` gives it): ``(1, 0)`` on ``[B, D]`` is a transposed
+      (column-major) tensor, strides ``[1, B]``; ``(0, 2, 3, 1)`` on ``[N, C, H, W]`` is
+      channels-last; ``(0, 1, ..., n-1)`` is contiguous. Every stride follows from the shape (size-1
+      dims and empty tensors aside, as ``is_contiguous()`` has it), so on a return it is also the
+      layout ``op.torch_op``'s fake implementation gives the result. A tensor of fixed rank only.
     - ``same_dtype_as``: name of another tensor argument whose dtype this one must equal.
     - ``config_dtype``: a role (``"state"``, ``"activation"``, ``"index"``) whose dtype the config
       may pin (see ``KDAConfig.contract_dtypes``).
@@ -50,6 +56,7 @@ class Spec:
     Example::
 
         state: Annotated[Float[Tensor, "N HV V K"], kc.Spec(inner_contiguous=3, config_dtype="state")]
+        def f(...) -> Annotated[Float[Tensor, "B D"], kc.Spec(dim_order=(1, 0))]: ...   # a transposed result
     """
 
     dtypes: tuple[torch.dtype, ...] | None = None
@@ -60,6 +67,11 @@ class Spec:
     same_device: bool = True
     disjoint: bool = False
     mutated: bool = False
+    dim_order: tuple[int, ...] | None = None
+
+    def __post_init__(self) -> None:
+        if isinstance(self.dim_order, list):  # (a frozen Spec is hashed: keep a tuple)
+            object.__setattr__(self, "dim_order", tuple(self.dim_order))
 
 
 @dataclass(frozen=True)

@@ -33,6 +33,7 @@ from ..grammar.dims import (
     dim_symbols,
     fits_variadic,
 )
+from ..rules.order import DenseOrder
 from ..rules.tensor import Contiguous, Disjoint, DtypeIn, InnerDense, Rule, SameDevice, SameDtype, Writable
 from .markers import Spec
 from .type_verdict import BEARTYPE_CONF, Problem, deep_problem, safe_repr, words
@@ -170,9 +171,11 @@ def tensor_rules(node: TensorNode, first: str | None, autograd: bool = False) ->
         rules.append(SameDevice(name, first))
     if sp.contiguous:
         rules.append(Contiguous(name))
+    elif sp.dim_order is not None:
+        rules.append(DenseOrder(name, sp.dim_order))
     elif sp.inner_contiguous:
         rules.append(InnerDense(name, sp.inner_contiguous))
-    if sp.disjoint and not sp.contiguous:
+    if sp.disjoint and not sp.contiguous and sp.dim_order is None:  # (a dense tensor's elements are disjoint)
         rules.append(Disjoint(name, None if node.variadic is not None else node.rank, sp.inner_contiguous))
     if sp.mutated:
         rules.append(Writable(name, autograd))

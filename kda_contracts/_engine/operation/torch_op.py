@@ -13,6 +13,15 @@ devices the contract accepts.
   place); otherwise the tensors of the return annotation, shaped by the call's dims, with the
   dtype of ``kc.Spec(same_dtype_as=...)``, else the one dtype allowed, else that of the first
   tensor argument whose dtype is allowed, on the device of the first tensor argument.
+- Output layout: the one the return annotation declares, ``kc.Spec(dim_order=...)`` (a
+  transposed ``[B, D]`` result: ``dim_order=(1, 0)``, strides ``[1, B]``), else contiguous. torch
+  trusts the fake's strides (inductor's code reads the output with them; opcheck compares them),
+  so the real kernel's output must have them too: a backend result whose strides differ (size-1
+  dims and empty tensors aside, as torch compares them) is refused with a LayoutError, on every
+  call in every mode (one stride comparison per output), whose fix says what to declare. Refused,
+  not copied: a silent ``.contiguous()`` would cost a copy of every output on every call, throw
+  away the layout the backend chose, and make the custom op return another layout than the op
+  itself; the declaration makes both agree at no cost.
 - A call that breaks the contract raises its ContractError from the fake implementation, also
   under torch.compile (as a subclass torch lets through: ``except kc.ShapeError`` works). On
   torch < 2.13 dynamo wraps whatever a fake implementation raises in a TorchRuntimeError (the
@@ -36,10 +45,13 @@ from typing import Any
 import torch
 
 from ..compile.marks import TORCH_2_13, tracing
-from ..errors import AnnotationError, ContractError, passthrough_for_compile
+from ..errors import AnnotationError, ContractError, LayoutError, Violation, passthrough_for_compile, raise_violations
 from ..grammar.dims import ANY, Broadcast, Expr, Variadic
+from ..model.markers import Spec
 from ..model.spec import TensorNode
 from ..reading.arrays import split_optional
+from ..rules.order import dense_in_order, dense_order_of, order_strides
+from ..rules.tensor import fmt_ints
 from .protocol import OpParts
 
 _SCALARS = (float, int, bool, str)
@@ -159,8 +171,10 @@ def make_torch_op(o: OpParts) -> Any:
         res = o(**values, backend=backend)  # type: ignore[operator]  # each op's class has a generated __call__
         if not outs:
             return None
-        return tuple(r.clone() if _aliases(r, values) else r for r in res) if isinstance(res, tuple) else \
-            (res.clone() if _aliases(res, values) else res)
+        made = tuple(r.clone() if _aliases(r, values) else r for r in res) if isinstance(res, tuple) else \
+            (res.clone() if _aliases(res, values) else res,)
+        _check_layouts(o, outs, made)
+        return made if ret is not torch.Tensor else made[0]
 
     def fake(*args: Any, **kwargs: Any) -> Any:
         values, _ = values_of(args, kwargs)
@@ -181,8 +195,7 @@ def make_torch_op(o: OpParts) -> Any:
                 return None
             raise passthrough_for_compile(err) from None
         device = next((v.device for v in values.values() if isinstance(v, torch.Tensor)), torch.device("cpu"))
-        made = [torch.empty(_shape(tp, env), dtype=rule(values), device=device) for tp, rule in zip(outs, rules,
-                                                                                                   strict=True)]
+        made = [_empty(_shape(tp, env), tp, rule(values), device) for tp, rule in zip(outs, rules, strict=True)]
         return tuple(made) if ret is not torch.Tensor else made[0]
 
     impl.__signature__ = inspect.Signature(params, return_annotation=ret)  # type: ignore[attr-defined]
@@ -196,6 +209,76 @@ def make_torch_op(o: OpParts) -> Any:
     custom.register_fake(fake)
     custom.__kda_left_out__ = tuple(left_out)  # type: ignore[attr-defined]
     return custom
+
+
+def _layout(tp: TensorNode, rank: int) -> tuple[int, ...]:
+    """The dim order an output is made in: the declared ``kc.Spec(dim_order=...)``, else row-major."""
+    return tp.spec.dim_order if tp.spec.dim_order is not None else tuple(range(rank))
+
+
+def _empty(shape: list[Any], tp: TensorNode, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """The fake implementation's output: ``shape``, dense in its declared layout."""
+    return torch.empty_strided(shape, order_strides(shape, _layout(tp, len(shape))), dtype=dtype, device=device)
+
+
+def _check_layouts(o: OpParts, outs: tuple[TensorNode, ...], made: tuple[Any, ...]) -> None:
+    """Refuse a backend's output whose strides are not the ones the fake implementation gives it
+    (see the module docstring): torch.compile's code would read it with the wrong strides."""
+    for i, (tp, t) in enumerate(zip(outs, made, strict=False)):
+        if not isinstance(t, torch.Tensor):
+            continue
+        if t.layout != torch.strided or t.is_nested:  # (no strides to give the fake's)
+            raise_violations(o.name, [Violation(LayoutError, tp.name, "a strided tensor (op.torch_op's fake "
+                                                "implementation makes one)", f"a {t.layout} tensor" +
+                                                (" (nested)" if t.is_nested else ""))], {}, {})
+        shape, strides = tuple(t.shape), tuple(t.stride())
+        order = _layout(tp, len(shape))
+        if dense_in_order(shape, strides, order):
+            continue
+        declared = tp.spec.dim_order is not None or tp.spec.contiguous
+        word = "contiguous" if order == tuple(range(len(order))) else f"dense in dim order {order}"
+        why = ("op.torch_op's fake implementation (what torch.compile and opcheck see) makes it in its declared "
+               "layout" if declared else "op.torch_op's fake implementation (what torch.compile and opcheck see) "
+               "makes it contiguous: the return annotation declares no layout")
+        raise_violations(o.name, [Violation(
+            LayoutError, tp.name, f"{word} (strides {fmt_ints(order_strides(shape, order))})",
+            f"strides {fmt_ints(strides)}", (why,), hint=_layout_fix(o, i, tp, shape, strides, declared))],
+            {}, {})
+
+
+_NO_RULES = Spec()
+
+
+def _layout_fix(o: OpParts, i: int, tp: TensorNode, shape: tuple[int, ...], strides: tuple[int, ...],
+                declared: bool) -> str:
+    """What to write so that the fake implementation's layout is the backend's."""
+    found = dense_order_of(shape, strides)
+    if found is None:  # (a slice, a padded row, an expand(): no declaration describes it)
+        return ("return a dense tensor from the backend (.contiguous(), or one dense in an order declared with "
+                "kc.Spec(dim_order=...) in the return annotation)")
+    fields = {k: v for k, v in vars(tp.spec).items() if v != getattr(_NO_RULES, k)
+              and k not in ("contiguous", "inner_contiguous", "dim_order")}
+    spec = ", ".join([*(f"{k}={v!r}" for k, v in fields.items()), f"dim_order={found!r}"])
+    fix = f"declare the result's layout: {_annotation_text(o, i, tp, f'kc.Spec({spec})')}"
+    return f"return the result in its declared layout, or {fix}" if declared else fix
+
+
+def _annotation_text(o: OpParts, i: int, tp: TensorNode, spec: str) -> str:
+    """``Annotated[Float[Tensor, "B D"], <spec>]``, the annotation of output ``i`` with ``spec``."""
+    category = "Float"
+    try:
+        hint: Any = typing.get_type_hints(o.contract.fn, include_extras=True).get("return")
+        if typing.get_origin(hint) is tuple:
+            hint = typing.get_args(hint)[i]
+        while typing.get_origin(hint) is typing.Annotated or split_optional(hint)[1]:
+            hint = split_optional(typing.get_args(hint)[0] if typing.get_origin(hint) is typing.Annotated
+                                  else hint)[0]
+        category = hint.dtype.__name__
+    except Exception:  # (the annotation cannot be read again: the usual category)
+        pass
+    where = f"the return annotation of {o.name}" if tp.name == "return" else \
+        f"item {i} of the return annotation of {o.name}"
+    return f'Annotated[{category}[Tensor, "{tp.dim_str}"], {spec}] as {where}'
 
 
 def _aliases(t: Any, values: dict[str, Any]) -> bool:

@@ -91,6 +91,8 @@ def _read_param(name: str, annotation: Any, where: str) -> TensorNode | ScalarPa
         if spec.inner_contiguous < 0 or spec.inner_contiguous > most:
             raise AnnotationError(f"{where}: inner_contiguous={spec.inner_contiguous} but the tensor has "
                                   + (f"rank {len(dims)}" if v is None else f"{most} dims after its variadic dim"))
+        if spec.dim_order is not None:
+            _check_dim_order(spec, len(dims) if v is None else None, where)
         return TensorNode(name, inner.dim_str, dims, array_dtypes(inner, spec, where), spec, optional)
     if specs:
         raise AnnotationError(f"{where}: kc.Spec applies to tensor annotations like Float[Tensor, '...']")
@@ -114,6 +116,24 @@ def _read_param(name: str, annotation: Any, where: str) -> TensorNode | ScalarPa
     hint = annotation if not meta else (inner if not optional else inner | None)
     return ScalarParam(name, hint, rng, optional, None, matches[0] if matches else None,
                        constraints=foreign.rules(name, optional))
+
+
+def _check_dim_order(spec: Spec, rank: int | None, where: str) -> None:
+    """A ``kc.Spec(dim_order=...)`` must be a permutation of the axes of a tensor of fixed rank
+    (``rank``; None: it has a variadic dim), and the only layout rule."""
+    order = spec.dim_order
+    if rank is None:
+        raise AnnotationError(f"{where}: dim_order={order!r} needs a tensor of fixed rank; this one has a variadic "
+                              "dim")
+    if not isinstance(order, tuple) or any(type(a) is not int for a in order) \
+            or sorted(order) != list(range(rank)):
+        raise AnnotationError(f"{where}: dim_order={order!r} must list each of the tensor's {rank} axes once, "
+                              f"outermost first (a permutation of {tuple(range(rank))}, as torch's "
+                              "Tensor.dim_order() gives it)")
+    others = [k for k in ("contiguous", "inner_contiguous") if getattr(spec, k)]
+    if others:
+        raise AnnotationError(f"{where}: dim_order= fixes every stride; drop {others[0]}= (contiguous=True is "
+                              f"dim_order={tuple(range(rank))})")
 
 
 def _range_args(r: Range) -> str:
@@ -264,8 +284,8 @@ def _has_nested_metadata(tp: Any) -> bool:
     return any(_has_nested_metadata(a) for a in typing.get_args(tp) if not isinstance(a, (list, type(...))))
 
 
-# kc.Spec fields a return cannot have, and why (dtypes=, same_dtype_as=, same_device=, contiguous= and
-# inner_contiguous= are checked on the result as on an argument)
+# kc.Spec fields a return cannot have, and why (dtypes=, same_dtype_as=, same_device=, contiguous=,
+# inner_contiguous= and dim_order= are checked on the result as on an argument)
 _NOT_ON_RETURNS = {
     "config_dtype": "a result is checked after the call, against the dtypes it declares; use dtypes= or "
                     "same_dtype_as=",
