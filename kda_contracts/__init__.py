@@ -7,8 +7,8 @@ names each violation, where every dim came from and, for known mistakes, the fix
 pydantic model or dataclass) can fix dims; ``kc.op`` sends a validated call to the best of its
 pluggable kernels (Triton, Helion, the torch reference); ``kc.save_call`` dumps a failing call;
 ``kda-contracts docs`` renders the contracts as shape docs. KDA (Kimi-Linear) and GDN (Qwen3-Next)
-packed decode ship as ops built on the same public API (``kc.packed_decode``,
-``kc.gdn_packed_decode``).
+packed decode and varlen prefill ship as ops built on the same public API (``kc.packed_decode``,
+``kc.gdn_packed_decode``, ``kc.packed_prefill``, ``kc.gdn_packed_prefill``).
 
 Example::
 
@@ -76,6 +76,8 @@ from .ops.gdn_decode import GDN_PRESETS as GDN_PRESETS
 from .ops.gdn_decode import GDNConfig as GDNConfig
 from .ops.gdn_decode import gdn_packed_decode as gdn_packed_decode
 from .ops.gdn_decode import validate_gdn_packed_decode as validate_gdn_packed_decode
+from .ops.gdn_prefill import gdn_packed_prefill as gdn_packed_prefill
+from .ops.gdn_prefill import validate_gdn_packed_prefill as validate_gdn_packed_prefill
 from .ops.packed_decode import PRESETS as PRESETS
 from .ops.packed_decode import KDAConfig as KDAConfig
 from .ops.packed_decode import adapters as adapters
@@ -83,10 +85,13 @@ from .ops.packed_decode import explain_backends as explain_backends
 from .ops.packed_decode import packed_decode as packed_decode
 from .ops.packed_decode import packed_decode_contract as packed_decode_contract
 from .ops.packed_decode import validate_packed_decode as validate_packed_decode
+from .ops.packed_prefill import packed_prefill as packed_prefill
+from .ops.packed_prefill import validate_packed_prefill as validate_packed_prefill
 
 __all__ = [
     "Bool", "Float", "Int", "Shaped", "Tensor", "__version__", *_ENGINE_PUBLIC,
     # the ops we ship
     "GDN_PRESETS", "PRESETS", "GDNConfig", "KDAConfig", "adapters", "explain_backends", "gdn_packed_decode",
-    "packed_decode", "packed_decode_contract", "validate_gdn_packed_decode", "validate_packed_decode",
+    "gdn_packed_prefill", "packed_decode", "packed_decode_contract", "packed_prefill", "validate_gdn_packed_decode",
+    "validate_gdn_packed_prefill", "validate_packed_decode", "validate_packed_prefill",
 ]

@@ -33,10 +33,15 @@ from ..ops._packed.mistakes import BATCH, POOL, catalogue_lines
 from ..ops._packed.svg import mixed_qkv_svg, state_pool_svg
 from ..ops.gdn_decode import docs as gdn_docs
 from ..ops.gdn_decode.decode import gdn_packed_decode
+from ..ops.gdn_prefill import docs as gdn_prefill_docs
+from ..ops.gdn_prefill.prefill import gdn_packed_prefill
 from ..ops.packed_decode import adapters
 from ..ops.packed_decode.docs import _backends, _layouts, describe_adapter
 from ..ops.packed_decode.mistakes import MISTAKES, reproduce
+from ..ops.packed_prefill import docs as prefill_docs
+from ..ops.packed_prefill.prefill import packed_prefill
 
+_GDN_LABEL = f"{gdn_docs.DOC_PRESET}, tp_size=1"  # GDN's ops are documented for their own model
 FILES = ("contracts.md", "contracts.json", "errors.md", "mixed_qkv.svg", "state_pool_vk.svg", "state_pool_kv.svg",
          *gdn_docs.FILES)
 
@@ -50,8 +55,9 @@ def describe(cfg: KDAConfig, label: str, contracts: Mapping[str, Contract] | Non
     if contracts is None:
         skip = page.keys if page is not None else frozenset()
         contracts = {k: c for k, c in registered_contracts().items() if k not in skip}
-    gdn = [id(c) for c in gdn_packed_decode.contracts.values()]
-    contracts = {k: c for k, c in contracts.items() if id(c) not in gdn}
+    own_sections = [id(c) for o in (gdn_packed_decode, packed_prefill, gdn_packed_prefill)
+                    for c in o.contracts.values()]
+    contracts = {k: c for k, c in contracts.items() if id(c) not in own_sections}
     doc: dict[str, Any] = {
         "generator": GENERATED_MARK,
         "config": {
@@ -65,6 +71,9 @@ def describe(cfg: KDAConfig, label: str, contracts: Mapping[str, Contract] | Non
     }
     if page is None or all(o["name"] != gdn_packed_decode.name for o in page.ops):  # else --module documents it
         doc["gdn_packed_decode"] = gdn_docs.describe()
+    if page is None or all(o["name"] not in (packed_prefill.name, gdn_packed_prefill.name) for o in page.ops):
+        doc["packed_prefill"] = prefill_docs.describe(cfg, label)
+        doc["gdn_packed_prefill"] = gdn_prefill_docs.describe(gdn_docs.docs_config(), _GDN_LABEL)
     if page is not None:
         doc["contracts"] += page.contracts
         doc["modules"] = page.data()
@@ -100,7 +109,9 @@ def render_contracts_md(doc: Mapping[str, Any]) -> str:
     page = doc.get("modules")
     ops = [op_section(d, availability=page["availability_listed"]) for d in page["ops"]] if page else []
     gdn = gdn_docs.sections(doc["gdn_packed_decode"]) if "gdn_packed_decode" in doc else []
-    return render_reference(_intro(doc), doc["contracts"], before, [_backends(doc), *gdn, *ops])
+    prefill = [*prefill_docs.sections(doc["packed_prefill"]), *gdn_prefill_docs.sections(doc["gdn_packed_prefill"])] \
+        if "packed_prefill" in doc else []
+    return render_reference(_intro(doc), doc["contracts"], before, [_backends(doc), *gdn, *prefill, *ops])
 
 
 def render_errors_md(cfg: KDAConfig, label: str) -> str:
@@ -121,7 +132,9 @@ def render_errors_md(cfg: KDAConfig, label: str) -> str:
         "|---|---|---|",
         *rows,
     ]
-    return "\n".join([*lines, "", *body, *gdn_docs.errors_lines()])
+    prefill = [*prefill_docs.errors_lines(cfg, label),
+               *gdn_prefill_docs.errors_lines(gdn_docs.docs_config(), _GDN_LABEL)]
+    return "\n".join([*lines, "", *body, *gdn_docs.errors_lines(), *prefill])
 
 
 def generate(cfg: KDAConfig, label: str, contracts: Mapping[str, Contract] | None = None,

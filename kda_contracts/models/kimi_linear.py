@@ -49,13 +49,24 @@ from jaxtyping import Float
 from kda_kernels import reference
 from torch import Tensor, nn
 
-from .._engine import Spec, contract
+from .._engine import Spec, check, contract
 from ..ops._packed.config import KDAConfig
 from ..ops.packed_decode.decode import packed_decode
+from ..ops.packed_prefill.prefill import packed_prefill
 from .kimi_linear_weights import WEIGHT_NAMES as WEIGHT_NAMES
 from .kimi_linear_weights import random_weights as random_weights
 from .kimi_linear_weights import shard_weights as shard_weights
-from .layer_contracts import HAS_SLOTS, HINTS, ConvStatePool, Hidden, SlotIndices, SSMStatePool, slot_value_checks
+from .layer_contracts import (
+    HAS_SLOTS,
+    HINTS,
+    ConvStatePool,
+    CuSeqlens,
+    HasInitialState,
+    Hidden,
+    SlotIndices,
+    SSMStatePool,
+    slot_value_checks,
+)
 from .layer_contracts import layer_dims as layer_dims
 from .linear_attention import LinearAttentionDecode, StepKernel
 
@@ -197,35 +208,58 @@ class KimiDeltaAttention(LinearAttentionDecode):
     @contract(config_arg="self", hints=HINTS, where=HAS_SLOTS, value_checks=slot_value_checks)
     def prefill(
         self,
-        x: Annotated[Float[Tensor, "B T D"], Spec(inner_contiguous=1, config_dtype="activation")],
+        x: Annotated[Float[Tensor, "*tokens D"], Spec(inner_contiguous=1, config_dtype="activation")],
         ssm_states: SSMStatePool,
         conv_states: Annotated[Float[Tensor, "N C W"], Spec(inner_contiguous=2, same_dtype_as="x")],
         state_indices: SlotIndices,
-    ) -> Float[Tensor, "B T D"]:
-        """Run B prompts of T tokens from zero states: the slots are reset, then the T tokens go
-        through the recurrence one at a time with the PyTorch reference kernel
-        (``kda_kernels.reference``). Leaves the slots ready for :meth:`decode`; returns the
-        outputs of every prompt token. Example::
+        cu_seqlens: CuSeqlens | None = None,
+        has_initial_state: HasInitialState | None = None,
+    ) -> Float[Tensor, "*tokens D"]:
+        """Prefill B prompts; returns the output of every prompt token and leaves the slots ready for
+        :meth:`decode`.
 
+        Packed (varlen): ``x [T, D]`` with ``cu_seqlens [B+1]`` (int32), through
+        :func:`kda_contracts.packed_prefill`; a sequence continues from its slots' states (recurrent
+        and conv) where ``has_initial_state [B]`` says so (default: none does), else starts from zero.
+        Padded: ``x [B, T, D]`` without ``cu_seqlens``: every prompt has T tokens and starts from zero
+        (the slots are reset), run one token at a time with the reference kernel. Example::
+
+            y = layer.prefill(tokens, ssm_states, conv_states, slots, cu_seqlens=cu)   # tokens [T, D]
             y = layer.prefill(prompt.unsqueeze(0), ssm_states, conv_states, torch.tensor([slot]))
         """
-        return self._prefill(x, ssm_states, conv_states, state_indices, self._reference_decode)
+        check(x, "B _ D" if cu_seqlens is None else "_ D", name="x")  # padded [B, T, D], or packed [T, D]
+        return self._prefill_either(x, ssm_states, conv_states, state_indices, cu_seqlens, has_initial_state,
+                                    self._reference_decode, self._packed_prefill)
 
     # -- the computation (unchecked: the public methods above checked it) ------------------------
-    def _step(self, x: Tensor, ssm_states: Tensor, conv_states: Tensor, state_indices: Tensor,
-              kernel: StepKernel) -> Tensor:
+    def _inputs(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor, Any]:
+        a = self.f_b_proj(self.f_a_proj(x))  # [R, HV*K] raw forget-gate logits
+        return self.qkv_proj(x), a, self.b_proj(x), None  # b: [R, HV] raw beta logits
+
+    def _outputs(self, x: Tensor, o: Tensor, extra: Any) -> Tensor:
         d = self._dims
-        B = x.shape[0]
-        mixed_qkv = self._conv_step(self.qkv_proj(x), conv_states, state_indices)
-        a = self.f_b_proj(self.f_a_proj(x))  # [B, HV*K] raw forget-gate logits
-        b = self.b_proj(x)  # [B, HV] raw beta logits
-        out = x.new_empty(B, 1, d["HV"], d["V"])
-        kernel(mixed_qkv, a, b, self.A_log, self.dt_bias, self.config.scale, ssm_states, out, state_indices)
-        gate = self.g_b_proj(self.g_a_proj(x)).float().view(B, d["HV"], d["V"])
-        o = out.view(B, d["HV"], d["V"]).float()
+        R = x.shape[0]
+        gate = self.g_b_proj(self.g_a_proj(x)).float().view(R, d["HV"], d["V"])
+        o = o.reshape(R, d["HV"], d["V"]).float()
         o = o * torch.rsqrt(o.square().mean(-1, keepdim=True) + self.rms_norm_eps) * self.o_norm.float()
         o = o * torch.sigmoid(gate)  # padding rows: o == 0, so y == 0
         return self.o_proj(o.to(x.dtype).flatten(1))
+
+    def _step(self, x: Tensor, ssm_states: Tensor, conv_states: Tensor, state_indices: Tensor,
+              kernel: StepKernel) -> Tensor:
+        d = self._dims
+        mixed_qkv, a, b, extra = self._inputs(x)
+        mixed_qkv = self._conv_step(mixed_qkv, conv_states, state_indices)
+        out = x.new_empty(x.shape[0], 1, d["HV"], d["V"])
+        kernel(mixed_qkv, a, b, self.A_log, self.dt_bias, self.config.scale, ssm_states, out, state_indices)
+        return self._outputs(x, out, extra)
+
+    def _packed_prefill(self, mixed_qkv: Tensor, a: Tensor, b: Tensor, A_log: Tensor, dt_bias: Tensor,
+                        scale: float, ssm_states: Tensor, out: Tensor, cu_seqlens: Tensor, state_indices: Tensor,
+                        has_initial_state: Tensor) -> None:
+        cfg = self.config
+        packed_prefill(mixed_qkv, a, b, A_log, dt_bias, scale, ssm_states, out, cu_seqlens, state_indices,
+                       has_initial_state, cfg.use_qk_l2norm, cfg.effective_lower_bound, config=cfg)
 
     def _packed_decode(self, mixed_qkv: Tensor, a: Tensor, b: Tensor, A_log: Tensor, dt_bias: Tensor,
                        scale: float, ssm_states: Tensor, out: Tensor, state_indices: Tensor) -> None:

@@ -15,7 +15,7 @@ Example::
 from typing import Annotated
 
 import torch
-from jaxtyping import Float, Int
+from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
 from .._engine import CallContext, ShapeError, Spec, ValueRangeError, Violation, Where
@@ -24,8 +24,8 @@ from ..ops._packed.config import KDAConfig
 from ..ops._packed.dtypes import INDEX_DTYPES, STATE_DTYPES
 from ..ops._packed.tp import TPMismatch, tp_mismatch_hint
 
-__all__ = ["HAS_SLOTS", "HINTS", "ConvStatePool", "Hidden", "SSMStatePool", "SlotIndices", "layer_dims",
-           "slot_value_checks"]
+__all__ = ["HAS_SLOTS", "HINTS", "ConvStatePool", "CuSeqlens", "HasInitialState", "Hidden", "SSMStatePool",
+           "SlotIndices", "layer_dims", "slot_value_checks"]
 
 # The annotations the public methods share.
 Hidden = Annotated[Float[Tensor, "B D"], Spec(inner_contiguous=1, config_dtype="activation")]
@@ -33,6 +33,8 @@ SSMStatePool = Annotated[Float[Tensor, "N HV V K"], Spec(dtypes=STATE_DTYPES, in
                                                          config_dtype="state")]
 ConvStatePool = Annotated[Float[Tensor, "N C W"], Spec(inner_contiguous=2, config_dtype="activation")]
 SlotIndices = Annotated[Int[Tensor, "B"], Spec(dtypes=INDEX_DTYPES, config_dtype="index")]
+CuSeqlens = Annotated[Int[Tensor, "B+1"], Spec(dtypes=(torch.int32,), contiguous=True)]
+HasInitialState = Annotated[Bool[Tensor, "B"], Spec(dtypes=(torch.bool,), contiguous=True)]
 
 
 def layer_dims(config: KDAConfig) -> dict[str, int]:

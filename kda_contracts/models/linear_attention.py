@@ -28,6 +28,7 @@ from kda_kernels.interface import row_slots, scatter_rows
 from torch import Tensor, nn
 from typing_extensions import Self
 
+from .._engine import ShapeError, Violation, raise_violations
 from ..ops._packed.config import KDAConfig, read_hf_json
 from .layer_contracts import layer_dims
 
@@ -236,6 +237,76 @@ class LinearAttentionDecode(nn.Module):
         ys = [self._step(x[:, t], ssm_states, conv_states, state_indices, kernel) for t in range(x.shape[1])]
         y = torch.stack(ys, dim=1) if ys else x.new_zeros(B, 0, d["D"])
         return self._all_reduce(y)
+
+    def _conv_varlen(self, mixed_qkv: Tensor, conv_states: Tensor, state_indices: Tensor, cu_seqlens: Tensor,
+                     has_initial_state: Tensor) -> Tensor:
+        """The short causal conv over packed sequences (``mixed_qkv [T, C]``): each token's window is
+        the W inputs before it in its own sequence, reaching back into the slot's cached inputs when
+        ``has_initial_state`` (else zeros) and never into another sequence; each valid slot then
+        keeps its sequence's last W inputs. Padding sequences give zeros and write no slot."""
+        from kda_kernels.prefill_reference import token_sequences
+
+        T, W, B = mixed_qkv.shape[0], self._dims["W"], state_indices.shape[0]
+        rows = row_slots(state_indices.long(), conv_states.shape[0])
+        cache = torch.where((rows.valid & has_initial_state).view(B, 1, 1), rows.gather(conv_states),
+                            torch.zeros((), dtype=conv_states.dtype, device=conv_states.device))
+        # one buffer: the tokens, then each sequence's W cached inputs (oldest first), then a zero row
+        buf = torch.cat([mixed_qkv.to(conv_states.dtype), cache.transpose(1, 2).reshape(B * W, -1),
+                         conv_states.new_zeros(1, conv_states.shape[1])])
+        cu = cu_seqlens.long()
+        seq = token_sequences(cu, T)
+
+        def window(s: Tensor, t: Tensor, lags: Tensor) -> Tensor:  # buf rows of token t (at sequence s) - lag
+            pos = (t - cu.index_select(0, s)).unsqueeze(1) - lags  # position inside the sequence
+            return torch.where(pos >= 0, t.unsqueeze(1) - lags, T + s.unsqueeze(1) * W + W + pos)
+
+        lags = torch.arange(W, -1, -1, device=cu.device)  # oldest input first, the token itself last
+        win = buf[window(seq, torch.arange(T, device=cu.device), lags)]  # [T, W+1, C]
+        y = F.silu((win.transpose(1, 2).float() * self.conv1d.float()).sum(-1))
+        ends = torch.arange(B, device=cu.device)
+        scatter_rows(conv_states, state_indices, buf[window(ends, cu[1:], lags[:-1])].transpose(1, 2))
+        live = rows.valid.index_select(0, seq).unsqueeze(-1)
+        return y.masked_fill(~live, 0.0).to(mixed_qkv.dtype)
+
+    def _prefill_either(self, x: Tensor, ssm_states: Tensor, conv_states: Tensor, state_indices: Tensor,
+                        cu_seqlens: Tensor | None, has_initial_state: Tensor | None, step: StepKernel,
+                        prefill: Callable[..., None]) -> Tensor:
+        """A layer's ``prefill``: packed when ``cu_seqlens`` is given (``x [T, D]``), else padded
+        (``x [B, T, D]``, from zero states); the caller checked ``x``'s rank."""
+        if cu_seqlens is None:
+            if has_initial_state is not None:
+                raise_violations(f"{type(self).__name__}.prefill", [Violation(
+                    ShapeError, "has_initial_state", "None without cu_seqlens (padded prompts start from zero)",
+                    "a mask", hint="pack the prompts (x [T, D]) and pass cu_seqlens to continue from the slots")],
+                    {}, {})
+            return self._prefill(x, ssm_states, conv_states, state_indices, step)
+        if has_initial_state is None:
+            has_initial_state = torch.zeros(state_indices.shape[0], dtype=torch.bool, device=x.device)
+        return self._prefill_packed(x, ssm_states, conv_states, state_indices, cu_seqlens, has_initial_state,
+                                    prefill)
+
+    def _prefill_packed(self, x: Tensor, ssm_states: Tensor, conv_states: Tensor, state_indices: Tensor,
+                        cu_seqlens: Tensor, has_initial_state: Tensor, kernel: Callable[..., None]) -> Tensor:
+        """Prefill of B sequences packed in ``x [T, D]`` (``cu_seqlens [B+1]``), each from its slots'
+        states when ``has_initial_state``, else from zero; ``kernel`` is the prefill op's call in
+        its argument order. All-reduced."""
+        d = self._dims
+        T = x.shape[0]
+        mixed_qkv, a, b, extra = self._inputs(x)
+        mixed_qkv = self._conv_varlen(mixed_qkv, conv_states, state_indices, cu_seqlens, has_initial_state)
+        out = x.new_empty(T, d["HV"], d["V"])
+        kernel(mixed_qkv, a, b, self.A_log, self.dt_bias, self.config.scale, ssm_states, out, cu_seqlens,
+               state_indices, has_initial_state)
+        return self._all_reduce(self._outputs(x, out, extra))
+
+    def _inputs(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor, Any]:
+        """The kernel's inputs for tokens ``x [R, D]``: ``(mixed_qkv before the conv, a, b, extra)``,
+        ``extra`` what :meth:`_outputs` needs (each subclass's)."""
+        raise NotImplementedError
+
+    def _outputs(self, x: Tensor, o: Tensor, extra: Any) -> Tensor:
+        """This rank's partial output ``[R, D]`` from the kernel's ``o [R, HV, V]`` (each subclass's)."""
+        raise NotImplementedError
 
     def _all_reduce(self, y: Tensor) -> Tensor:
         if self.tp_group is not None:

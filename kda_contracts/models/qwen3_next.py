@@ -44,10 +44,20 @@ from jaxtyping import Float
 from kda_kernels import gdn_reference
 from torch import Tensor
 
-from .._engine import Spec, contract
+from .._engine import Spec, check, contract
 from ..ops.gdn_decode.config import GDNConfig
 from ..ops.gdn_decode.decode import gdn_packed_decode
-from .layer_contracts import HAS_SLOTS, ConvStatePool, Hidden, SlotIndices, SSMStatePool, slot_value_checks
+from ..ops.gdn_prefill.prefill import gdn_packed_prefill
+from .layer_contracts import (
+    HAS_SLOTS,
+    ConvStatePool,
+    CuSeqlens,
+    HasInitialState,
+    Hidden,
+    SlotIndices,
+    SSMStatePool,
+    slot_value_checks,
+)
 from .linear_attention import LinearAttentionDecode, StepKernel
 from .qwen3_next_contracts import HINTS
 from .qwen3_next_weights import WEIGHT_NAMES as WEIGHT_NAMES
@@ -161,36 +171,62 @@ class Qwen3NextGatedDeltaNet(LinearAttentionDecode):
     @contract(config_arg="self", hints=HINTS, where=HAS_SLOTS, value_checks=slot_value_checks)
     def prefill(
         self,
-        x: Annotated[Float[Tensor, "B T D"], Spec(inner_contiguous=1, config_dtype="activation")],
+        x: Annotated[Float[Tensor, "*tokens D"], Spec(inner_contiguous=1, config_dtype="activation")],
         ssm_states: SSMStatePool,
         conv_states: Annotated[Float[Tensor, "N C W"], Spec(inner_contiguous=2, same_dtype_as="x")],
         state_indices: SlotIndices,
-    ) -> Float[Tensor, "B T D"]:
-        """Run B prompts of T tokens from zero states, one token at a time with the PyTorch reference
-        kernel (``kda_kernels.gdn_reference``); leaves the slots ready for :meth:`decode`. Example::
+        cu_seqlens: CuSeqlens | None = None,
+        has_initial_state: HasInitialState | None = None,
+    ) -> Float[Tensor, "*tokens D"]:
+        """Prefill B prompts; returns every prompt token's output and leaves the slots ready for
+        :meth:`decode`. Packed: ``x [T, D]`` with ``cu_seqlens [B+1]`` (int32), through
+        :func:`kda_contracts.gdn_packed_prefill`, each sequence continuing from its slots' states
+        (recurrent and conv) where ``has_initial_state [B]`` says so, else from zero. Padded:
+        ``x [B, T, D]`` without ``cu_seqlens``, from zero states, one token at a time with the
+        reference kernel. Example::
 
+            y = layer.prefill(tokens, ssm_states, conv_states, slots, cu_seqlens=cu)   # tokens [T, D]
             y = layer.prefill(prompt.unsqueeze(0), ssm_states, conv_states, torch.tensor([slot]))
         """
-        return self._prefill(x, ssm_states, conv_states, state_indices, self._reference_decode)
+        check(x, "B _ D" if cu_seqlens is None else "_ D", name="x")  # padded [B, T, D], or packed [T, D]
+        return self._prefill_either(x, ssm_states, conv_states, state_indices, cu_seqlens, has_initial_state,
+                                    self._reference_decode, self._packed_prefill)
 
     # -- the computation (unchecked: the public methods above checked it) ------------------------
+    def _inputs(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor, Any]:
+        d = self._dims
+        R, H, HV, K, V = x.shape[0], d["H"], d["HV"], d["K"], d["V"]
+        group = HV // H  # value heads per key head
+        q, k, v, z = self.in_proj_qkvz(x).view(R, H, 2 * K + 2 * group * V).split(
+            [K, K, group * V, group * V], dim=-1)
+        b, a = (t.reshape(R, HV).contiguous()
+                for t in self.in_proj_ba(x).view(R, H, 2 * group).split([group, group], dim=-1))
+        mixed_qkv = torch.cat([q.reshape(R, H * K), k.reshape(R, H * K), v.reshape(R, HV * V)], dim=-1)
+        return mixed_qkv, a, b, z
+
+    def _outputs(self, x: Tensor, o: Tensor, extra: Any) -> Tensor:
+        d = self._dims
+        R, HV, V = x.shape[0], d["HV"], d["V"]
+        o = o.reshape(R, HV, V).float()
+        o = o * torch.rsqrt(o.square().mean(-1, keepdim=True) + self.rms_norm_eps) * self.norm.float()
+        o = o * F.silu(extra.reshape(R, HV, V).float())  # padding rows: o == 0, so y == 0
+        return self.out_proj(o.to(x.dtype).flatten(1))
+
     def _step(self, x: Tensor, ssm_states: Tensor, conv_states: Tensor, state_indices: Tensor,
               kernel: StepKernel) -> Tensor:
         d = self._dims
-        B, H, HV, K, V = x.shape[0], d["H"], d["HV"], d["K"], d["V"]
-        group = HV // H  # value heads per key head
-        q, k, v, z = self.in_proj_qkvz(x).view(B, H, 2 * K + 2 * group * V).split(
-            [K, K, group * V, group * V], dim=-1)
-        b, a = (t.reshape(B, HV).contiguous()
-                for t in self.in_proj_ba(x).view(B, H, 2 * group).split([group, group], dim=-1))
-        mixed_qkv = torch.cat([q.reshape(B, H * K), k.reshape(B, H * K), v.reshape(B, HV * V)], dim=-1)
+        mixed_qkv, a, b, z = self._inputs(x)
         mixed_qkv = self._conv_step(mixed_qkv, conv_states, state_indices)
-        out = x.new_empty(B, 1, HV, V)
+        out = x.new_empty(x.shape[0], 1, d["HV"], d["V"])
         kernel(mixed_qkv, a, b, self.A_log, self.dt_bias, self.config.scale, ssm_states, out, state_indices)
-        o = out.view(B, HV, V).float()
-        o = o * torch.rsqrt(o.square().mean(-1, keepdim=True) + self.rms_norm_eps) * self.norm.float()
-        o = o * F.silu(z.reshape(B, HV, V).float())  # padding rows: o == 0, so y == 0
-        return self.out_proj(o.to(x.dtype).flatten(1))
+        return self._outputs(x, out, z)
+
+    def _packed_prefill(self, mixed_qkv: Tensor, a: Tensor, b: Tensor, A_log: Tensor, dt_bias: Tensor,
+                        scale: float, ssm_states: Tensor, out: Tensor, cu_seqlens: Tensor, state_indices: Tensor,
+                        has_initial_state: Tensor) -> None:
+        cfg = self.config
+        gdn_packed_prefill(mixed_qkv, a, b, A_log, dt_bias, scale, ssm_states, out, cu_seqlens, state_indices,
+                           has_initial_state, cfg.use_qk_l2norm, config=cfg)
 
     def _packed_decode(self, mixed_qkv: Tensor, a: Tensor, b: Tensor, A_log: Tensor, dt_bias: Tensor,
                        scale: float, ssm_states: Tensor, out: Tensor, state_indices: Tensor) -> None:

@@ -1,14 +1,15 @@
 """The ops kda-contracts ships, one package each, built on the engine's API
 (``kda_contracts._engine``) and what the packed linear-attention ops share (:mod:`._packed`),
 never on one another: ``packed_decode`` (KDA, Kimi-Linear) and ``gdn_decode`` (GDN,
-Qwen3-Next). Each holds its contract, hints, mistakes catalogue, diagrams and docs part; its
-kernels live in ``kda_kernels``. What spans several ops (the demo, the docs pages, the command
-line) lives above them, in ``kda_contracts._app``.
+Qwen3-Next), and their varlen prefills ``packed_prefill`` and ``gdn_prefill``. Each holds its
+contract, hints, mistakes catalogue, diagrams and docs part; its kernels live in ``kda_kernels``.
+What spans several ops (the demo, the docs pages, the command line) lives above them, in
+``kda_contracts._app``.
 
 Example::
 
     import kda_contracts as kc
-    sorted(kc.ops())        # ['gdn_packed_decode', 'packed_decode']
+    sorted(kc.ops())        # ['gdn_packed_decode', 'gdn_packed_prefill', 'packed_decode', 'packed_prefill']
 """
 
 from __future__ import annotations

@@ -1,0 +1,230 @@
+"""Packed (varlen) prefill, KDA and GDN: the chunked reference equals the token loop (the decode
+reference, one token at a time), prefill composes with itself and with decode, and nothing outside
+the used slots changes. The fla backend's test runs on CUDA only."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from kda_kernels.chunk_delta import chunk_gated_delta
+from kda_kernels.prefill_reference import (
+    gdn_packed_prefill,
+    gdn_packed_prefill_loop,
+    packed_prefill,
+    packed_prefill_loop,
+)
+
+import kda_contracts as kc
+
+H, HV, K, V, N = 2, 4, 16, 8, 10
+LENGTHS = (1, 37, 64, 150, 0, 5)  # one token, < chunk, = chunk, > two chunks, empty, a padding sequence's
+SLOTS = (3, 0, 7, 5, 9, -1)
+HAS_INIT = (True, False, True, True, False, True)
+
+
+def _cu(lengths):
+    return torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
+
+
+def _call(gdn, layout="VK", lengths=LENGTHS, slots=SLOTS, has_init=HAS_INIT, dtype=torch.float32, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    T = sum(lengths)
+    shape = (N, HV, V, K) if layout == "VK" else (N, HV, K, V)
+    rnd = lambda *s: torch.randn(*s, generator=g)  # noqa: E731
+    return dict(
+        mixed_qkv=rnd(T, 2 * H * K + HV * V).to(dtype), a=rnd(T, HV if gdn else HV * K).to(dtype),
+        b=rnd(T, HV).to(dtype), A_log=0.5 * rnd(HV), dt_bias=rnd(HV if gdn else HV * K), scale=K ** -0.5,
+        initial_state=0.1 * rnd(*shape), out=torch.full((T, HV, V), 7.0, dtype=dtype), cu_seqlens=_cu(lengths),
+        ssm_state_indices=torch.tensor(slots, dtype=torch.int32), has_initial_state=torch.tensor(has_init),
+        use_qk_l2norm_in_kernel=True, **({} if gdn else {"lower_bound": None}))
+
+
+def _run(fn, call, layout, **kw):
+    c = {**call, "out": call["out"].clone(), "initial_state": call["initial_state"].clone()}
+    extra = {k: c.pop(k) for k in ("use_qk_l2norm_in_kernel", "lower_bound") if k in c}
+    opts = {"use_qk_l2norm": extra["use_qk_l2norm_in_kernel"], "state_layout": layout}
+    if "lower_bound" in extra:
+        opts["lower_bound"] = extra["lower_bound"]
+    fn(*c.values(), num_heads=H, **opts, **kw)
+    return c["out"], c["initial_state"]
+
+
+KERNELS = {False: (packed_prefill, packed_prefill_loop), True: (gdn_packed_prefill, gdn_packed_prefill_loop)}
+
+
+@pytest.mark.parametrize("gdn", [False, True], ids=["kda", "gdn"])
+@pytest.mark.parametrize("layout", ["VK", "KV"])
+@pytest.mark.parametrize("chunk_size", [64, 16])
+def test_the_chunked_reference_equals_the_token_loop(gdn, layout, chunk_size):
+    call = _call(gdn, layout)
+    chunked, loop = KERNELS[gdn]
+    o1, s1 = _run(chunked, call, layout, chunk_size=chunk_size)
+    o2, s2 = _run(loop, call, layout)
+    torch.testing.assert_close(o1, o2, atol=2e-6, rtol=1e-5)
+    torch.testing.assert_close(s1, s2, atol=5e-6, rtol=1e-5)
+    untouched = [s for s in range(N) if s not in [x for x in SLOTS if x >= 0]]
+    assert torch.equal(s1[untouched], call["initial_state"][untouched])  # bit-identical
+    pad = slice(sum(LENGTHS[:5]), sum(LENGTHS))  # the padding sequence's tokens
+    assert o1[pad].eq(0).all() and o2[pad].eq(0).all()
+    assert torch.equal(s1[9], torch.zeros_like(s1[9]))  # an empty sequence that starts from zero
+
+
+def test_the_bounded_gate_and_bf16_activations():
+    call = {**_call(False, dtype=torch.bfloat16), "lower_bound": -5.0}
+    o1, s1 = _run(packed_prefill, call, "VK")
+    o2, s2 = _run(packed_prefill_loop, call, "VK")
+    torch.testing.assert_close(o1.float(), o2.float(), atol=2e-3, rtol=1e-2)  # both rounded once to bf16
+    torch.testing.assert_close(s1, s2, atol=5e-6, rtol=1e-5)
+
+
+def _naive(q, k, v, g, beta, h0, cu):
+    o, hs = torch.zeros(q.shape[0], q.shape[1], v.shape[-1], dtype=h0.dtype), []
+    for i in range(len(cu) - 1):
+        S = h0[i].clone()
+        for t in range(cu[i], cu[i + 1]):
+            S = S * (g[t].exp().unsqueeze(-2) if g.dim() == 3 else g[t].exp().view(-1, 1, 1))
+            u = beta[t].unsqueeze(-1) * (v[t] - (S @ k[t].unsqueeze(-1)).squeeze(-1))
+            S = S + u.unsqueeze(-1) * k[t].unsqueeze(-2)
+            o[t] = (S @ q[t].unsqueeze(-1)).squeeze(-1)
+        hs.append(S)
+    return o, torch.stack(hs)
+
+
+@pytest.mark.parametrize("per_channel", [True, False], ids=["kda-gate", "gdn-gate"])
+def test_the_chunked_form_in_fp64_equals_the_recurrence_to_rounding(per_channel):
+    torch.manual_seed(1)
+    cu = [0, 1, 17, 33, 90, 90, 95]
+    T, B, dt = cu[-1], len(cu) - 1, torch.float64
+    q, v = torch.randn(T, HV, K, dtype=dt), torch.randn(T, HV, V, dtype=dt)
+    k = torch.nn.functional.normalize(torch.randn(T, HV, K, dtype=dt), dim=-1)
+    g = -3 * torch.rand(T, HV, K, dtype=dt) if per_channel else -3 * torch.rand(T, HV, dtype=dt)
+    beta, h0 = torch.rand(T, HV, dtype=dt), torch.randn(B, HV, V, K, dtype=dt)
+    o, ht = chunk_gated_delta(q, k, v, g, beta, h0, torch.tensor(cu), chunk_size=16)
+    o2, ht2 = _naive(q, k, v, g, beta, h0, cu)
+    torch.testing.assert_close(o, o2, atol=1e-12, rtol=1e-12)
+    torch.testing.assert_close(ht, ht2, atol=1e-12, rtol=1e-12)
+
+
+def test_a_strong_decay_neither_overflows_nor_underflows_to_nan():
+    T, dt = 128, torch.float32
+    q, k, v = torch.randn(T, 1, 4, dtype=dt), torch.randn(T, 1, 4, dtype=dt), torch.randn(T, 1, 3, dtype=dt)
+    g = torch.full((T, 1, 4), -60.0)  # exp(-60 * 64) underflows; exp(+60 * 64) would overflow
+    o, ht = chunk_gated_delta(q, k, v, g, torch.rand(T, 1), torch.zeros(1, 1, 3, 4), torch.tensor([0, T]))
+    assert torch.isfinite(o).all() and torch.isfinite(ht).all()
+
+
+OPS = {False: kc.packed_prefill, True: kc.gdn_packed_prefill}
+DECODE = {False: kc.packed_decode, True: kc.gdn_packed_decode}
+
+
+def _op(gdn, call, **kw):
+    c = {**call, "out": call["out"].clone(), "initial_state": call["initial_state"].clone()}
+    return OPS[gdn](**c, **kw)
+
+
+@pytest.mark.parametrize("gdn", [False, True], ids=["kda", "gdn"])
+@pytest.mark.parametrize("layout", ["VK", "KV"])
+def test_the_op_runs_the_chunked_reference_and_the_loop_backend_agrees(gdn, layout):
+    call = _call(gdn, layout)
+    o1, s1 = _op(gdn, call, state_layout=layout)
+    o2, s2 = _op(gdn, call, state_layout=layout, backend="loop")
+    torch.testing.assert_close(o1, o2, atol=2e-6, rtol=1e-5)
+    torch.testing.assert_close(s1, s2, atol=5e-6, rtol=1e-5)
+    with kc.mode("strict"):  # the value checks and the checks after the kernel pass on a valid call
+        o3, s3 = _op(gdn, call, state_layout=layout)
+    assert torch.equal(o3, o1) and torch.equal(s3, s1)
+
+
+def _split(gdn, call, cut):
+    """The call's sequences cut in two: the first `cut[i]` tokens of each, then the rest."""
+    cu = call["cu_seqlens"].tolist()
+    per_token = ("mixed_qkv", "a", "b", "out")
+    parts = []
+    for first in (True, False):
+        rows = [r for i in range(len(cu) - 1)
+                for r in (range(cu[i], cu[i] + cut[i]) if first else range(cu[i] + cut[i], cu[i + 1]))]
+        lens = [cut[i] if first else cu[i + 1] - cu[i] - cut[i] for i in range(len(cu) - 1)]
+        part = {**call, **{n: call[n][rows] for n in per_token}, "cu_seqlens": _cu(lens)}
+        if not first:
+            part["has_initial_state"] = torch.ones_like(call["has_initial_state"])
+        parts.append((part, rows))
+    return parts
+
+
+@pytest.mark.parametrize("gdn", [False, True], ids=["kda", "gdn"])
+def test_two_prefills_with_has_initial_state_equal_one(gdn):
+    call = _call(gdn)
+    cut = (0, 20, 64, 70, 0, 2)
+    whole_out, whole_state = _op(gdn, call)
+    (first, rows1), (second, rows2) = _split(gdn, call, cut)
+    o1, state = _op(gdn, first)
+    o2, state = OPS[gdn](**{**second, "initial_state": state, "out": second["out"].clone()})
+    torch.testing.assert_close(o1, whole_out[rows1], atol=2e-6, rtol=1e-5)
+    torch.testing.assert_close(o2, whole_out[rows2], atol=2e-6, rtol=1e-5)
+    torch.testing.assert_close(state, whole_state, atol=5e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("gdn", [False, True], ids=["kda", "gdn"])
+def test_prefill_then_decode_equals_decoding_every_token(gdn):
+    lengths, slots = (9, 4, 70), (6, 1, 3)
+    call = _call(gdn, lengths=lengths, slots=slots, has_init=(True, False, True))
+    cu = call["cu_seqlens"].tolist()
+    decode_keys = ("mixed_qkv", "a", "b", "A_log", "dt_bias", "scale")
+    flags = {"use_qk_l2norm_in_kernel": True, **({} if gdn else {"lower_bound": None})}
+    idx = torch.tensor(slots, dtype=torch.int32)
+
+    def decode_steps(state, start):  # token i of every sequence that has one, from token start[s] on
+        outs = {}
+        for i in range(max(lengths)):
+            live = [s for s in range(len(lengths)) if start[s] <= i < lengths[s]]
+            rows = [cu[s] + i for s in live]
+            args = {n: call[n][rows] if n in ("mixed_qkv", "a", "b") else call[n] for n in decode_keys}
+            out, state = DECODE[gdn](**args, initial_state=state, out=torch.empty(len(live), 1, HV, V),
+                                     ssm_state_indices=idx[live], **flags)
+            outs.update(zip(rows, out[:, 0], strict=True))
+        return outs, state
+
+    fresh = call["initial_state"].clone()
+    fresh[1] = 0  # sequence 1 starts from zero (has_initial_state False)
+    by_token, decoded = decode_steps(fresh, (0, 0, 0))
+    cut = (3, 4, 65)  # sequence 1 is all prefill, sequence 2 crosses a chunk boundary
+    (first, rows1), _ = _split(gdn, call, cut)
+    o1, state = _op(gdn, first)
+    rest, state = decode_steps(state, cut)
+    assert sorted([*rows1, *rest]) == list(range(sum(lengths)))
+    for r, o in [*zip(rows1, o1, strict=True), *rest.items()]:
+        torch.testing.assert_close(o, by_token[r], atol=2e-6, rtol=1e-5)
+    torch.testing.assert_close(state, decoded, atol=5e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("gdn", [False, True], ids=["kda", "gdn"])
+def test_mode_off_takes_the_dims_on_trust(gdn):
+    call = _call(gdn)
+    with kc.mode("off"):
+        o, s = _op(gdn, call)
+    o2, s2 = _op(gdn, call)
+    assert torch.equal(o, o2) and torch.equal(s, s2)
+
+
+@pytest.mark.parametrize("gdn", [False, True], ids=["kda", "gdn"])
+def test_fla_is_registered_for_cuda_and_says_why_not_here(gdn):
+    op = OPS[gdn]
+    assert [b.name for b in op.backends()] == ["fla", "torch", "loop"]
+    if not torch.cuda.is_available():
+        ok, why = op.available()["fla"]
+        assert not ok and "CUDA" in why
+        assert "fla: not chosen: runs on cuda, not cpu" in op.explain_backends(**_call(gdn))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="fla's chunk kernels need a CUDA device")
+@pytest.mark.parametrize("gdn", [False, True], ids=["kda", "gdn"])
+@pytest.mark.parametrize("layout", ["VK", "KV"])
+def test_the_fla_backend_matches_the_reference_on_cuda(gdn, layout):
+    cpu = _call(gdn, layout, dtype=torch.bfloat16)
+    call = {k: v.cuda() if isinstance(v, torch.Tensor) else v for k, v in cpu.items()}
+    o1, s1 = _op(gdn, call, state_layout=layout, backend="fla")
+    o2, s2 = _op(gdn, call, state_layout=layout, backend="torch")
+    torch.testing.assert_close(o1.float(), o2.float(), atol=2e-2, rtol=2e-2)
+    torch.testing.assert_close(s1, s2, atol=2e-2, rtol=2e-2)
+    untouched = [s for s in range(N) if s not in [x for x in SLOTS if x >= 0]]
+    assert torch.equal(s1[untouched], call["initial_state"][untouched])
