@@ -157,6 +157,47 @@ def test_a_check_mode_backend_that_raises_names_what_may_hold_writes():
         fill(torch.ones(4), torch.zeros(4), backend="boom")
 
 
+@kc.op
+def double_into(x: Float[Tensor, "N"], out: Written) -> None:
+    out.copy_(x * 2)
+
+
+@double_into.backend("out_of_place", devices=("cpu",), priority=5)
+def _double_out_of_place(x, out):
+    out[0] = -1.0  # a partial write, then a result of its own that a -> None op would drop
+    return x * 2
+
+
+@double_into.backend("in_place", devices=("cpu",), priority=1)
+def _double_in_place(x, out):
+    out.copy_(x * 2)
+    return out, None  # (an in-place kernel returning its outputs, as fla's do)
+
+
+LOST = ("double_into(): 1 contract violation\n"
+        "  [1] backend: BackendError\n"
+        "      expected backend 'out_of_place' to write its results into the op's arguments (double_into is annotated "
+        "-> None, so it returns None)\n"
+        "      got      it returned a tensor of shape [3] that is none of the call's tensors, and would be lost\n")
+
+
+@pytest.mark.kda_contracts("check")
+def test_a_none_op_whose_backend_returns_a_result_of_its_own_is_refused_not_silently_dropped():
+    out = torch.zeros(3)
+    with pytest.raises(kc.BackendError) as caught:
+        double_into(torch.ones(3), out)
+    assert str(caught.value).startswith(LOST)
+    assert str(caught.value).endswith("fix: write the result in place (into the argument the op declares "
+                                      "kc.Spec(mutated=True)), or annotate the op's return and return it; check mode "
+                                      "keeps no copy: out may hold partial writes (strict mode rolls such a call back)")
+    with kc.mode("strict"), pytest.raises(kc.BackendError, match="strict mode rolled the call back"):
+        double_into(torch.ones(3), out := torch.zeros(3))
+    assert torch.equal(out, torch.zeros(3))
+    assert double_into(torch.ones(3), out, backend="in_place") is None and torch.equal(out, torch.full((3,), 2.0))
+    with kc.mode("strict"):
+        assert double_into(torch.ones(3), out, backend="in_place") is None
+
+
 @kc.contract
 def bad_result(x: Float[Tensor, "N"], out: Written) -> Float[Tensor, "N"]:
     out.copy_(x)

@@ -25,10 +25,12 @@ from ..codegen.checker import checked_parameters
 from ..codegen.snippets import Names
 from ..codegen.wrapper import formal_parameters
 from ..compile.marks import mark_constant_result, outside_compile
+from ..contract.transaction import partial_writes
 from ..errors import AnnotationError, ContractError, Violation, raise_violations
 from ..source import define
 from .backends import BackendError, CallInfo, signature_problem
 from .protocol import OpParts
+from .strict import kept_in_arguments, lost_result_violation
 from .table import Chosen
 
 
@@ -120,6 +122,12 @@ def build_dispatcher(o: OpParts) -> Any:
         lines += [f"    if ({mode} == 1 or {mode} == 2 and {n('compiling')}()) and "
                   f"not {n('check_returns')}[{v}]({res}, {dims}{sep}{plain}):",
                   f"        {n('fail_return')}({v}, {res}{sep}{plain}, {cfg})"]
+    if o.returns_none:  # an in-place kernel may return its outputs; anything else would be lost
+        ns[n("kept")], ns[n("lost")] = kept_in_arguments, outside_compile(functools.partial(lost_result, o))
+        ns[n("compiling")] = torch.compiler.is_compiling
+        lines += [f"    if {res} is not None and {mode} and {mode} != 2 and not {n('compiling')}() and "
+                  f"not {n('kept')}({res}, ({plain}{',' if plain else ''})):",
+                  f"        {n('lost')}({chosen}.name, {res})"]
     lines.append(f"    return {'None' if o.returns_none else _returns_source(o.returns, res)}")
     src = "\n".join(lines) + "\n"
     fn = define(src, f"<kda_contracts op {o.name}>", "__call__", ns)
@@ -230,6 +238,12 @@ def _hashable_variant(variant: Callable[..., Any], bad: Callable[[Any], Any],
         return key
 
     return key_of
+
+
+def lost_result(o: OpParts, backend: str, res: Any) -> None:
+    """A ``-> None`` op whose backend returned a result of its own, in check mode: refused."""
+    raise_violations(o.name, [lost_result_violation(o, backend, res, partial_writes(o.contract.written)
+                                                    or "the op writes no tensor in place")], {}, {})
 
 
 def _any_result(result: Any, dims: Any, *args: Any) -> bool:

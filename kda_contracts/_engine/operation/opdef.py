@@ -122,8 +122,8 @@ class Op:
         self.variant_of = None if variant is None else self._guarded(variant, "variant", self._variant_expected)
         self._variant_params = tuple(inspect.signature(variant).parameters) if variant is not None else ()
         self.returns = self._read_returns(returns)
-        #: an op annotated ``-> None`` (without ``returns=``) returns None, whatever its backend returns
-        #: (an in-place kernel that returns its output, as fla's do, is not wrong for it)
+        #: an op annotated ``-> None`` (without ``returns=``) returns None: its backend may return the
+        #: tensors it wrote (as fla's do); a result of its own is refused (dispatch.lost_result)
         self.returns_none = self.returns is None and all(c.spec.return_hint is NoneType
                                                          for c in self.contracts.values())
         self.after = after

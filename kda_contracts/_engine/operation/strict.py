@@ -21,6 +21,7 @@ from ..errors import AnnotationError, ContractError, Violation, hook_violations,
 from ..explain.results import explain_return
 from ..model.spec import CallContext
 from ..rules.memory import without_data
+from .backends import BackendError
 from .protocol import OpParts
 from .table import Chosen
 
@@ -82,6 +83,8 @@ def checks_after(op: OpParts, ctx: CallContext, variant: str | None, chosen: Cho
             found = explain_return(c.spec, res, dict(ctx.dims), ctx.values)
             if found:
                 return found
+    if op.returns_none and res is not None and not kept_in_arguments(res, ctx.values.values()):
+        return [lost_result_violation(op, chosen.name, res, "")]  # (rolled back: the report says so)
     if op.after is None:
         return []
     try:
@@ -96,3 +99,26 @@ def checks_after(op: OpParts, ctx: CallContext, variant: str | None, chosen: Cho
         rollback(saved)  # (the contract's mistake: the call changes nothing either way)
         raise
 
+
+def kept_in_arguments(res: Any, args: Any) -> bool:
+    """Whether what a ``-> None`` op's backend returned is not lost by returning None: None, or only
+    tensors in the memory of the call's tensor arguments (an in-place kernel that returns its
+    outputs, as fla's do) and None items."""
+    items = res if isinstance(res, (tuple, list)) else (res,)
+    mine = {a.untyped_storage().data_ptr() for a in args if isinstance(a, torch.Tensor)}
+    return all(x is None or (isinstance(x, torch.Tensor) and x.untyped_storage().data_ptr() in mine) for x in items)
+
+
+def lost_result_violation(op: OpParts, backend: str, res: Any, written: str) -> Violation:
+    """The violation of a ``-> None`` op whose backend returned a result of its own (it would be
+    lost); ``written``: what the backend may have written, or that strict mode restored it."""
+    def what(x: Any) -> str:
+        return f"a tensor of shape {list(x.shape)}" if isinstance(x, torch.Tensor) else type(x).__name__
+    got = f"a {type(res).__name__} holding {', '.join(map(what, res))}" if isinstance(res, (tuple, list)) \
+        else what(res)
+    return Violation(
+        BackendError, "backend", f"backend {backend!r} to write its results into the op's arguments "
+                                 f"({op.name} is annotated -> None, so it returns None)",
+        f"it returned {got} that is none of the call's tensors, and would be lost",
+        hint="write the result in place (into the argument the op declares kc.Spec(mutated=True)), or annotate "
+             "the op's return and return it" + (f"; {written}" if written else ""))
