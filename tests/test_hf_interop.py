@@ -80,6 +80,11 @@ def test_kimi_config_reads_the_checkpoint_block_and_transformers_fields_alike():
         kc.KDAConfig.from_hf_config(SimpleNamespace(model_type="llama", hidden_size=8))
 
 
+def test_a_layer_refuses_a_config_whose_activation_is_not_silu():
+    with pytest.raises(ValueError, match=r"hidden_act='gelu': Qwen3NextGatedDeltaNet's short conv applies SiLU"):
+        qwen3_next.Qwen3NextGatedDeltaNet.from_hf_config({**QWEN_FIELDS, "hidden_act": "gelu"}, device="meta")
+
+
 def test_a_config_of_no_known_kind_is_refused_with_what_is_accepted():
     with pytest.raises(TypeError, match=r"a config.json path, a dict or a config object .*not int"):
         kc.GDNConfig.from_hf_config(3)

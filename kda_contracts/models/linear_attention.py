@@ -120,6 +120,9 @@ class LinearAttentionDecode(nn.Module):
             layer = Qwen3NextGatedDeltaNet.from_hf_config(hf_model.config, tp_size=2, tp_rank=1)
         """
         raw = read_hf_config(source)
+        if raw.get("hidden_act", "silu") != "silu":  # the model's activation, its short conv's too
+            raise ValueError(f"hidden_act={raw['hidden_act']!r}: {cls.__name__}'s short conv applies SiLU, as "
+                             "Kimi-Linear and Qwen3-Next do (hidden_act='silu')")
         config = cls.config_class.from_hf_config(raw, tp_size=tp_size, **dict(config_overrides or {}))
         kwargs.setdefault("rms_norm_eps", float(raw.get("rms_norm_eps", cls.default_rms_norm_eps)))
         return cls(config, tp_rank=tp_rank, **kwargs)
