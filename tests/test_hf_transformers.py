@@ -136,3 +136,23 @@ def test_prefill_and_decode_match_transformers(kind):
     print(f"\n{kind} vs transformers {transformers.__version__} (fp32, max relative error):",
           ", ".join(f"{k} {v:.1e}" for k, v in errors.items()))
     assert all(v < TOL for v in errors.values()), errors
+
+
+@pytest.mark.parametrize("kind", ["kimi", "qwen"])
+def test_two_tensor_parallel_ranks_sum_to_the_transformers_output(kind):
+    """weights_from_hf then shard_weights: the ranks' partial outputs (no process group: each
+    returns its share of the row-parallel output projection) add up to Hugging Face's output."""
+    hf, hc, ours = _build(kind)
+    module = kimi_linear if kind == "kimi" else qwen3_next
+    weights = module.weights_from_hf(hf.state_dict())
+    x = torch.randn(1, 11, D, generator=torch.Generator().manual_seed(2))
+    total = torch.zeros(11, D)
+    for rank in range(2):
+        layer = type(ours).from_hf_config(hc, tp_size=2, tp_rank=rank, backend="torch")
+        layer.load_weights(**module.shard_weights(weights, layer.config, rank))
+        ssm, conv = layer.new_state_pools(1)
+        total += layer.prefill(x[0], ssm, conv, torch.tensor([0], dtype=torch.int32),
+                               cu_seqlens=torch.tensor([0, 11], dtype=torch.int32))
+    with torch.no_grad():
+        ref = hf(x)[0]
+    assert _rel(total, ref) < TOL
