@@ -56,6 +56,7 @@ from ..ops.packed_prefill.prefill import packed_prefill
 from .kimi_linear_weights import WEIGHT_NAMES as WEIGHT_NAMES
 from .kimi_linear_weights import random_weights as random_weights
 from .kimi_linear_weights import shard_weights as shard_weights
+from .kimi_linear_weights import weights_from_hf as weights_from_hf
 from .layer_contracts import (
     HAS_SLOTS,
     HINTS,
@@ -70,7 +71,7 @@ from .layer_contracts import (
 from .layer_contracts import layer_dims as layer_dims
 from .linear_attention import LinearAttentionDecode, StepKernel
 
-__all__ = ["WEIGHT_NAMES", "KimiDeltaAttention", "layer_dims", "random_weights", "shard_weights"]
+__all__ = ["WEIGHT_NAMES", "KimiDeltaAttention", "layer_dims", "random_weights", "shard_weights", "weights_from_hf"]
 
 
 # -- the layer -------------------------------------------------------------------------------------

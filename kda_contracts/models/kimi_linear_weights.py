@@ -1,5 +1,6 @@
-"""Weights of the Kimi-Linear KDA layer: their names, seeded random ones, and the shard of
-whole-layer (TP1) weights that one tensor-parallel rank holds.
+"""Weights of the Kimi-Linear KDA layer: their names, seeded random ones, the shard of
+whole-layer (TP1) weights that one tensor-parallel rank holds, and the mapping from a Hugging Face
+checkpoint (:func:`weights_from_hf`).
 
 Example::
 
@@ -20,7 +21,7 @@ from ..ops._packed.config import KDAConfig
 from .layer_contracts import layer_dims
 from .linear_attention import conv_channel_shard, rank_columns, rank_rows
 
-__all__ = ["WEIGHT_NAMES", "random_weights", "shard_weights"]
+__all__ = ["WEIGHT_NAMES", "random_weights", "shard_weights", "weights_from_hf"]
 
 WEIGHT_NAMES = ("qkv_proj", "conv1d", "f_a_proj", "f_b_proj", "b_proj", "A_log", "dt_bias", "g_a_proj",
                 "g_b_proj", "o_norm", "o_proj")
@@ -91,3 +92,51 @@ def shard_weights(weights: Mapping[str, Tensor], config: KDAConfig, rank: int) -
         "o_norm": w["o_norm"].clone(),
         "o_proj": rank_columns(w["o_proj"], rank, hv * V),
     }
+
+
+# Our weight <- the names it has in transformers' KimiLinearDeltaAttention, then in the checkpoint
+# files (fla's layer: the forget gate's weights on the attention, one conv per q/k/v).
+_HF_NAMES: dict[str, tuple[tuple[str, ...], ...]] = {
+    "qkv_proj": (("q_proj.weight", "k_proj.weight", "v_proj.weight"),),
+    "conv1d": (("conv1d.weight",), ("q_conv1d.weight", "k_conv1d.weight", "v_conv1d.weight")),
+    "f_a_proj": (("forget_gate.f_a_proj.weight",), ("f_a_proj.weight",)),
+    "f_b_proj": (("forget_gate.f_b_proj.weight",), ("f_b_proj.weight",)),
+    "b_proj": (("b_proj.weight",),),
+    "A_log": (("forget_gate.A_log",), ("A_log",)),
+    "dt_bias": (("forget_gate.dt_bias",), ("dt_bias",)),
+    "g_a_proj": (("g_a_proj.weight",),),
+    "g_b_proj": (("g_b_proj.weight",),),
+    "o_norm": (("o_norm.weight",),),
+    "o_proj": (("o_proj.weight",),),
+}
+
+
+def weights_from_hf(state_dict: Mapping[str, Tensor], prefix: str = "") -> dict[str, Tensor]:
+    """The whole-layer weights of one Kimi-Linear KDA layer of a Hugging Face state dict, as
+    :meth:`KimiDeltaAttention.load_weights` takes them at TP1 (shard them with :func:`shard_weights`).
+
+    Reads transformers' ``KimiLinearDeltaAttention`` names (``prefix`` e.g.
+    ``"model.layers.0.self_attn."``; ``forget_gate.*``, one ``conv1d``) or the checkpoint files'
+    (``f_a_proj``, ``A_log``, ... on the attention, ``q_conv1d``/``k_conv1d``/``v_conv1d``):
+    ``q_proj``/``k_proj``/``v_proj`` are stacked into ``qkv_proj``, the conv ``[C, 1, k]`` squeezed to
+    ``[C, k]``, ``A_log [1, 1, H, 1]`` flattened to ``[H]``, ``o_norm.weight`` taken as ``o_norm``.
+
+    Example::
+
+        w = weights_from_hf(hf_layer.state_dict())               # a KimiLinearDeltaAttention module
+        w = weights_from_hf(state_dict, "model.layers.0.self_attn.")
+        layer.load_weights(**shard_weights(w, layer.config, layer.tp_rank))
+    """
+    out: dict[str, Tensor] = {}
+    for ours, choices in _HF_NAMES.items():
+        found = next((names for names in choices if all(prefix + n in state_dict for n in names)), None)
+        if found is None:
+            tried = " or ".join("+".join(repr(prefix + n) for n in names) for names in choices)
+            raise KeyError(f"{tried} is not in the state dict; is {prefix!r} the prefix of a Kimi-Linear KDA layer "
+                           f"(e.g. 'model.layers.0.self_attn.')?")
+        parts = [state_dict[prefix + n] for n in found]
+        t = parts[0] if len(parts) == 1 else torch.cat(parts)
+        out[ours] = t.squeeze(1) if ours == "conv1d" and t.dim() == 3 else t
+    out["A_log"] = out["A_log"].reshape(-1)  # transformers keeps it as [1, 1, H, 1]
+    out["dt_bias"] = out["dt_bias"].reshape(-1)
+    return out

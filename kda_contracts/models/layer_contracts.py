@@ -18,8 +18,8 @@ import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
-from .._engine import CallContext, ShapeError, Spec, ValueRangeError, Violation, Where
-from .._engine.facts import AxisMismatch
+from .._engine import CallContext, LayoutError, ShapeError, Spec, ValueRangeError, Violation, Where
+from .._engine.facts import AxisMismatch, RankMismatch
 from ..ops._packed.config import KDAConfig
 from ..ops._packed.dtypes import INDEX_DTYPES, STATE_DTYPES
 from ..ops._packed.tp import TPMismatch, tp_mismatch_hint
@@ -88,8 +88,50 @@ def _hint_conv_width(v: Violation, ctx: CallContext) -> str | None:
             f"current token is not stored): allocate [N, C, {k - 1}], e.g. with layer.new_state_pools(n)")
 
 
+def _hint_kv_pool(v: Violation, ctx: CallContext) -> str | None:
+    """A recurrent-state pool in the KV layout ``[N, HV, K, V]`` (fla's, Hugging Face's cache) where the
+    layer keeps VK ``[N, HV, V, K]``: by shape when K != V, else a transposed view (by strides)."""
+    t = ctx.values.get("ssm_states")
+    if v.argument != "ssm_states" or not isinstance(t, torch.Tensor) or t.dim() != 4:
+        return None
+    d = ctx.config.contract_dims()
+    fix = ("convert it once with .transpose(-1, -2).contiguous() (a bare transpose view breaks the slot layout), "
+           "or load a Hugging Face cache's states with states_from_hf(layer, recurrent, conv, ssm_states, "
+           "conv_states, slots)")
+    if v.kind is ShapeError and d["K"] != d["V"] and tuple(t.shape[1:]) == (d["HV"], d["K"], d["V"]):
+        return (f"ssm_states looks like a KV-layout pool [N, HV, K, V] = {list(t.shape)} (fla's and Hugging Face's "
+                f"recurrent-state layout), but this layer keeps its states as [N, HV, V, K] (VK, sglang's): {fix}")
+    if v.kind is LayoutError and t.shape[-1] > 1 and t.stride(-2) == 1 and t.stride(-1) == t.shape[-2]:
+        return ("ssm_states is a transposed view (its last dim is strided, the one before it dense): a KV-layout "
+                f"pool [N, HV, K, V] .transpose(-1, -2)'d? This layer keeps dense [N, HV, V, K] slots: {fix}")
+    return None
+
+
+def _hint_hf_conv1d(v: Violation, ctx: CallContext) -> str | None:
+    rank = v.fact(RankMismatch)
+    if v.kind is not ShapeError or v.argument != "conv1d" or rank is None:
+        return None
+    if len(rank.shape) != 3 or rank.shape[1] != 1:
+        return None
+    return (f"conv1d looks like nn.Conv1d's weight {list(rank.shape)} ([C, 1, conv_kernel_size], as a Hugging "
+            "Face checkpoint stores linear_attn.conv1d.weight): pass conv1d.squeeze(1), or load the checkpoint "
+            "with weights_from_hf(state_dict, prefix)")
+
+
+def _hint_hf_a_log(v: Violation, ctx: CallContext) -> str | None:
+    rank = v.fact(RankMismatch)
+    if v.kind is not ShapeError or v.argument != "A_log" or rank is None:
+        return None
+    hv = ctx.config.contract_dims()["HV"]
+    if [s for s in rank.shape if s != 1] != [hv] and rank.shape != (1,) * len(rank.shape):
+        return None
+    return (f"A_log looks like Hugging Face's KimiLinearForgetGate.A_log {list(rank.shape)} ([1, 1, H, 1]): "
+            f"the layer takes one decay per value head, [HV] = [{hv}]: pass A_log.reshape(-1), or load the "
+            "checkpoint with weights_from_hf(state_dict, prefix), which reshapes it")
+
+
 HINTS = (tp_mismatch_hint(config_of=lambda ctx: ctx.config.config, dims_at=layer_dims, render=_render_tp),
-         _hint_conv_width)
+         _hint_conv_width, _hint_kv_pool, _hint_hf_conv1d, _hint_hf_a_log)
 HAS_SLOTS = (Where("N >= 1", hint="the state pools have no slots"),)
 
 

@@ -18,7 +18,6 @@ and declares its public, contracted methods, which call the helpers here. Exampl
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -39,14 +38,15 @@ StepKernel = Callable[..., None]
 ssm_states, out, state_indices)``, writing ``out`` and the used slots."""
 
 
-def read_hf_config(path_or_dict: str | Path | Mapping[str, Any]) -> Mapping[str, Any]:
-    """A ``config.json`` as a mapping (a mapping is returned as is).
+def read_hf_config(source: Any) -> Mapping[str, Any]:
+    """A Hugging Face config as a mapping: a ``config.json`` path, a mapping (returned as is) or a
+    config object (``to_dict()`` or attributes; see :func:`~kda_contracts.ops._packed.config.read_hf_json`).
 
     Example::
 
         raw = read_hf_config("config.json"); eps = raw.get("rms_norm_eps", 1e-6)
     """
-    return read_hf_json(path_or_dict)[0]
+    return read_hf_json(source)[0]
 
 
 def rank_rows(t: Tensor, rank: int, size: int, start: int = 0) -> Tensor:
@@ -106,19 +106,23 @@ class LinearAttentionDecode(nn.Module):
 
     @classmethod
     def from_hf_config(
-        cls, path_or_dict: str | Path | Mapping[str, Any], *, tp_size: int = 1, tp_rank: int = 0,
+        cls, source: Any, *, tp_size: int = 1, tp_rank: int = 0,
         config_overrides: Mapping[str, Any] | None = None, **kwargs: Any,
     ) -> Self:
-        """One rank's layer from the model's ``config.json`` (``rms_norm_eps`` read when present,
+        """One rank's layer from the model's config: a ``config.json`` path, its dict, or a
+        transformers config object (``model.config``; duck-typed) (``rms_norm_eps`` read when present,
         else :attr:`default_rms_norm_eps`); ``config_overrides`` go to the config class's
         ``from_hf_config``, the other keywords to the layer.
 
         Example::
 
             layer = KimiDeltaAttention.from_hf_config("config.json", tp_size=2, tp_rank=1)
-            layer = Qwen3NextGatedDeltaNet.from_hf_config("config.json", tp_size=2, tp_rank=1)
+            layer = Qwen3NextGatedDeltaNet.from_hf_config(hf_model.config, tp_size=2, tp_rank=1)
         """
-        raw = read_hf_config(path_or_dict)
+        raw = read_hf_config(source)
+        if raw.get("hidden_act", "silu") != "silu":  # the model's activation, its short conv's too
+            raise ValueError(f"hidden_act={raw['hidden_act']!r}: {cls.__name__}'s short conv applies SiLU, as "
+                             "Kimi-Linear and Qwen3-Next do (hidden_act='silu')")
         config = cls.config_class.from_hf_config(raw, tp_size=tp_size, **dict(config_overrides or {}))
         kwargs.setdefault("rms_norm_eps", float(raw.get("rms_norm_eps", cls.default_rms_norm_eps)))
         return cls(config, tp_rank=tp_rank, **kwargs)

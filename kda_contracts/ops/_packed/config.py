@@ -23,20 +23,32 @@ DtypeName = Literal["float32", "bfloat16", "float16"]
 IndexDtypeName = Literal["int32", "int64"]
 
 
-def read_hf_json(path_or_dict: str | Path | Mapping[str, Any]) -> tuple[Mapping[str, Any], str]:
-    """A Hugging Face ``config.json`` as a mapping (a mapping is returned as is), and where it came
-    from for messages: the path, or ``"the config dict"``.
+def read_hf_json(source: Any) -> tuple[Mapping[str, Any], str]:
+    """A Hugging Face config as a mapping, and where it came from for messages. ``source`` is a
+    ``config.json`` path, a mapping (returned as is), or a config object: anything with a
+    ``to_dict()`` (a ``transformers.PretrainedConfig``; transformers is never imported) or plain
+    attributes (``vars()``, e.g. a ``SimpleNamespace``).
 
     Example::
 
         >>> read_hf_json({"hidden_size": 8})
         ({'hidden_size': 8}, 'the config dict')
+        >>> from types import SimpleNamespace
+        >>> read_hf_json(SimpleNamespace(hidden_size=8))
+        ({'hidden_size': 8}, 'the SimpleNamespace')
     """
-    if isinstance(path_or_dict, Mapping):
-        return path_or_dict, "the config dict"
-    with open(path_or_dict, encoding="utf-8") as fh:
-        raw: Mapping[str, Any] = json.load(fh)
-    return raw, str(path_or_dict)
+    if isinstance(source, Mapping):
+        return source, "the config dict"
+    if isinstance(source, (str, Path)):
+        with open(source, encoding="utf-8") as fh:
+            raw: Mapping[str, Any] = json.load(fh)
+        return raw, str(source)
+    to_dict = getattr(source, "to_dict", None)
+    got = to_dict() if callable(to_dict) else getattr(source, "__dict__", None)
+    if not isinstance(got, Mapping):
+        raise TypeError(f"a Hugging Face config is a config.json path, a dict or a config object (with to_dict() "
+                        f"or attributes), not {type(source).__name__}")
+    return dict(got), f"the {type(source).__name__}"
 
 
 class KDAConfig(BaseModel):
@@ -209,37 +221,20 @@ class KDAConfig(BaseModel):
 
     # -- constructors ------------------------------------------------------------------------
     @classmethod
-    def from_hf_config(cls, path_or_dict: str | Path | Mapping[str, Any], tp_size: int = 1,
-                       **overrides: Any) -> KDAConfig:
-        """Read a Kimi-Linear ``config.json`` (its ``linear_attn_config`` block).
+    def from_hf_config(cls, source: Any, tp_size: int = 1, **overrides: Any) -> KDAConfig:
+        """Read a Kimi-Linear config: a ``config.json`` path, its dict, or a ``KimiLinearConfig``
+        (any object with ``to_dict()`` or attributes). The checkpoint's ``linear_attn_config``
+        block (``num_heads``, ``head_dim``, ``short_conv_kernel_size``, ``kda_layers``) is read
+        where present, else transformers' top-level fields (``linear_num_heads``,
+        ``linear_head_dim``, ``linear_conv_kernel_dim``, ``layer_types``).
 
         Example::
 
             cfg = KDAConfig.from_hf_config("Kimi-Linear-48B-A3B-Instruct/config.json", tp_size=2)
+            cfg = KDAConfig.from_hf_config(model.config)   # a transformers KimiLinearConfig
         """
-        raw, origin = read_hf_json(path_or_dict)
-        lac = raw.get("linear_attn_config")
-        if not isinstance(lac, Mapping):
-            raise ValueError(
-                f"{origin} has no 'linear_attn_config' object; is it a Kimi-Linear config.json? "
-                f"(model_type={raw.get('model_type')!r})"
-            )
-        missing = [k for k in ("num_heads", "head_dim") if k not in lac]
-        if missing:
-            raise ValueError(f"{origin}: linear_attn_config lacks {', '.join(missing)}")
-        fields: dict[str, Any] = {
-            "num_heads": lac["num_heads"],
-            "num_v_heads": lac.get("num_v_heads", lac["num_heads"]),
-            "head_k_dim": lac.get("head_k_dim", lac["head_dim"]),
-            "head_v_dim": lac.get("head_v_dim", lac["head_dim"]),
-            "tp_size": tp_size,
-            "conv_kernel_size": lac.get("short_conv_kernel_size", 4),
-            "kda_layers": tuple(lac.get("kda_layers", ())),
-            "hidden_size": raw.get("hidden_size"),
-        }
-        if lac.get("lower_bound") is not None:
-            fields["gate"] = "bounded"
-            fields["lower_bound"] = float(lac["lower_bound"])
+        raw, origin = read_hf_json(source)
+        fields = {**_kimi_fields(raw, origin), "tp_size": tp_size, "hidden_size": raw.get("hidden_size")}
         fields.update(overrides)
         return cls(**fields)
 
@@ -263,6 +258,62 @@ class KDAConfig(BaseModel):
     def presets(cls) -> Mapping[str, Mapping[str, Any]]:
         """The named presets of this config class (:data:`PRESETS`; a subclass names its own)."""
         return PRESETS
+
+
+def _kimi_fields(raw: Mapping[str, Any], origin: str) -> dict[str, Any]:
+    """KDAConfig's fields from a Kimi-Linear config's ``linear_attn_config`` block, or from the
+    top-level ``linear_*`` fields of transformers' ``KimiLinearConfig`` (where both are present
+    they must agree)."""
+    lac = raw.get("linear_attn_config")
+    lac = lac if isinstance(lac, Mapping) else {}
+    top = {"num_heads": "linear_num_heads", "head_dim": "linear_head_dim",
+           "short_conv_kernel_size": "linear_conv_kernel_dim"}
+    merged = dict(lac)
+    for key, name in top.items():
+        if raw.get(name) is None:
+            continue
+        if key in lac and lac[key] != raw[name]:
+            raise ValueError(f"{origin}: linear_attn_config.{key}={lac[key]} disagrees with {name}={raw[name]}")
+        merged.setdefault(key, raw[name])
+    if not lac and not any(raw.get(name) is not None for name in top.values()):
+        raise ValueError(f"{origin} has no 'linear_attn_config' object; is it a Kimi-Linear config.json? "
+                         f"(model_type={raw.get('model_type')!r}) Nor has it transformers' KimiLinearConfig "
+                         "fields linear_num_heads and linear_head_dim")
+    missing = [key for key in ("num_heads", "head_dim") if key not in merged]
+    if missing:
+        raise ValueError(f"{origin}: linear_attn_config lacks {', '.join(missing)} (nor has "
+                         f"{', '.join(top[k] for k in missing)})")
+    head = merged["head_dim"]
+    fields: dict[str, Any] = {
+        "num_heads": merged["num_heads"],
+        "num_v_heads": merged.get("num_v_heads", merged["num_heads"]),
+        "head_k_dim": merged.get("head_k_dim", head),
+        "head_v_dim": merged.get("head_v_dim", head),
+        "conv_kernel_size": merged.get("short_conv_kernel_size", 4),
+        "kda_layers": tuple(merged["kda_layers"]) if "kda_layers" in merged else linear_layers(raw),
+    }
+    if merged.get("lower_bound") is not None:
+        fields["gate"] = "bounded"
+        fields["lower_bound"] = float(merged["lower_bound"])
+    return fields
+
+
+def linear_layers(raw: Mapping[str, Any]) -> tuple[int, ...]:
+    """1-based linear-attention layers of a config: from ``layer_types`` (transformers'), else every
+    layer but each ``full_attention_interval``-th (Qwen3-Next's config.json), else none known.
+
+    Example::
+
+        >>> linear_layers({"layer_types": ["linear_attention", "full_attention", "linear_attention"]})
+        (1, 3)
+    """
+    types = raw.get("layer_types")
+    if isinstance(types, (list, tuple)):
+        return tuple(i + 1 for i, t in enumerate(types) if t == "linear_attention")
+    n, every = raw.get("num_hidden_layers"), raw.get("full_attention_interval")
+    if isinstance(n, int) and isinstance(every, int) and every > 0:
+        return tuple(i for i in range(1, n + 1) if i % every != 0)
+    return ()
 
 
 # Public field values of the released models (per whole layer, TP1).

@@ -17,12 +17,11 @@ Example::
 from __future__ import annotations
 
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
 from pydantic import Field, model_validator
 
-from .._packed.config import KDAConfig, read_hf_json
+from .._packed.config import KDAConfig, linear_layers, read_hf_json
 
 
 class GDNConfig(KDAConfig):
@@ -47,15 +46,16 @@ class GDNConfig(KDAConfig):
         return self
 
     @classmethod
-    def from_hf_config(cls, path_or_dict: str | Path | Mapping[str, Any], tp_size: int = 1,
-                       **overrides: Any) -> GDNConfig:
-        """Read a Qwen3-Next ``config.json`` (its ``linear_*`` fields); heads per rank for ``tp_size``.
+    def from_hf_config(cls, source: Any, tp_size: int = 1, **overrides: Any) -> GDNConfig:
+        """Read a Qwen3-Next config (its ``linear_*`` fields): a ``config.json`` path, its dict, or a
+        ``Qwen3NextConfig`` (any object with ``to_dict()`` or attributes); heads per rank for ``tp_size``.
 
         Example::
 
             cfg = GDNConfig.from_hf_config("Qwen3-Next-80B-A3B-Instruct/config.json", tp_size=4)
+            cfg = GDNConfig.from_hf_config(model.config)   # a transformers Qwen3NextConfig
         """
-        raw, origin = read_hf_json(path_or_dict)
+        raw, origin = read_hf_json(source)
         needed = ("linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim", "linear_value_head_dim")
         missing = [k for k in needed if k not in raw]
         if missing:
@@ -69,7 +69,7 @@ class GDNConfig(KDAConfig):
             "tp_size": tp_size,
             "conv_kernel_size": raw.get("linear_conv_kernel_dim", 4),
             "hidden_size": raw.get("hidden_size"),
-            "gdn_layers": _linear_layers(raw),
+            "gdn_layers": linear_layers(raw),
         }
         fields.update(overrides)
         return cls(**fields)
@@ -84,17 +84,6 @@ class GDNConfig(KDAConfig):
             4
         """
         return GDN_PRESETS
-
-
-def _linear_layers(raw: Mapping[str, Any]) -> tuple[int, ...]:
-    """1-based GDN layers: from ``layer_types``, else every layer but each ``full_attention_interval``-th."""
-    types = raw.get("layer_types")
-    if isinstance(types, list):
-        return tuple(i + 1 for i, t in enumerate(types) if t == "linear_attention")
-    n, every = raw.get("num_hidden_layers"), raw.get("full_attention_interval")
-    if isinstance(n, int) and isinstance(every, int) and every > 0:
-        return tuple(i for i in range(1, n + 1) if i % every != 0)
-    return ()
 
 
 # Public field values of the released models (per whole layer, TP1).
