@@ -291,25 +291,26 @@ class Contract:
         left in ``memo["host"]``), then its value checks (after a clean metadata check). Returns the
         call's :attr:`CallContext.memo` (what the checks left for the rest of the call's checks)."""
         ctx = CallContext(self.spec, values, config, dims, prov)
-        if self.spec.value_rules:
-            violations = self._strict_rules(ctx)
-            if violations:
-                self.rejections += 1
-                with hooks.rejecting(self, values, config, stage="value checks"):
-                    raise_violations(self.name, violations, dims, prov)
-        if self.spec.value_checks is None:
-            return ctx.memo
-        violations = hook_violations(self.spec.value_checks(ctx), f"{self.name}: value_checks")
+        violations = self.value_violations(ctx)
         if violations:
             self.rejections += 1
             with hooks.rejecting(self, values, config, stage="value checks"):
                 raise_violations(self.name, violations, dims, prov)
         return ctx.memo
 
+    def value_violations(self, ctx: CallContext) -> list[Violation]:
+        """Strict mode's value checks of a call, found without raising: the value rules (one
+        read), then, when they pass, ``value_checks=``."""
+        found = self._strict_rules(ctx) if self.spec.value_rules else []
+        if found or self.spec.value_checks is None:
+            return found
+        return hook_violations(self.spec.value_checks(ctx), f"{self.name}: value_checks")
+
     def _strict_rules(self, ctx: CallContext) -> list[Violation]:
         """Strict mode's value rules: one read of every probe; during CUDA-graph capture (no
         read possible) they are captured as watch mode does (read with ``kc.raise_pending()``)."""
-        read = {a: ctx.values.get(a) for r in self.spec.value_rules for a in r.args}
+        wanted = {a for r in self.spec.value_rules for a in r.args}
+        read = {a: ctx.values.get(a) for a in self._param_names if a in wanted}  # (in signature order)
         blind = without_data(read)
         if blind:
             skip_value_checks(self.name, blind)

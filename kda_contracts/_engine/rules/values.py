@@ -22,6 +22,7 @@ Example::
 from __future__ import annotations
 
 import math
+import struct
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -29,11 +30,12 @@ import torch
 from torch import Tensor
 
 from ..errors import AnnotationError, ValueRangeError, Violation
-from .memory import FINITE_CHUNK
+from .memory import FINITE_CHUNK, distinct_elements
 
 _F64 = torch.float64
-HOST_COPY_MAX = 1 << 16  # an index argument strict mode's read brings back whole, up to this many values
+HOST_COPY_MAX = 1 << 16  # an index argument read back as a list up to this many values, else as a CPU tensor
 Found = Sequence[float]  # a probe, read back: (index or -1, value, count, extra)
+HostCopy = list[int] | Tensor  # an index argument read back: a list, or a CPU tensor past HOST_COPY_MAX values
 
 
 def _none(device: torch.device) -> Tensor:
@@ -45,6 +47,11 @@ def _none(device: torch.device) -> Tensor:
 
 def _real(t: Tensor) -> Tensor:
     return t.abs() if t.dtype.is_complex else t
+
+
+def _row_norms(rows: Tensor) -> Tensor:
+    """Each row's largest magnitude (NaN or Inf exactly when the row holds one)."""
+    return torch.linalg.vector_norm(_real(rows).reshape(rows.shape[0], -1), ord=math.inf, dim=1)
 
 
 def first_bad(mask: Tensor, vals: Tensor, extra: Tensor | None = None, offset: Any = 0) -> Tensor:
@@ -113,15 +120,24 @@ class ValueRule:
 
     _probe: Callable[..., Tensor]  # (the rule's tensors, in ``args`` order, and ``dims=``)
 
-    def violation(self, found: Found, shapes: Mapping[str, Sequence[int]] | None, dims: Mapping[str, Any]) -> Violation:
+    def violation(self, found: Found, shapes: Mapping[str, Sequence[int]] | None, dims: Mapping[str, Any],
+                  host: Mapping[str, HostCopy] | None = None) -> Violation:
         """The wording of a probe that found a bad element (``shapes``: the arguments' shapes, to
-        name the element by its position; None names it by its flat index)."""
+        name the element by its position; None names it by its flat index; ``host``: exact host
+        copies of index arguments, whose values past 2**53 a float64 probe rounds)."""
+        vals = host.get(self.args[0]) if host else None
+        if vals is not None and 0 <= int(found[0]) < len(vals):  # (a list, or a CPU tensor when large)
+            found = self.exact(found, vals, dims)
         expected, got = self.words(found, shapes, dims)
         return Violation(ValueRangeError, self.args[0], expected, got, hint=self.hint or self.default_hint)
 
     def words(self, found: Found, shapes: Mapping[str, Sequence[int]] | None,
               dims: Mapping[str, Any]) -> tuple[str, str]:
         raise NotImplementedError
+
+    def exact(self, found: Found, vals: HostCopy, dims: Mapping[str, Any]) -> Found:
+        """``found`` with the bad element's value read from the exact host copy ``vals``."""
+        return [found[0], int(vals[int(found[0])]), *found[2:]]
 
     def at(self, found: Found, shapes: Mapping[str, Sequence[int]] | None, arg: str | None = None) -> str:
         name = arg or self.args[0]
@@ -175,6 +191,22 @@ class InRange(ValueRule):
             return _none(x.device)
         worst = torch.where(mask, flat, flat.min()).max()
         return first_bad(mask, flat, worst)
+
+    def exact(self, found: Found, vals: HostCopy, dims: Mapping[str, Any]) -> Found:
+        low, high = (None if b is None else self.resolve(b, dims) for b in (self.low, self.high))
+        if isinstance(vals, list):  # (plain Python: a small host copy)
+            bad = [v for v in vals if ((high is not None and v >= high) or (low is not None and v < low))
+                   and not (self.ignore_negative and v < 0)]
+            return [found[0], vals[int(found[0])], found[2], max(bad, default=found[3])]
+        mask = torch.zeros_like(vals, dtype=torch.bool)
+        if high is not None:
+            mask |= vals >= high
+        if low is not None:
+            mask |= vals < low
+        if self.ignore_negative:
+            mask &= vals >= 0
+        worst = int(vals[mask].max()) if bool(mask.any()) else found[3]
+        return [found[0], int(vals[int(found[0])]), found[2], worst]
 
     def words(self, found: Found, shapes: Mapping[str, Sequence[int]] | None,
               dims: Mapping[str, Any]) -> tuple[str, str]:
@@ -253,8 +285,19 @@ class Finite(ValueRule):
     def _probe(self, x: Tensor, *, dims: Mapping[str, Any]) -> Tensor:
         if not (x.dtype.is_floating_point or x.dtype.is_complex):
             return _none(x.device)
-        flat = x.reshape(-1)
-        return first_bad(~torch.isfinite(flat), flat)
+        v = x if torch.compiler.is_compiling() else distinct_elements(x)  # a broadcast value read once
+        flat = v.reshape(-1)
+        probe = first_bad(~torch.isfinite(flat), flat)
+        if v.shape == x.shape:
+            return probe
+        # the first bad element of the narrowed view, as a flat index of x (index 0 along each
+        # broadcast dim is an element of x too)
+        rest, at, step = probe[0].clamp(min=0).to(torch.int64), torch.zeros((), dtype=torch.int64, device=x.device), 1
+        for k in reversed(range(x.dim())):
+            at = at + (rest % max(v.shape[k], 1)) * step
+            rest = rest // max(v.shape[k], 1)
+            step *= x.shape[k]
+        return torch.stack([torch.where(probe[0] >= 0, at.to(_F64), -1.0), *probe[1:]])
 
     def words(self, found: Found, shapes: Mapping[str, Sequence[int]] | None,
               dims: Mapping[str, Any]) -> tuple[str, str]:
@@ -286,11 +329,14 @@ class FiniteRows(ValueRule):
             return _none(idx.device)
         slots = flat.clamp(0, n - 1)
         if torch.compiler.is_compiling():  # one gather (a loop over a symbolic size would specialise it)
-            parts = [_real(pool.index_select(0, slots))]
-        else:  # eager: a bounded number of rows at a time
+            norms = _row_norms(pool.index_select(0, slots))
+        else:  # eager: a bounded number of rows at a time; the whole pool once when the call names as many
             step = max(1, FINITE_CHUNK // max(1, pool[0].numel()))
-            parts = [_real(pool.index_select(0, slots[i:i + step])) for i in range(0, flat.numel(), step)]
-        norms = torch.cat([torch.linalg.vector_norm(p.reshape(p.shape[0], -1), ord=math.inf, dim=1) for p in parts])
+            if flat.numel() >= n:
+                norms = torch.cat([_row_norms(pool[i:i + step]) for i in range(0, n, step)]).index_select(0, slots)
+            else:
+                norms = torch.cat([_row_norms(pool.index_select(0, slots[i:i + step]))
+                                   for i in range(0, flat.numel(), step)])
         mask = (flat >= 0) & (flat < n) & ~torch.isfinite(norms)
         probe = first_bad(mask, norms.to(_F64))
         return torch.stack([probe[0], probe[1], probe[2], _real(first_bad(mask, flat)[1])])
@@ -394,31 +440,35 @@ def probes(rules: Sequence[ValueRule], values: Mapping[str, Any],
 
 
 def read_rules(rules: Sequence[ValueRule], values: Mapping[str, Any], dims: Mapping[str, Any], *,
-               host_copies: bool = False) -> tuple[list[Violation], dict[str, Tensor]]:
+               host_copies: bool = False) -> tuple[list[Violation], dict[str, HostCopy]]:
     """Strict mode: every rule's probe, stacked and read back at once per device (one read), as
-    violations; with ``host_copies``, the rules' integer index arguments (up to
-    :data:`HOST_COPY_MAX` values) come back in the same read, as CPU int64 tensors by name."""
+    violations; the rules' integer index arguments come back in the same read (exact values for
+    the report), and with ``host_copies`` are returned by name: lists of ints, or CPU int64 tensors
+    past :data:`HOST_COPY_MAX` values in all."""
     found = probes(rules, values, dims)
     if not found:
         return [], {}
-    wanted = [a for r in rules for a in r.index_args] if host_copies else []
+    wanted = [a for r in rules for a in r.index_args]  # (exact values for the report, host copies for the call)
     copies = {a: values[a] for a in dict.fromkeys(wanted) if isinstance(values.get(a), Tensor)
-              and not values[a].dtype.is_floating_point and values[a].numel() <= HOST_COPY_MAX}
+              and not (values[a].dtype.is_floating_point or values[a].dtype.is_complex)}
+    as_lists = sum(t.numel() for t in copies.values()) <= HOST_COPY_MAX
     by_device: dict[torch.device, list[tuple[int, Tensor]]] = {}
     for i, p in found:
         by_device.setdefault(p.device, []).append((i, p))
     read: dict[int, list[float]] = {}
-    host: dict[str, Tensor] = {}
+    host: dict[str, HostCopy] = {}
     for device, items in by_device.items():
         mine = {a: t for a, t in copies.items() if t.device == device and a not in host}
         packed = torch.cat([torch.stack([p for _, p in items]).reshape(-1).view(torch.int64),
-                            *(t.reshape(-1).to(torch.int64) for t in mine.values())]).cpu()  # the one read
-        head = packed[:4 * len(items)].view(_F64).reshape(len(items), 4).tolist()
-        read.update({i: row for (i, _), row in zip(items, head, strict=True)})
+                            *(t.reshape(-1).to(torch.int64) for t in mine.values())])
+        ints: HostCopy = packed.tolist() if as_lists else packed.cpu()  # the one read
         at = 4 * len(items)
+        head = ints[:at] if isinstance(ints, list) else ints[:at].tolist()
+        floats = struct.unpack(f"={at}d", struct.pack(f"={at}q", *head))  # the float64 bits back
+        read.update({i: list(floats[4 * k:4 * k + 4]) for k, (i, _) in enumerate(items)})
         for a, t in mine.items():
-            host[a] = packed[at:at + t.numel()]
+            host[a] = ints[at:at + t.numel()]
             at += t.numel()
     shapes = {a: tuple(v.shape) for a, v in values.items() if isinstance(v, Tensor)}
-    violations = [rules[i].violation(row, shapes, dims) for i, row in sorted(read.items()) if row[0] >= 0]
-    return violations, host
+    violations = [rules[i].violation(row, shapes, dims, host) for i, row in sorted(read.items()) if row[0] >= 0]
+    return violations, host if host_copies else {}
