@@ -43,16 +43,24 @@ from ._engine import Contract as Contract
 from ._engine import ContractError as ContractError
 from ._engine import DeviceError as DeviceError
 from ._engine import Dims as Dims
+from ._engine import Distinct as Distinct
 from ._engine import DtypeError as DtypeError
+from ._engine import EndsAt as EndsAt
+from ._engine import Finite as Finite
+from ._engine import FiniteRows as FiniteRows
 from ._engine import ImportHook as ImportHook
 from ._engine import ImportHookWarning as ImportHookWarning
+from ._engine import InRange as InRange
 from ._engine import LayoutError as LayoutError
 from ._engine import MatchConfig as MatchConfig
+from ._engine import NonDecreasing as NonDecreasing
 from ._engine import Op as Op
 from ._engine import Range as Range
 from ._engine import ShapeError as ShapeError
 from ._engine import Spec as Spec
+from ._engine import StartsAt as StartsAt
 from ._engine import ValueRangeError as ValueRangeError
+from ._engine import ValueRule as ValueRule
 from ._engine import Violation as Violation
 from ._engine import Where as Where
 from ._engine import __version__ as __version__
@@ -68,6 +76,7 @@ from ._engine import install_import_hook as install_import_hook
 from ._engine import mode as mode
 from ._engine import op as op
 from ._engine import ops as ops  # (rebound below to the package of the ops we ship, which answers the call too)
+from ._engine import raise_pending as raise_pending
 from ._engine import registered_contracts as registered_contracts
 from ._engine import save_call as save_call
 from ._engine import set_contract_docs as set_contract_docs

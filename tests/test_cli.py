@@ -66,7 +66,7 @@ def test_strict_mode_is_the_default_and_check_mode_skips_value_checks(tmp_path, 
     idx[1] = idx[0]
     save_dump(tmp_path / "dup.pt", dict(call, ssm_state_indices=idx), config=TP2)
     code, out, _ = run(["validate", str(tmp_path / "dup.pt")], capsys)
-    assert code == 1 and "duplicate slot" in out
+    assert code == 1 and "duplicate value" in out
     code, out, _ = run(["validate", str(tmp_path / "dup.pt"), "--mode", "check"], capsys)
     assert code == 0 and "mode check" in out
 

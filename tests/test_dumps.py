@@ -386,11 +386,12 @@ def test_a_rejected_packed_decode_call_is_saved_with_its_config(dump_dir, capsys
     call = make_decode_call(TP2, batch=4, pool=8)
     idx = call["ssm_state_indices"].clone()
     idx[1] = idx[0]
-    with kc.mode("strict"), pytest.raises(kc.ValueRangeError, match="duplicate slot"):
+    with kc.mode("strict"), pytest.raises(kc.ValueRangeError, match="duplicate value"):
         kc.packed_decode(**dict(call, ssm_state_indices=idx), config=TP2, backend="torch")
     assert dumps_in(dump_dir) == ["kda-dump-000-packed_decode.pt"]
     code, report = validate_json(dump_dir / "kda-dump-000-packed_decode.pt", capsys)
-    assert code == 1 and report["violations"][0]["got"] == "1 duplicate slot(s)"
+    assert code == 1 and report["violations"][0]["got"] == (
+        "1 duplicate value(s); the first: ssm_state_indices[1] = 0, also at ssm_state_indices[0]")
     assert report["config"]["class"] == "kda_contracts.ops._packed.config:KDAConfig"
     assert report["config"]["fields"]["tp_size"] == 2 and report["config"]["rebuilt"] is True
     assert NORM_CONFIG.D == 8  # the contract module's static config was not touched by any replay

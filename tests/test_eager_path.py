@@ -120,7 +120,7 @@ def test_a_rejected_index_reads_the_device_once_and_reports_as_before(host_alias
         run("kda", call, "VK")
     assert seen.ops == [] and seen.tolists == 1
     text = str(err.value)
-    assert "1 index(es) >= 8 (max 9)" in text and "1 duplicate slot(s)" in text
+    assert "1 value(s) >= N=8 (max 9)" in text and "1 duplicate value(s)" in text
     for k, v in before.items():
         assert torch.equal(call[k], v), k
 
@@ -311,12 +311,12 @@ def test_a_large_batch_is_checked_on_host_tensors_with_the_same_verdicts(monkeyp
         with kc.mode("strict"):
             kc.packed_decode(**call, backend="torch")  # valid: padding row 1
         call["ssm_state_indices"] = torch.tensor([3, 9, 3, -1, 5, 7], dtype=torch.int32)
-        with kc.mode("strict"), pytest.raises(kc.ValueRangeError, match=r"1 index\(es\) >= 8 \(max 9\)(.|\n)*"
-                                                                          r"1 duplicate slot\(s\)"):
+        with kc.mode("strict"), pytest.raises(kc.ValueRangeError, match=r"1 value\(s\) >= N=8 \(max 9\)(.|\n)*"
+                                                                          r"1 duplicate value\(s\)"):
             kc.packed_decode(**call, backend="torch")
         call["ssm_state_indices"] = torch.tensor([3, -1, 2, 0, 5, 7], dtype=torch.int32)
         call["initial_state"][5, 0, 0, 0] = float("nan")
-        with kc.mode("strict"), pytest.raises(kc.ValueRangeError, match="NaN or Inf in a used slot"):
+        with kc.mode("strict"), pytest.raises(kc.ValueRangeError, match="NaN or Inf in a used row"):
             kc.packed_decode(**call, backend="torch")
         call["initial_state"][5, 0, 0, 0] = 0.0
         with kc.mode("strict"):
@@ -422,7 +422,7 @@ def test_a_huge_int64_index_is_out_of_range_in_a_large_read() -> None:
     cfg = kc.KDAConfig(num_heads=1, num_v_heads=1, head_k_dim=1, head_v_dim=1)
     call = make_decode_call(cfg, 70000, 70010, index_dtype=torch.int64)
     call["ssm_state_indices"][0] = 2 ** 63 - 1
-    want = r"1 index\(es\) >= 70010 \(max 9223372036854775807\)"  # exact: the indices come back as int64
+    want = r"1 value\(s\) >= N=70010 \(max 9223372036854775807\)"  # exact: the indices come back as int64
     with kc.mode("strict"), pytest.raises(kc.ValueRangeError, match=want):
         kc.packed_decode(**call, backend="torch")
 

@@ -115,13 +115,13 @@ def test_validate_returns_dims_and_strict_value_checks():
     dims = kc.validate_gdn_packed_decode(*c.values(), True, strict=False)
     assert tuple(dims.values()) == (3, 2, 4, 8, 16, 10)
     before = {k: v.clone() for k, v in c.items() if isinstance(v, torch.Tensor)}
-    with pytest.raises(kc.ContractError, match="1 duplicate slot"):
+    with pytest.raises(kc.ContractError, match="1 duplicate value"):
         kc.validate_gdn_packed_decode(*c.values(), True, strict=True)
     c["ssm_state_indices"] = torch.tensor([1, 10, 2])
     c["a"][0, 0] = float("nan")
     with kc.mode("strict"), pytest.raises(kc.ContractError) as e:
         kc.gdn_packed_decode(*c.values(), True)
-    assert "1 index(es) >= 10 (max 10)" in str(e.value) and "a: ValueRangeError" in str(e.value)
+    assert "1 value(s) >= N=10 (max 10)" in str(e.value) and "a: ValueRangeError" in str(e.value)
     assert all(torch.equal(c[k], before[k]) for k in ("out", "initial_state"))  # rejected: nothing written
 
 

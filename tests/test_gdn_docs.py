@@ -135,8 +135,8 @@ GOLDEN = {
     "gdn-padding-past-pool": (
         'gdn_packed_decode(): 1 contract violation\n'
         '  [1] ssm_state_indices: ValueRangeError\n'
-        '      expected < N=8 (or < 0 for padding)\n'
-        '      got      1 index(es) >= 8 (max 8)\n'
+        '      expected < N=8 (negatives are padding)\n'
+        '      got      1 value(s) >= N=8 (max 8); the first: ssm_state_indices[3] = 8\n'
         "      fix: an index past the pool would read and write another request's memory; check the slot "
         'allocator and the pool this layer uses\n'
         '  dims: B=4 from mixed_qkv.shape[0]; H=16 from config (num_heads=16); HV=32 from config '
@@ -146,8 +146,8 @@ GOLDEN = {
     "gdn-duplicate-slots": (
         'gdn_packed_decode(): 1 contract violation\n'
         '  [1] ssm_state_indices: ValueRangeError\n'
-        '      expected distinct non-negative slots\n'
-        '      got      1 duplicate slot(s)\n'
+        '      expected distinct values (negatives are padding)\n'
+        '      got      1 duplicate value(s); the first: ssm_state_indices[1] = 4, also at ssm_state_indices[0]\n'
         '      fix: two requests on one slot race on its state (a lost update); give each request its own slot, '
         'mark padding with -1\n'
         '  dims: B=4 from mixed_qkv.shape[0]; H=16 from config (num_heads=16); HV=32 from config '

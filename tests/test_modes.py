@@ -512,9 +512,9 @@ def test_the_default_cannot_be_emptied_where_the_environment_names_a_mode() -> N
     assert modes.current_mode.__name__ == "current_mode"  # the one-read version, no check
 
 
-BAD_ENV_MESSAGE = ("KDA_CONTRACTS_MODE: unknown mode 'loud'; expected one of 'off', 'check', 'strict' (empty or "
-                   "unset means 'check'). Set it to one of those or unset it, or choose the mode in code with "
-                   "kc.set_default_mode(...) or `with kc.mode(...)`")
+BAD_ENV_MESSAGE = ("KDA_CONTRACTS_MODE: unknown mode 'loud'; expected one of 'off', 'check', 'strict', 'watch' "
+                   "(empty or unset means 'check'). Set it to one of those or unset it, or choose the mode in code "
+                   "with kc.set_default_mode(...) or `with kc.mode(...)`")
 
 # Run in a fresh interpreter: what each step did, as JSON (the error text, or the mode).
 PROBE = r"""

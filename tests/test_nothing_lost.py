@@ -163,7 +163,8 @@ def test_strict_mode_refuses_a_used_slot_that_already_holds_nan():
     with kc.mode("strict"), pytest.raises(kc.ValueRangeError) as info:
         kc.packed_decode(**call, backend="torch")
     assert_unchanged(call, before)
-    assert "initial_state: ValueRangeError\n      expected finite values in the slots this call uses" in str(info.value)
+    assert ("initial_state: ValueRangeError\n      expected finite values in the rows of initial_state that "
+            "ssm_state_indices names") in str(info.value)
     call["initial_state"][7, 0, 0, 0] = float("nan")  # an unused slot: not this call's business
     call["initial_state"][5, 0, 0, 0] = 0.0
     with kc.mode("strict"):
@@ -176,7 +177,7 @@ def test_validate_packed_decode_follows_strict_mode():
     call["ssm_state_indices"] = torch.tensor([0, 8, 3], dtype=torch.int32)
     with kc.mode("check"):
         kc.validate_packed_decode(**call)
-    with kc.mode("strict"), pytest.raises(kc.ValueRangeError, match="1 index"):
+    with kc.mode("strict"), pytest.raises(kc.ValueRangeError, match="1 value"):
         kc.validate_packed_decode(**call)
     with kc.mode("strict"):
         kc.validate_packed_decode(**call, strict=False)

@@ -130,7 +130,8 @@ def test_padding_and_indices_past_the_pool_write_no_slot():
     c["ssm_state_indices"] = torch.tensor([0, 13, 2, -1], dtype=torch.int32)  # 13 >= N: reported once, as such
     with pytest.raises(kc.ValueRangeError) as err:
         kc.validate_packed_decode(**c, strict=True)
-    assert [(v.argument, v.got) for v in err.value.violations] == [("ssm_state_indices", "1 index(es) >= 8 (max 13)")]
+    assert [(v.argument, v.got) for v in err.value.violations] == [
+        ("ssm_state_indices", "1 value(s) >= N=8 (max 13); the first: ssm_state_indices[1] = 13")]
 
 
 # -- bounded work ------------------------------------------------------------------------------------
@@ -181,7 +182,7 @@ def test_validate_of_a_dump_with_8_gib_of_expanded_activations_runs_in_bounded_m
 
 # -- tensors without data ----------------------------------------------------------------------------
 SKIPPED = (r"^kda_contracts: packed_decode: strict mode's value checks skipped: no data in mixed_qkv, a, b, "
-           r"A_log, dt_bias, initial_state, out, ssm_state_indices \(meta or fake tensors, e.g. under "
+           r"A_log, dt_bias, initial_state, ssm_state_indices \(meta or fake tensors, e.g. under "
            r"FakeTensorMode\); only the metadata checks ran$")
 
 

@@ -134,7 +134,7 @@ def test_an_unknown_mode_in_the_ini_file_is_a_usage_error_naming_the_file(pytest
     result = run(pytester)
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["*kda_contracts_mode (in *tox.ini): unknown mode 'loud'; "
-                                 "expected one of 'strict', 'check', 'off'*"])
+                                 "expected one of 'strict', 'check', 'off', 'watch'*"])
 
 
 def test_an_unknown_mode_in_the_environment_is_a_usage_error(pytester, monkeypatch):
@@ -142,7 +142,8 @@ def test_an_unknown_mode_in_the_environment_is_a_usage_error(pytester, monkeypat
     reports_mode(pytester, "strict")
     result = run(pytester)
     assert result.ret == pytest.ExitCode.USAGE_ERROR
-    result.stderr.fnmatch_lines(["*KDA_CONTRACTS_MODE: unknown mode 'loud'; expected one of 'strict', 'check', 'off'*"])
+    result.stderr.fnmatch_lines(["*KDA_CONTRACTS_MODE: unknown mode 'loud'; "
+                                 "expected one of 'strict', 'check', 'off', 'watch'*"])
 
 
 def test_an_empty_environment_value_means_unset_so_the_ini_option_applies(pytester, monkeypatch):
@@ -183,8 +184,8 @@ def test_a_bad_environment_value_is_a_usage_error_naming_it_and_the_modes_not_a_
     done = run_unrelated_project(tmp_path, "loud")
     assert done.returncode == pytest.ExitCode.USAGE_ERROR, done.stdout + done.stderr
     assert done.stderr.strip() == (
-        "ERROR: KDA_CONTRACTS_MODE: unknown mode 'loud'; expected one of 'strict', 'check', 'off' (empty or unset "
-        "means the ini option, else strict). Set KDA_CONTRACTS_MODE to one of those or unset it, pass "
+        "ERROR: KDA_CONTRACTS_MODE: unknown mode 'loud'; expected one of 'strict', 'check', 'off', 'watch' (empty or "
+        "unset means the ini option, else strict). Set KDA_CONTRACTS_MODE to one of those or unset it, pass "
         "--kda-contracts=MODE, or disable this plugin with -p no:kda_contracts")
     assert "Traceback" not in done.stdout + done.stderr
 
@@ -271,7 +272,7 @@ def test_good():
     result = run(pytester)
     result.assert_outcomes(passed=1, errors=1)
     result.stdout.fnmatch_lines(["*test_inner.py::test_bad: @pytest.mark.kda_contracts: unknown mode 'loud'; "
-                                 "expected one of 'strict', 'check', 'off'*"])
+                                 "expected one of 'strict', 'check', 'off', 'watch'*"])
 
 
 # -- the fixture ------------------------------------------------------------------------------------

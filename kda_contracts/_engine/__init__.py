@@ -33,6 +33,7 @@ from .contract.body import dims as dims
 from .contract.compiled import Contract as Contract
 from .contract.decorator import contract as contract
 from .contract.decorator import registered_contracts as registered_contracts
+from .contract.watch import raise_pending as raise_pending
 from .errors import AnnotationError as AnnotationError
 from .errors import ArgumentTypeError as ArgumentTypeError
 from .errors import ContractError as ContractError
@@ -68,6 +69,14 @@ from .rules.memory import FINITE_CHUNK as FINITE_CHUNK
 from .rules.memory import distinct_elements as distinct_elements
 from .rules.memory import skip_value_checks as skip_value_checks
 from .rules.memory import without_data as without_data
+from .rules.values import Distinct as Distinct
+from .rules.values import EndsAt as EndsAt
+from .rules.values import Finite as Finite
+from .rules.values import FiniteRows as FiniteRows
+from .rules.values import InRange as InRange
+from .rules.values import NonDecreasing as NonDecreasing
+from .rules.values import StartsAt as StartsAt
+from .rules.values import ValueRule as ValueRule
 from .tools.docstrings import contract_docs as contract_docs
 from .tools.docstrings import set_contract_docs as set_contract_docs
 from .tools.dumps import save_call as save_call
@@ -118,10 +127,11 @@ def __getattr__(name: str) -> Any:
 #: what ``kda_contracts`` re-exports for users
 PUBLIC = (
     "AnnotationError", "ArgumentTypeError", "Backend", "BackendError", "CallContext", "Contract", "ContractError",
-    "DeviceError", "Dims", "DtypeError", "ImportHook", "ImportHookWarning", "LayoutError", "MatchConfig", "Op",
-    "Range", "ShapeError", "Spec", "ValueRangeError", "Violation", "Where", "check", "config_dim_source",
+    "DeviceError", "Dims", "Distinct", "DtypeError", "EndsAt", "Finite", "FiniteRows", "ImportHook",
+    "ImportHookWarning", "InRange", "LayoutError", "MatchConfig", "NonDecreasing", "Op", "Range", "ShapeError",
+    "Spec", "StartsAt", "ValueRangeError", "ValueRule", "Violation", "Where", "check", "config_dim_source",
     "config_dims", "contract", "contract_docs", "dims", "facts", "get_mode", "install_import_hook", "mode", "op",
-    "ops", "registered_contracts", "save_call", "set_contract_docs", "set_default_mode",
+    "ops", "raise_pending", "registered_contracts", "save_call", "set_contract_docs", "set_default_mode",
 )
 
 __all__ = [

@@ -1,4 +1,4 @@
-"""Enforcement modes: ``off``, ``check`` (the default) and ``strict``.
+"""Enforcement modes: ``off``, ``check`` (the default), ``strict`` and ``watch``.
 
 The mode in force is, in order: the innermost ``with kc.mode(...)`` of the current thread or
 asyncio task (a :class:`contextvars.ContextVar`, so threads and tasks do not leak into each
@@ -16,6 +16,10 @@ a ValueError naming the variable and the allowed values, until :func:`set_defaul
   never syncs the device.
 - ``strict``: ``check`` plus value checks that need tensor contents (index range, duplicate
   slots, aliasing, finiteness).
+- ``watch``: ``check`` plus the contract's declared value rules (``value_rules=``), evaluated on
+  the tensors' device without a host sync (CUDA: folded into a per-device flag, reported at a
+  later call, at ``kc.raise_pending()`` or when a ``with kc.mode("watch")`` block exits; CPU:
+  synchronously, before the function runs). No snapshot, no rollback.
 """
 
 from __future__ import annotations
@@ -33,21 +37,26 @@ from typing import Any, Literal, TypeVar
 from .compile.marks import mark_constant_result
 from .source import define, precompiled
 
-ModeName = Literal["off", "check", "strict"]
-OFF, CHECK, STRICT = 0, 1, 2
+ModeName = Literal["off", "check", "strict", "watch"]
+# (generated code tests ``mode == 2`` for strict, ``mode == 3`` for watch, truthiness for the checks)
+OFF, CHECK, STRICT, WATCH = 0, 1, 2, 3
 ENV_VAR = "KDA_CONTRACTS_MODE"
-_BY_NAME: dict[str, int] = {"off": OFF, "check": CHECK, "strict": STRICT}
+_BY_NAME: dict[str, int] = {"off": OFF, "check": CHECK, "strict": STRICT, "watch": WATCH}
 _NAMES = {v: k for k, v in _BY_NAME.items()}
 
 F = TypeVar("F", bound=Callable[..., object])
+#: run when a ``with kc.mode("watch")`` block exits without an exception (the watch machinery,
+#: which stands above this module, registers ``raise_pending`` here)
+ON_WATCH_EXIT: list[Callable[[], None]] = []
 
 
 def parse_mode(name: str, origin: str = "mode") -> int:
-    """The mode number of ``"off"``/``"check"``/``"strict"``; ValueError naming ``origin`` otherwise."""
+    """The mode number of ``"off"``/``"check"``/``"strict"``/``"watch"``; ValueError naming ``origin`` otherwise."""
     try:
         return _BY_NAME[name.strip().lower()]
     except (KeyError, AttributeError):
-        raise ValueError(f"{origin}: unknown mode {name!r}; expected one of 'off', 'check', 'strict'") from None
+        raise ValueError(f"{origin}: unknown mode {name!r}; "
+                         "expected one of 'off', 'check', 'strict', 'watch'") from None
 
 
 def default_from_environment(raw: str | None) -> tuple[int | None, str]:
@@ -165,7 +174,7 @@ def _closed() -> None:
 
 
 def current_mode() -> int:
-    """The mode number in force here (0 off, 1 check, 2 strict). The hot path's one flag read.
+    """The mode number in force here (0 off, 1 check, 2 strict, 3 watch). The hot path's one flag read.
 
     Under torch.compile the mode is read once, when the function is traced (dynamo cannot trace
     a ContextVar); a compiled function keeps the mode it was compiled in.
@@ -333,6 +342,9 @@ class mode:
             _local.set(None if old is Token.MISSING else old)
         _sync()
         _closed()
+        if self.value == WATCH and exc[0] is None:  # a violation still pending is raised here
+            for hook in ON_WATCH_EXIT:
+                hook()
 
     def __call__(self, fn: F) -> F:
         if inspect.isasyncgenfunction(fn):

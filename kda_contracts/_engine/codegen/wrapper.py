@@ -64,7 +64,8 @@ def formal_parameters(signature: inspect.Signature, names: Names,
 
 
 def wrapper_source(spec: ContractSpec, fn_name: str, names: Names, *, has_return: bool, value_checks: bool,
-                   beartype_first: bool, body: bool = False, is_async: bool = False, saves: bool = False) -> str:
+                   beartype_first: bool, body: bool = False, is_async: bool = False, saves: bool = False,
+                   watch: bool = False) -> str:
     """Source of a wrapper with ``fn``'s exact signature (so Python binds the arguments); every
     other name it uses comes from ``names`` (see ``wrapper_namespace`` for what each is)."""
     parts, call = formal_parameters(spec.signature, names)
@@ -95,6 +96,8 @@ def wrapper_source(spec: ContractSpec, fn_name: str, names: Names, *, has_return
             f"        if {mode} == 2:",
             f"            {n('strict')}({dims}, {plain})",
         ]
+    if watch:  # watch mode: the value rules, on the device (no sync)
+        lines += [f"        if {mode} == 3:", f"            {n('watch')}({dims}{', ' if plain else ''}{plain})"]
     aw = "await " if is_async else ""
     saved = n("saved")
     if saves:  # strict mode: what the function writes, put back if the call does not return or is rejected

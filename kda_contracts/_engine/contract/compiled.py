@@ -57,8 +57,11 @@ from ..explain.results import explain_return
 from ..model.nodes import Plain
 from ..model.spec import NO_HINT, CallContext, ContractSpec, Dims
 from ..reading.type_trees import read_types, type_mismatch
+from ..rules.memory import skip_value_checks, without_data
+from ..rules.values import read_rules
 from ..source import define
 from .transaction import ROLLED_BACK, partial_writes
+from .watch import ContractWatch
 
 _BEARTYPE_CONF = BeartypeConf(is_pep484_tower=True)  # a float parameter accepts an int
 
@@ -139,6 +142,10 @@ class Contract:
                           outside_compile(self._types_or_reject))
         self._reject = outside_compile(self._reject_positional)
         self._strict_checks = eager_value_checks(self._strict_positional, self.name)
+        for rule in spec.value_rules:  # (an AnnotationError at decoration for a rule naming nothing here)
+            rule.check_declaration(self.name, tuple(spec.tensors), spec.symbols)
+        #: watch mode's step (``value_rules``), None without rules
+        self._watch = ContractWatch(self, spec.value_rules, self.written) if spec.value_rules else None
 
     # -- the slow paths ----------------------------------------------------------------------
     def _bind_values(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> dict[str, Any]:
@@ -253,7 +260,7 @@ class Contract:
             dims = None
         if dims is None:
             dims = self._reject(*vals, config)
-        if mode == modes.STRICT and self.spec.value_checks is not None:
+        if mode == modes.STRICT and (self.spec.value_checks is not None or self.spec.value_rules):
             self._strict_checks(dims, *vals, config)
         return dims
 
@@ -280,17 +287,41 @@ class Contract:
 
     def run_value_checks(self, values: Mapping[str, Any], config: Any, dims: dict[str, int],
                          prov: dict[str, str]) -> dict[str, Any]:
-        """Strict mode: the contract's value checks (after a clean metadata check). Returns the
+        """Strict mode: the contract's value rules (one read; their index arguments' host copies
+        left in ``memo["host"]``), then its value checks (after a clean metadata check). Returns the
         call's :attr:`CallContext.memo` (what the checks left for the rest of the call's checks)."""
-        if self.spec.value_checks is None:
-            return {}
         ctx = CallContext(self.spec, values, config, dims, prov)
-        violations = hook_violations(self.spec.value_checks(ctx), f"{self.name}: value_checks")
+        violations = self.value_violations(ctx)
         if violations:
             self.rejections += 1
             with hooks.rejecting(self, values, config, stage="value checks"):
                 raise_violations(self.name, violations, dims, prov)
         return ctx.memo
+
+    def value_violations(self, ctx: CallContext) -> list[Violation]:
+        """Strict mode's value checks of a call, found without raising: the value rules (one
+        read), then, when they pass, ``value_checks=``."""
+        found = self._strict_rules(ctx) if self.spec.value_rules else []
+        if found or self.spec.value_checks is None:
+            return found
+        return hook_violations(self.spec.value_checks(ctx), f"{self.name}: value_checks")
+
+    def _strict_rules(self, ctx: CallContext) -> list[Violation]:
+        """Strict mode's value rules: one read of every probe; during CUDA-graph capture (no
+        read possible) they are captured as watch mode does (read with ``kc.raise_pending()``)."""
+        wanted = {a for r in self.spec.value_rules for a in r.args}
+        read = {a: ctx.values.get(a) for a in self._param_names if a in wanted}  # (in signature order)
+        blind = without_data(read)
+        if blind:
+            skip_value_checks(self.name, blind)
+            return []
+        if any(isinstance(t, torch.Tensor) and t.is_cuda for t in read.values()) and \
+                torch.cuda.is_current_stream_capturing():
+            assert self._watch is not None
+            self._watch.eager(ctx.values, dict(ctx.dims))
+            return []
+        violations, ctx.memo["host"] = read_rules(self.spec.value_rules, ctx.values, ctx.dims, host_copies=True)
+        return violations
 
     def explain(self, *args: Any, **kwargs: Any) -> tuple[Dims, list[Violation]]:
         """Every violation of a call (empty when it is valid), without raising."""

@@ -28,6 +28,7 @@ from ..model.markers import Where, config_nonint_dims, int_dim_fix
 from ..model.spec import NO_HINT, CallContext, ContractOptions
 from ..reading.annotations import build_spec
 from ..reading.members import accessors, contract_members, is_contracted
+from ..rules.values import ValueRule
 from .compiled import Contract
 from .wrapping import build_wrapper
 
@@ -59,6 +60,7 @@ def contract(
     bind_first: Sequence[str] = (),
     hints: Sequence[Callable[[Violation, CallContext], str | None]] = (),
     value_checks: Callable[[CallContext], list[Violation]] | None = None,
+    value_rules: Sequence[ValueRule] = (),
     mode: modes.ModeName | None = None,
     name: str | None = None,
     register: bool = True,
@@ -75,6 +77,7 @@ def contract(
     bind_first: Sequence[str] = (),
     hints: Sequence[Callable[[Violation, CallContext], str | None]] = (),
     value_checks: Callable[[CallContext], list[Violation]] | None = None,
+    value_rules: Sequence[ValueRule] = (),
     mode: modes.ModeName | None = None,
     name: str | None = None,
     register: bool = True,
@@ -89,6 +92,9 @@ def contract(
     - ``bind_first``: tensors to bind dims from before the others (affects provenance only).
     - ``hints``: callables ``(violation, ctx) -> str | None`` giving a fix for known mistakes.
     - ``value_checks``: callable ``ctx -> [Violation]`` run in strict mode only.
+    - ``value_rules``: declared rules over tensor contents (``kc.InRange``, ``kc.Distinct``,
+      ``kc.Finite``, ...), read in one sync in strict mode and on the device, without a sync, in
+      watch mode.
     - ``mode``: pin this contract's mode (``"off"`` returns ``fn`` itself); None follows
       ``kc.mode``/``KDA_CONTRACTS_MODE``. If the mode in force at decoration is ``off``, ``fn`` is
       returned unchanged: a true zero-cost switch.
@@ -105,6 +111,7 @@ def contract(
     """
     options = ContractOptions(config=config, config_arg=config_arg, where=tuple(where),
                               bind_first=tuple(bind_first), hints=tuple(hints), value_checks=value_checks,
+                              value_rules=tuple(value_rules),
                               mode=mode, name=name, register=register, doc=doc, autograd=autograd)
     if fn is None:
         return functools.partial(_decorate, options=options)

@@ -121,6 +121,7 @@ def build_wrapper(c: Contract, fixed_mode: int | None) -> Callable[..., Any]:
         n("check_return"): c.result_checker(),
         n("fail_return"): outside_compile(h.fail_return),
         n("snap"): h.snap,
+        n("watch"): c._watch,
         n("static_cfg"): spec.config,
     }
     for i, p in enumerate(spec.signature.parameters.values()):
@@ -132,7 +133,8 @@ def build_wrapper(c: Contract, fixed_mode: int | None) -> Callable[..., Any]:
     ns[n("guarded_body")] = guarded(ns[n("body")], kind)
     ns[n("guarded_fn")] = guarded(c.fn, kind)
     src = wrapper_source(spec, fn_name, n, has_return=c.result_checker() is not None,
-                         value_checks=spec.value_checks is not None or bool(h.written),
+                         value_checks=spec.value_checks is not None or bool(spec.value_rules) or bool(h.written),
+                         watch=c._watch is not None,
                          beartype_first=not c.types_in_checker,
                          body=body_uses_checks(c.fn), is_async=is_async, saves=bool(h.mutated))
     wrapper = define(src, f"<kda_contracts wrapper for {spec.name} #{next(_ids)}>", fn_name, ns)

@@ -21,6 +21,7 @@ from ..errors import Violation
 from ..grammar.constraints import Constraint
 from ..grammar.dims import ArgFact, Expr, WideSizes
 from ..rules.tensor import Rule
+from ..rules.values import ValueRule
 from .markers import MatchConfig, Range, Where, config_dim_source, config_dims
 from .nodes import DEVICE, Node, TensorNode, walk_containers
 
@@ -56,6 +57,7 @@ class ContractOptions:
     bind_first: tuple[str, ...] = ()  # tensors to bind dims from first (provenance only)
     hints: tuple[Callable[[Violation, CallContext], str | None], ...] = ()
     value_checks: Callable[[CallContext], list[Violation]] | None = None  # strict mode only
+    value_rules: tuple[ValueRule, ...] = ()  # strict mode (one read) and watch mode (on the device)
     mode: str | None = None  # pins the contract's mode
     name: str | None = None  # the name errors and docs use (default: the qualname)
     register: bool = True  # list it in kc.registered_contracts()
@@ -102,6 +104,10 @@ class ContractSpec:
     @property
     def hints(self) -> tuple[Callable[[Violation, CallContext], str | None], ...]:
         return self.options.hints
+
+    @property
+    def value_rules(self) -> tuple[ValueRule, ...]:
+        return self.options.value_rules
 
     @property
     def value_checks(self) -> Callable[[CallContext], list[Violation]] | None:

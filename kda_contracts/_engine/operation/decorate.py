@@ -17,13 +17,14 @@ from .. import modes
 from ..errors import Violation
 from ..model.markers import Where
 from ..model.spec import CallContext, ContractOptions
+from ..rules.values import ValueRule
 from .opdef import Op
 
 
 def op(fn: Callable[..., Any] | None = None, /, *, name: str | None = None, config: Any = None,
        config_arg: str | None = None, where: Iterable[str | Where] = (), bind_first: Sequence[str] = (),
        hints: Sequence[Callable[[Violation, CallContext], str | None]] = (),
-       value_checks: Callable[[CallContext], list[Violation]] | None = None,
+       value_checks: Callable[[CallContext], list[Violation]] | None = None, value_rules: Sequence[ValueRule] = (),
        after: Callable[[CallContext, str], list[Violation]] | None = None,
        returns: str | Sequence[str] | None = None, variants: Mapping[str, Any] | None = None,
        variant: Callable[..., str] | None = None, unchecked_dims: Callable[..., tuple[int, ...]] | None = None,
@@ -33,7 +34,7 @@ def op(fn: Callable[..., Any] | None = None, /, *, name: str | None = None, conf
     the torch reference (backend ``"torch"``).
 
     Options as :func:`kc.contract` (``config``, ``config_arg``, ``where``, ``hints``,
-    ``value_checks``, ``mode``), plus:
+    ``value_checks``, ``value_rules``, ``mode``), plus:
 
     - ``returns``: the argument(s) the op returns (the tensors it writes), e.g. ``("out", "state")``;
       otherwise it returns what the backend returns (checked against a return annotation).
@@ -54,7 +55,8 @@ def op(fn: Callable[..., Any] | None = None, /, *, name: str | None = None, conf
     BackendError naming it, its exception the cause.
     """
     options = ContractOptions(config=config, config_arg=config_arg, where=tuple(where), bind_first=tuple(bind_first),
-                              hints=tuple(hints), value_checks=value_checks, mode=mode, name=name, register=False,
+                              hints=tuple(hints), value_checks=value_checks,
+                              value_rules=tuple(value_rules), mode=mode, name=name, register=False,
                               autograd=autograd, doc=doc)
 
     def make(f: Callable[..., Any]) -> Op:

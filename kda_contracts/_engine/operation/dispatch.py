@@ -111,7 +111,7 @@ def build_dispatcher(o: OpParts) -> Any:
     lines.append(f"    {chosen} = {n('select')}(({_key_source(o, layout, n, v, dims)}), backend)")
     lines += _run_lines(o, n, ns, call, plain, cfg)
     if o.returns is None and not o.returns_none and any(vc.result_checker() is not None for vc in o.contracts.values()):
-        # check mode here, and strict mode in compiled code (where its transaction runs the backend
+        # check and watch mode here, and strict mode in compiled code (where its transaction runs the backend
         # alone); eager strict mode checks the result inside its transaction (rolled back)
         ns[n("check_returns")] = {k: vc.result_checker() or _any_result for k, vc in o.contracts.items()}
         ns[n("compiling")] = torch.compiler.is_compiling
@@ -119,7 +119,7 @@ def build_dispatcher(o: OpParts) -> Any:
             lambda vk, r, *vc: o.contracts[vk].fail_return(r, o.contracts[vk]._check(*vc) or (),
                                                            dict(zip(o.contracts[vk]._param_names, vc, strict=False)),
                                                            rolled_back=False))
-        lines += [f"    if ({mode} == 1 or {mode} == 2 and {n('compiling')}()) and "
+        lines += [f"    if ({mode} == 1 or {mode} == 3 or {mode} == 2 and {n('compiling')}()) and "
                   f"not {n('check_returns')}[{v}]({res}, {dims}{sep}{plain}):",
                   f"        {n('fail_return')}({v}, {res}{sep}{plain}, {cfg})"]
     if o.returns_none:  # an in-place kernel may return its outputs; anything else would be lost
@@ -139,8 +139,8 @@ def _check_lines(o: OpParts, n: Names, ns: dict[str, Any], fixed: int | None, pl
                  cfg: str) -> list[str]:
     """The mode read and the checks: each contract's generated checker inlined (per variant, the
     checker of the call's variant), the beartype shim first for hints the checker cannot decide,
-    strict mode's value checks."""
-    c, spec = o.contract, o.contract.spec
+    strict mode's value checks, watch mode's step."""
+    c = o.contract
     mode, dims, v = n("mode"), n("dims"), n("v")
     lines: list[str] = []
     if o.variant_of is not None:
@@ -168,9 +168,12 @@ def _check_lines(o: OpParts, n: Names, ns: dict[str, Any], fixed: int | None, pl
         # each variant's generated checker, inlined as for a single contract (no run_checks frame)
         lines += [f"        {dims} = {n('checks')}[{v}]({plain}{sep}{cfg})", f"        if {dims} is None:",
                   f"            {dims} = {n('rejects')}[{v}]({plain}{sep}{cfg})"]
-        if any(vc.spec.value_checks is not None for vc in cs.values()):
+        if any(_strict_values(vc) for vc in cs.values()):
             lines += [f"        if {mode} == 2:",
                       f"            {n('memo')} = {n('stricts')}[{v}]({dims}, {plain}{sep}{cfg})"]
+        if any(vc._watch is not None for vc in cs.values()):
+            ns[n("watches")] = {k: vc._watch or _no_watch for k, vc in cs.items()}
+            lines += [f"        if {mode} == 3:", f"            {n('watches')}[{v}]({dims}{sep}{plain})"]
     else:
         ns.update({
             n("enter"): modes.counting_mode(c, fixed),
@@ -186,8 +189,11 @@ def _check_lines(o: OpParts, n: Names, ns: dict[str, Any], fixed: int | None, pl
                       f"            {n('reject')}({plain}{sep}{cfg})"]
         lines += [f"        {dims} = {n('check')}({plain}{sep}{cfg})",
                   f"        if {dims} is None:", f"            {dims} = {n('reject')}({plain}{sep}{cfg})"]
-        if spec.value_checks is not None:
+        if _strict_values(c):
             lines += [f"        if {mode} == 2:", f"            {n('memo')} = {n('strict')}({dims}, {plain}{sep}{cfg})"]
+        if c._watch is not None:
+            ns[n("watch")] = c._watch
+            lines += [f"        if {mode} == 3:", f"            {n('watch')}({dims}{sep}{plain})"]
     return lines
 
 
@@ -196,7 +202,7 @@ def _run_lines(o: OpParts, n: Names, ns: dict[str, Any], call: list[str], plain:
     rollback); otherwise directly, a backend's own exception becoming a BackendError."""
     mode, dims, res, v, chosen = n("mode"), n("dims"), n("res"), n("v"), n("b")
     # what strict mode's value checks left for the rest of the call's checks (CallContext.memo)
-    memo = n("memo") if any(vc.spec.value_checks is not None for vc in o.contracts.values()) else "None"
+    memo = n("memo") if any(_strict_values(vc) for vc in o.contracts.values()) else "None"
     direct = f"{chosen}.run({', '.join(call)})"
     extras = f"{chosen}.run({dims}, {v}{', ' if call else ''}{', '.join(call)})"
     ns.update({n("transact"): o._transact, n("ContractError"): ContractError, n("failed"): outside_compile(o._failed)})
@@ -248,6 +254,15 @@ def lost_result(o: OpParts, backend: str, res: Any) -> None:
 
 def _any_result(result: Any, dims: Any, *args: Any) -> bool:
     return True
+
+
+def _no_watch(dims: Any, *args: Any) -> None:
+    """The watch step of a variant that declares no value rules."""
+
+
+def _strict_values(c: Any) -> bool:
+    """Whether strict mode reads values before the backend: value checks or value rules."""
+    return c.spec.value_checks is not None or bool(c.spec.value_rules)
 
 
 def _off_dims_needed(o: OpParts, layout: KeyLayout) -> bool:

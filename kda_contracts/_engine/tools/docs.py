@@ -151,7 +151,9 @@ def describe_contract(key: str, c: Contract, doc_config: Any) -> dict[str, Any]:
     if spec.returns is not None:  # described as arguments are: every rule of a result says itself
         returns = [_describe_tensor(r, env, cfg_dtypes) for r in spec.returns]
     strict = None
-    if spec.value_checks is not None:
+    if spec.value_rules:  # (declared: said as written)
+        strict = "value rules, read in strict and watch mode: " + ", ".join(map(repr, spec.value_rules)) + "."
+    elif spec.value_checks is not None:
         doc = (spec.value_checks.__doc__ or "").strip().splitlines()
         strict = re.sub(r"^strict mode:\s*", "", doc[0], flags=re.I) if doc else "value checks"
     params = [p.name for p in spec.signature.parameters.values()]

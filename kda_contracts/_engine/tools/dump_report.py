@@ -230,7 +230,7 @@ def _strict_violations(dump: CallDump, contract: Contract, values: Mapping[str, 
         notes.append("strict mode: the value checks were skipped (the tensors were saved without values)")
         return []
     ctx = CallContext(contract.spec, values, config, dict(dims), dims.provenance)
-    out = list(contract.spec.value_checks(ctx)) if contract.spec.value_checks is not None else []
+    out = contract.value_violations(ctx)  # the value rules, then value_checks=
     op = dump.op
     if not out and op is not None:
         out = op.alias_violations(ctx)

@@ -1,7 +1,7 @@
 """pytest plugin (registered by the ``pytest11`` entry point): contracts run in ``strict`` mode
 under pytest, per-test modes, and a summary of what the session exercised.
 
-- ``--kda-contracts=strict|check|off`` sets the session's default mode. Without it:
+- ``--kda-contracts=strict|check|off|watch`` sets the session's default mode. Without it:
   ``$KDA_CONTRACTS_MODE`` (empty means unset), else the ini option ``kda_contracts_mode``, else
   ``strict``. A value naming no mode is a usage error that says where it came from (``--help``
   and ``--version`` still work, with a warning).
@@ -48,8 +48,8 @@ from ..contract.compiled import Contract
 from ..contract.decorator import registered_contracts
 from .import_hook import ImportHook, ImportHookWarning, install_import_hook
 
-MODES = ("strict", "check", "off")
-_EXPECTED = "expected one of 'strict', 'check', 'off'"
+MODES = ("strict", "check", "off", "watch")
+_EXPECTED = "expected one of 'strict', 'check', 'off', 'watch'"
 _FIX_ENV = (f" (empty or unset means the ini option, else strict). Set {modes.ENV_VAR} to one of those or unset it, "
             "pass --kda-contracts=MODE, or disable this plugin with -p no:kda_contracts")
 FIXTURE = "kda_contracts_mode"
@@ -101,7 +101,7 @@ class ModeControl:
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("kda-contracts", "kda-contracts: shape/dtype contracts")
     group.addoption(
-        "--kda-contracts", dest="kda_contracts", choices=MODES, default=None, metavar="{strict,check,off}",
+        "--kda-contracts", dest="kda_contracts", choices=MODES, default=None, metavar="{strict,check,off,watch}",
         help="contract mode for the session (default: $KDA_CONTRACTS_MODE, else ini kda_contracts_mode, "
              "else strict).",
     )
@@ -197,7 +197,7 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers",
         "kda_contracts(mode): run this test's setup, call and teardown in kda-contracts mode "
-        "'strict', 'check' or 'off'.",
+        "'strict', 'check', 'off' or 'watch'.",
     )
     # Again here, for sessions where the plugin was registered after the initial conftests.
     _apply_session_mode(config, config.getoption("kda_contracts"), warn=True)

@@ -36,8 +36,14 @@ def output_checks(ctx: CallContext, backend: str) -> list:
     """Strict mode, after the kernel: finite output and updated slots, all-zero output rows for
     padding and out-of-range indices (skipped during CUDA-graph capture)."""
     v = ctx.values
-    return output_violations(backend, v["out"], v["initial_state"], v["ssm_state_indices"], ctx.memo.get("indices"),
+    return output_violations(backend, v["out"], v["initial_state"], v["ssm_state_indices"], _host_indices(ctx),
                              op=ctx.spec.name)
+
+
+def _host_indices(ctx: CallContext) -> list[int] | Tensor | None:
+    """The host copy of the indices strict mode's one read brought back (None: not read)."""
+    host = ctx.memo.get("host")
+    return host.get("ssm_state_indices") if host else None
 
 
 def written_by_call(ctx: CallContext) -> dict[str, Any]:
@@ -45,7 +51,7 @@ def written_by_call(ctx: CallContext) -> dict[str, Any]:
     copies just these before the kernel, and restores them if the call is rejected after it)."""
     idx = ctx.values["ssm_state_indices"]
     n = ctx.dims["N"]
-    host = ctx.memo.get("indices")  # what the value checks read in their one sync
+    host = _host_indices(ctx)  # what the value rules read in their one sync
     if isinstance(host, Tensor):
         return {"out": None, "initial_state": host[(host >= 0) & (host < n)]}
     if host is not None:

@@ -1,9 +1,10 @@
-"""Strict-mode checks of packed decode that read tensor contents (and so may sync the device):
-before the kernel, aliasing, index range, duplicate slots and finiteness (:func:`value_checks`,
-the contract's ``value_checks``); after it, the promises the outputs must keep
-(:func:`check_outputs`). Both skip whatever would sync during CUDA-graph capture, and skip with a
-:class:`~kda_contracts._engine.rules.memory.ValueChecksSkipped` warning for tensors that hold no data (meta,
-FakeTensorMode).
+"""The value checks of packed decode: before the kernel, :data:`VALUE_RULES` (index range,
+distinct slots, finite inputs and used state slots, declared once: strict mode reads them in one
+read, watch mode checks them on the device without a sync) and, strict mode only, aliasing; after
+it, the promises the outputs must keep (:func:`check_outputs`, strict mode only). Both skip
+whatever would sync during CUDA-graph capture (:func:`value_checks` then asserts the range on the
+device), and skip with a :class:`~kda_contracts._engine.rules.memory.ValueChecksSkipped` warning
+for tensors that hold no data (meta, FakeTensorMode).
 
 Aliasing (:func:`kda_contracts._engine.rules.memory.alias_violations`, exact, by address, across storages): the
 call writes ``out`` whole and the pool's *used* slots (``ssm_state_indices`` in ``[0, N)``). So
@@ -12,14 +13,14 @@ would change them); an input may lie in an unused slot (the kernel neither reads
 but not in a used one. During CUDA-graph capture the slots cannot be read: only ``out`` is checked.
 
 Value checks read each broadcast (stride-0) value once (:func:`kda_contracts._engine.rules.memory.distinct_elements`),
-so an ``.expand()``-ed activation of any logical size costs what it occupies. Each input, used slot
-and output row is reduced on the device to one probe (its largest magnitude: finite exactly when
-it is), and the probes come back with the indices in one read before the kernel and one after it.
+so an ``.expand()``-ed activation of any logical size costs what it occupies. Each rule, and each
+output row and used slot after the kernel, is reduced on the device to a probe, and the probes
+come back (with the indices) in one read before the kernel and one after it.
 
 Example::
 
     with kc.mode("strict"):
-        kc.packed_decode(...)   # runs value_checks before the kernel, check_outputs after it
+        kc.packed_decode(...)   # reads VALUE_RULES before the kernel, check_outputs after it
 """
 
 from __future__ import annotations
@@ -33,9 +34,12 @@ from torch import Tensor
 from ..._engine import (
     FINITE_CHUNK,
     CallContext,
+    Distinct,
+    Finite,
+    FiniteRows,
+    InRange,
     ValueRangeError,
     Violation,
-    distinct_elements,
     raise_violations,
     skip_value_checks,
     without_data,
@@ -76,48 +80,10 @@ def _as_tensors(probes: Host, indices: Host) -> tuple[Tensor, Tensor]:
     return p, i
 
 
-def _index_checks(idx: Host, n: int) -> list[Violation]:
-    """The range and duplicate checks, on the host copy of the indices."""
-    out: list[Violation] = []
-    if not len(idx):
-        return out
-    if isinstance(idx, Tensor):
-        hi, bad = int(idx.max()), int((idx >= n).sum())
-        live = idx[idx >= 0]
-        dup = live.numel() - torch.unique(live).numel()
-    else:
-        hi = max(idx)
-        bad = sum(1 for i in idx if i >= n)
-        live_list = [i for i in idx if i >= 0]
-        dup = len(live_list) - len(set(live_list))
-    if hi >= n:
-        out.append(Violation(ValueRangeError, "ssm_state_indices", f"< N={n} (or < 0 for padding)",
-                             f"{bad} index(es) >= {n} (max {hi})",
-                             hint="an index past the pool would read and write another request's memory; "
-                                  "check the slot allocator and the pool this layer uses"))
-    if dup:
-        out.append(Violation(ValueRangeError, "ssm_state_indices", "distinct non-negative slots",
-                             f"{dup} duplicate slot(s)",
-                             hint="two requests on one slot race on its state (a lost update); give each "
-                                  "request its own slot, mark padding with -1"))
-    return out
-
-
 def _all_finite(values: Host) -> bool:
     if isinstance(values, Tensor):
         return bool(torch.isfinite(values).all())
     return all(math.isfinite(v) for v in values)
-
-
-def _probe(t: Tensor) -> Tensor:
-    """A 0-dim tensor on ``t``'s device, finite exactly when every value of ``t`` is: the largest
-    magnitude (``vector_norm(ord=inf)``: one reduction over the distinct values, see
-    :func:`~kda_contracts._engine.rules.memory.distinct_elements`; a NaN propagates, an infinity is its own
-    maximum, nothing can overflow, no copy or mask is made). 0 for integer and empty tensors."""
-    v = distinct_elements(t)
-    if not (v.dtype.is_floating_point or v.dtype.is_complex) or v.numel() == 0:
-        return torch.zeros((), dtype=torch.float32, device=v.device)
-    return torch.linalg.vector_norm(v, ord=math.inf)
 
 
 def _row_probes(x: Tensor) -> Tensor:
@@ -166,41 +132,33 @@ def slots_finite(state: Tensor, idx: Tensor, n: int) -> bool:
 
 _INPUTS = ("mixed_qkv", "a", "b", "A_log", "dt_bias")
 
+#: what a call's values must hold before the kernel, declared once: strict mode reads every probe
+#: in one read (and the indices with them, for :func:`~.calls.written_by_call` and the checks after
+#: the kernel); watch mode checks them on the device without a sync
+VALUE_RULES = (
+    InRange("ssm_state_indices", high="N", ignore_negative=True,
+            hint="an index past the pool would read and write another request's memory; check the slot allocator "
+                 "and the pool this layer uses"),
+    Distinct("ssm_state_indices", hint="two requests on one slot race on its state (a lost update); give each "
+                                       "request its own slot, mark padding with -1"),
+    FiniteRows("initial_state", "ssm_state_indices",
+               hint="the state of that request is already corrupt (an earlier step overflowed, or the slot was never "
+                    "initialised); reset the slot before decoding"),
+    *(Finite(name, hint="find the op that produced it (torch.autograd.detect_anomaly, or check the previous "
+                        "layer's output)") for name in _INPUTS),
+)
+
 
 def value_checks(ctx: CallContext) -> list[Violation]:
-    """Strict mode: the checks that read tensor contents, with one host sync. The device reduces
-    each input and each used slot to a finiteness probe; the probes and the indices come back in a
-    single read, and the range and duplicate checks run on that host copy of the indices (left in
-    ``ctx.memo["indices"]`` for :func:`~.decode.written_by_call` and the checks after the kernel)."""
+    """Strict mode, beside :data:`VALUE_RULES` (which the engine reads before this runs): during
+    CUDA-graph capture, where nothing can be read, the range check as a device-side assert as
+    well (the rules themselves are captured into watch mode's flag, read with
+    ``kc.raise_pending()``). Otherwise nothing more."""
     vals = ctx.values
-    blind = without_data({name: vals[name] for name in _TENSOR_ARGS})
-    if blind:  # shapes without data (meta tensors, FakeTensorMode)
-        skip_value_checks(ctx.spec.name, blind)  # packed_decode or gdn_packed_decode
-        return []
-    idx = vals["ssm_state_indices"]
-    n = ctx.dims["N"]
-    state = vals["initial_state"]
-    if state.is_cuda and torch.cuda.is_current_stream_capturing():
-        # No sync during CUDA-graph capture: the range check becomes a device-side assert.
-        torch._assert_async((idx < n).all(), "ssm_state_indices has an index >= N (the pool size)")
-        return []
-    # (aliasing: the op's own check, from what it writes — see decode.written_by_call)
-    inputs = torch.stack([_probe(vals[name]).to(state.device) for name in _INPUTS])  # dtypes promote
-    (head, host_probes), host_idx = _read_back([inputs, slot_probes(state, idx, n)], idx)
-    assert host_idx is not None
-    indices = ctx.memo["indices"] = host_idx
-    out = _index_checks(indices, n)
-    if not out and not used_slots_finite(host_probes, indices, n):  # finite state before the kernel
-        out.append(Violation(ValueRangeError, "initial_state", "finite values in the slots this call uses",
-                             "NaN or Inf in a used slot",
-                             hint="the state of that request is already corrupt (an earlier step overflowed, "
-                                  "or the slot was never initialised); reset the slot before decoding"))
-    for name, probe in zip(_INPUTS, head if isinstance(head, list) else head.tolist(), strict=True):
-        if not math.isfinite(probe):
-            out.append(Violation(ValueRangeError, name, "finite values", "NaN or Inf present",
-                                 hint="find the op that produced it (torch.autograd.detect_anomaly, or "
-                                      "check the previous layer's output)"))
-    return out
+    idx, state = vals["ssm_state_indices"], vals["initial_state"]
+    if isinstance(state, Tensor) and state.is_cuda and torch.cuda.is_current_stream_capturing():
+        torch._assert_async((idx < ctx.dims["N"]).all(), "ssm_state_indices has an index >= N (the pool size)")
+    return []
 
 
 def output_violations(backend: str, out: Tensor, state: Tensor, idx: Tensor,

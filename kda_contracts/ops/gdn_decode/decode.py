@@ -18,7 +18,7 @@ from torch import Tensor
 
 from ... import _engine as kc
 from .._packed.calls import dims_on_trust, output_checks, written_by_call
-from .._packed.checks import value_checks
+from .._packed.checks import VALUE_RULES, value_checks
 from .contract import SYMBOLS, VARIANTS, WHERE, resolve_layout
 from .hints import hints_for
 
@@ -28,7 +28,8 @@ from .hints import hints_for
        written=written_by_call,
        variants={layout: (fn, {"hints": hints_for(layout)}) for layout, fn in VARIANTS.items()},
        variant=resolve_layout, unchecked_dims=dims_on_trust, config_arg="config", where=WHERE,
-       bind_first=("initial_state", "mixed_qkv"), value_checks=value_checks)
+       bind_first=("initial_state", "mixed_qkv"), value_checks=value_checks,
+       value_rules=VALUE_RULES)
 def gdn_packed_decode(
     mixed_qkv, a, b, A_log, dt_bias, scale, initial_state, out, ssm_state_indices,  # type: ignore[no-untyped-def]
     use_qk_l2norm_in_kernel=False, *, config: Any = None, state_layout: Literal["VK", "KV"] | None = None,

@@ -22,7 +22,7 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from ..._engine import MatchConfig, Range, Spec, Where
-from .._packed.checks import value_checks
+from .._packed.checks import VALUE_RULES, value_checks
 from .._packed.dtypes import ACTIVATION_DTYPES, INDEX_DTYPES, STATE_DTYPES
 from .._packed.layouts import LAYOUTS, Layout, layout_resolver
 
@@ -71,7 +71,7 @@ def _make_signature(layout: Layout) -> Callable[..., Any]:
 
 VARIANTS = {layout: _make_signature(layout) for layout in LAYOUTS}  # the op's contract per state layout
 OPTIONS = {"config_arg": "config", "where": _WHERE, "bind_first": ("initial_state", "mixed_qkv"),
-           "value_checks": value_checks}
+           "value_checks": value_checks, "value_rules": VALUE_RULES}
 
 
 resolve_layout = layout_resolver("packed_decode")

@@ -271,9 +271,9 @@ def check_dump(dump: DecodeDump, *, strict: bool = True) -> DumpReport:
     if not violations and strict and blind:
         notes.append(f"strict mode's value checks skipped: no data in {', '.join(blind)} (meta tensors); "
                      "only the metadata was checked")
-    elif not violations and strict and c.spec.value_checks is not None:
+    elif not violations and strict and (c.spec.value_checks is not None or c.spec.value_rules):
         ctx = CallContext(c.spec, values, dump.config, dict(dims), dims.provenance)
-        violations = c.spec.value_checks(ctx)  # stride-0 activations are read once: bounded work
+        violations = c.value_violations(ctx)  # the value rules, then value_checks=
     backends = None
     if not violations:
         info = packed_decode.call_info(values, dims, layout)

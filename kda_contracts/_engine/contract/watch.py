@@ -1,0 +1,292 @@
+"""Watch mode (``kc.mode("watch")``): a contract's value rules (``value_rules=``,
+:mod:`kda_contracts._engine.rules.values`) checked on the tensors' device without a host sync.
+
+- CUDA, eager: each rule's probe is enqueued on the call's current stream and folded into a small
+  per-device float64 flag, :data:`FLAG` long, that records the *first* violation only
+  (``torch.where`` on "nothing recorded yet"): the call's serial, the rule, the element, its
+  value; then a non-blocking copy of the flag into pinned host memory and a CUDA event
+  (:class:`CudaChannel`). A recorded violation is raised, as the usual ValueRangeError report
+  naming the call and what it may have written, by the next watched call on that device whose
+  copy has arrived (``event.query()``: never waits), by :func:`raise_pending` (which waits), or
+  when a ``with kc.mode("watch")`` block exits.
+- CUDA-graph capture: the probes and the fold are captured (no copy, no event); read the flag
+  after a replay with :func:`raise_pending`. The captured call's serial is the one reported.
+- torch.compile (any device): the probes and the fold trace into the graph (the flag is a
+  global buffer the graph mutates; no graph break); the call named is the one traced. Read it
+  with :func:`raise_pending`, the block's exit or the next eager watched call.
+- CPU (and any device but CUDA), eager: the rules run at once and a violation is raised before
+  the function runs (as strict mode's read, without its snapshot).
+
+Example::
+
+    with kc.mode("watch"):
+        for batch in batches:
+            kc.packed_decode(**batch)     # a bad slot index of step k is raised at a later step
+    # ... or here, at the latest
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import torch
+from torch import Tensor
+
+from .. import modes
+from ..compile.marks import mark_constant_result
+from ..errors import ValueRangeError, Violation, raise_violations
+from ..rules.memory import skip_value_checks, without_data
+from ..rules.values import ValueRule, probes, read_rules
+
+FLAG = 7  # (recorded, call serial, stacked row, element index, value, count, extra)
+RECORDS_MAX = 4096  # the calls whose records are kept (a violation of an older one says so)
+_F64 = torch.float64
+
+
+@dataclass(frozen=True)
+class CallRecord:
+    """What a report says of a watched call: its op, serial, rules (``rows``: the rule of each
+    stacked probe), dims and argument shapes (None under torch.compile) and what it may write."""
+
+    name: str
+    serial: int
+    rules: tuple[ValueRule, ...]
+    rows: tuple[int, ...]
+    dims: dict[str, Any]
+    shapes: dict[str, tuple[int, ...]] | None
+    written: tuple[str, ...]
+
+
+class Channel(Protocol):
+    """How a device's flag reaches the host: :class:`CudaChannel`, or a stand-in in tests."""
+
+    def send(self, flag: Tensor) -> None: ...  # enqueue a copy of the flag (no sync)
+    def arrived(self, flag: Tensor) -> list[float] | None: ...  # the newest copy that has arrived, never waiting
+    def wait(self, flag: Tensor) -> list[float]: ...  # the flag as it is once the device is done (waits)
+    def reset(self) -> None: ...  # forget every copy sent so far (the flag was cleared)
+
+
+class HostChannel:
+    """The flag of a CPU tensor (code compiled on the CPU): already in host memory."""
+
+    def send(self, flag: Tensor) -> None:
+        pass
+
+    def arrived(self, flag: Tensor) -> list[float] | None:
+        return flag.tolist()  # type: ignore[no-any-return]
+
+    def wait(self, flag: Tensor) -> list[float]:
+        return flag.tolist()  # type: ignore[no-any-return]
+
+    def reset(self) -> None:
+        pass
+
+
+class CudaChannel:
+    """A ring of pinned host buffers, each with a CUDA event recorded after the copy into it; the
+    newest copy whose event has completed is read (``query()``, which never waits)."""
+
+    RING = 4
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.buffers = [torch.zeros(FLAG, dtype=_F64, pin_memory=True) for _ in range(self.RING)]
+        self.events = [torch.cuda.Event() for _ in range(self.RING)]
+        self.sent = [False] * self.RING
+        self.next = 0
+
+    def send(self, flag: Tensor) -> None:
+        i = self.next
+        self.next = (i + 1) % self.RING
+        self.buffers[i].copy_(flag, non_blocking=True)
+        self.events[i].record()  # (the current stream: the one the probes ran on)
+        self.sent[i] = True
+
+    def arrived(self, flag: Tensor) -> list[float] | None:
+        for k in range(1, self.RING + 1):
+            i = (self.next - k) % self.RING
+            if self.sent[i] and self.events[i].query():
+                return self.buffers[i].tolist()  # type: ignore[no-any-return]
+        return None
+
+    def wait(self, flag: Tensor) -> list[float]:
+        torch.cuda.synchronize(flag.device)
+        return flag.cpu().tolist()  # type: ignore[no-any-return]
+
+    def reset(self) -> None:
+        self.sent = [False] * self.RING
+
+
+class Watcher:
+    """One device's flag and the channel that brings it to the host."""
+
+    def __init__(self, device: torch.device, channel: Channel) -> None:
+        self.device = device
+        self.flag = torch.zeros(FLAG, dtype=_F64, device=device)
+        self.channel = channel
+
+    def clear(self) -> None:
+        self.flag.zero_()
+        self.channel.reset()
+
+
+def fold(flag: Tensor, found: Tensor, serial: int) -> None:
+    """Record in ``flag`` the first bad probe of ``found`` (``[rows, 4]``) for call ``serial``,
+    unless the flag already holds a violation. Device ops only (no sync; traceable)."""
+    bad = found[:, 0] >= 0
+    r = bad.to(torch.uint8).argmax()
+    row = found.index_select(0, r.reshape(1)).reshape(4)
+    head = torch.ones(2, dtype=_F64, device=flag.device)
+    head[1] = float(serial)  # (a fill)
+    new = torch.cat([head, r.reshape(1).to(_F64), row])
+    flag.copy_(torch.where((flag[0] == 0) & bad.any(), new, flag))
+
+
+WATCHERS: dict[str, Watcher] = {}
+RECORDS: dict[int, CallRecord] = {}
+_serials = itertools.count(1)
+
+
+def channel_for(device: torch.device) -> Channel:
+    return CudaChannel(device) if device.type == "cuda" else HostChannel()
+
+
+def watcher(device: torch.device) -> Watcher:
+    key = str(device)
+    w = WATCHERS.get(key)
+    if w is None:
+        w = WATCHERS[key] = Watcher(device, channel_for(device))
+    return w
+
+
+def _capturing() -> bool:
+    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+
+
+def report(w: Watcher, row: Sequence[float]) -> None:
+    """Raise the violation a flag recorded (and clear the flag)."""
+    w.clear()
+    serial, r, found = int(row[1]), int(row[2]), list(row[3:7])
+    rec = RECORDS.get(serial)
+    if rec is None:
+        v = Violation(ValueRangeError, "(an earlier call)", "the call's value rules",
+                      f"a violation in call #{serial}, whose record is gone (only the last {RECORDS_MAX} are kept)",
+                      hint="call kc.raise_pending() more often, or run the call again in strict mode")
+        raise_violations(f"(watch, call #{serial} on {w.device})", [v], {}, {})
+    assert rec is not None
+    v = rec.rules[rec.rows[r]].violation(found, rec.shapes, rec.dims)
+    wrote = (f"that call may have written {', '.join(rec.written)}: do not trust them" if rec.written else
+             "that call writes no tensor argument")
+    details = (f"found by watch mode in call #{serial} of {rec.name} on {w.device}, after it ran (no rollback)",
+               wrote)
+    raise_violations(f"{rec.name} (watch, call #{serial})", [dataclasses.replace(v, details=(*v.details, *details))],
+                     {k: int(d) for k, d in rec.dims.items()}, {})
+
+
+def poll() -> None:
+    """Raise a violation whose flag copy has arrived on the host (never waits)."""
+    if _capturing():
+        return
+    for w in list(WATCHERS.values()):
+        row = w.channel.arrived(w.flag)
+        if row is not None and row[0]:
+            report(w, row)
+
+
+def raise_pending() -> None:
+    """Wait for every device a watched call ran on, and raise the first violation it recorded
+    (nothing pending: returns). After a CUDA-graph replay, or to flush before a checkpoint.
+
+    Example::
+
+        graph.replay()
+        kc.raise_pending()
+    """
+    for w in list(WATCHERS.values()):
+        row = w.channel.wait(w.flag)
+        if row[0]:
+            report(w, row)
+
+
+modes.ON_WATCH_EXIT.append(raise_pending)
+
+
+class ContractWatch:
+    """A contract's watch step: the generated wrapper calls it (``watch(dims, *values)``) in watch mode."""
+
+    def __init__(self, c: Any, rules: Sequence[ValueRule], written: Sequence[str]) -> None:
+        self.c, self.name, self.rules, self.written = c, c.name, tuple(rules), tuple(written)
+        self.names, self.symbols = c._param_names, c.spec.symbols
+
+        def note(device: str, rows: tuple[int, ...]) -> int:
+            return self._note(device, rows)
+
+        self.note = mark_constant_result(note)
+
+    def _note(self, device: str, rows: tuple[int, ...]) -> int:
+        """A new call record (at trace time under torch.compile: the traced call's); its serial."""
+        watcher(torch.device(device))
+        serial = next(_serials)
+        RECORDS[serial] = CallRecord(self.name, serial, self.rules, rows, {}, None, self.written)
+        if len(RECORDS) > RECORDS_MAX:
+            del RECORDS[next(iter(RECORDS))]
+        return serial
+
+    def __call__(self, dims: tuple[Any, ...], *vals: Any) -> None:
+        values = dict(zip(self.names, vals, strict=False))
+        env = dict(zip(self.symbols, dims, strict=True))
+        if torch.compiler.is_compiling():  # (a constant under dynamo: this branch is traced)
+            self.traced(values, env)
+        else:
+            self.eager(values, env)
+
+    def traced(self, values: Mapping[str, Any], env: Mapping[str, Any]) -> None:
+        found = probes(self.rules, values, env)
+        if found:
+            device = found[0][1].device
+            serial = self.note(f"{device.type}:{device.index}" if device.index is not None else device.type,
+                               tuple(i for i, _ in found))
+            flag = WATCHERS[str(device)].flag
+            fold(flag, torch.stack([p.to(device) for _, p in found]), serial)
+
+    def eager(self, values: Mapping[str, Any], env: dict[str, Any]) -> None:
+        poll()
+        read = {a: values.get(a) for r in self.rules for a in r.args}
+        blind = without_data(read)
+        if blind:
+            skip_value_checks(self.name, blind)
+            return
+        now = [r for r in self.rules if not _on_cuda(values, r)]
+        if now:  # not CUDA: read at once, raised before the function runs
+            violations, _ = read_rules(now, values, env)
+            if violations:
+                self.c.rejections += 1
+                raise_violations(self.name, violations, env, self.c.provenance(self.c._config_for(values)))
+        later = [r for r in self.rules if _on_cuda(values, r)]
+        found = probes(later, values, env)
+        if not found:
+            return
+        by_device: dict[torch.device, list[tuple[int, Tensor]]] = {}
+        for i, p in found:
+            by_device.setdefault(p.device, []).append((self.rules.index(later[i]), p))
+        shapes = {a: tuple(t.shape) for a, t in read.items() if isinstance(t, Tensor)}
+        capturing = _capturing()
+        for device, items in by_device.items():  # (one device, nearly always; a serial each)
+            serial = next(_serials)
+            RECORDS[serial] = CallRecord(self.name, serial, self.rules, tuple(i for i, _ in items), env, shapes,
+                                         self.written)
+            if len(RECORDS) > RECORDS_MAX:
+                del RECORDS[next(iter(RECORDS))]
+            w = watcher(device)
+            fold(w.flag, torch.stack([p for _, p in items]), serial)
+            if not capturing:
+                w.channel.send(w.flag)
+
+
+def _on_cuda(values: Mapping[str, Any], rule: ValueRule) -> bool:
+    t = values.get(rule.args[0])
+    return isinstance(t, Tensor) and t.is_cuda

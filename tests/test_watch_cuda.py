@@ -1,0 +1,80 @@
+"""Watch mode on a CUDA device (skipped on the CPU; written to run on a GPU machine): the flag,
+the pinned copy and the event, the report at a later call, CUDA-graph capture and replay read with
+``kc.raise_pending()``, and no host sync at all in watch mode (``torch.cuda.set_sync_debug_mode``)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import kda_contracts as kc
+from kda_contracts._engine.contract import watch
+from kda_contracts.testing import make_decode_call
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="watch mode's device schedule needs CUDA")
+
+CFG = kc.KDAConfig(num_heads=2, num_v_heads=4, head_k_dim=8, head_v_dim=16)
+
+
+def call(batch=4, pool=8):
+    return make_decode_call(CFG, batch, pool, device="cuda")
+
+
+@pytest.fixture(autouse=True)
+def _clean():
+    watch.WATCHERS.clear()
+    yield
+    torch.cuda.synchronize()
+    watch.WATCHERS.clear()
+
+
+def test_watch_mode_syncs_nothing_and_reports_a_bad_slot_at_a_later_call():
+    good, bad = call(), call()
+    bad["ssm_state_indices"][1] = 99
+    with kc.mode("watch"):
+        kc.packed_decode(**good, config=CFG, backend="torch")  # warm-up: the flag and pinned buffers
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            kc.packed_decode(**bad, config=CFG, backend="torch")
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+        torch.cuda.synchronize()  # the copy has arrived: the next watched call reports
+        with pytest.raises(kc.ValueRangeError) as info:
+            kc.packed_decode(**good, config=CFG, backend="torch")
+    text = str(info.value)
+    assert "packed_decode (watch, call #" in text and "ssm_state_indices[1] = 99" in text
+    assert "that call may have written initial_state, out" in text
+    kc.raise_pending()
+
+
+def test_raise_pending_waits_for_the_flag():
+    bad = call()
+    bad["mixed_qkv"][0, 0] = float("nan")
+    with kc.mode("watch"):
+        kc.packed_decode(**bad, config=CFG, backend="torch")
+        with pytest.raises(kc.ValueRangeError, match=r"mixed_qkv\[0, 0\] = nan"):
+            kc.raise_pending()
+
+
+def test_the_block_exit_raises_what_is_pending():
+    bad = call()
+    bad["ssm_state_indices"][2] = bad["ssm_state_indices"][0]
+    with pytest.raises(kc.ValueRangeError, match="duplicate value"), kc.mode("watch"):
+        kc.packed_decode(**bad, config=CFG, backend="torch")
+
+
+def test_a_captured_call_records_into_the_flag_on_replay():
+    c = call()
+    with kc.mode("watch"):
+        kc.packed_decode(**c, config=CFG, backend="torch")  # warm-up outside the capture
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            kc.packed_decode(**c, config=CFG, backend="torch")
+        graph.replay()
+        kc.raise_pending()  # valid
+        c["a"][1, 0] = float("inf")  # the same buffers, a bad value, replayed
+        graph.replay()
+        with pytest.raises(kc.ValueRangeError, match=r"a\[1, 0\] = inf"):
+            kc.raise_pending()
