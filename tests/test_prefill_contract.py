@@ -21,14 +21,14 @@ SHARED = {
                            "looks padded per sequence ([2, 5,"),
     "decode-shaped-out": ("[1] out: ShapeError", "expected [T, HV, V] (rank 3)", "prefill writes one row per token"),
     "int-mask": ("[1] has_initial_state: DtypeError", "expected bool", "pass has_initial_state.bool()"),
-    "cu-seqlens-offset": ("[1] cu_seqlens: ValueRangeError", "expected cu_seqlens[0] == 0",
+    "cu-seqlens-offset": ("[1] cu_seqlens: ValueRangeError", "expected cu_seqlens[0] == 0 (its first element)",
                           "must subtract its first offset"),
     "lengths-not-offsets": ("[1] cu_seqlens: ValueRangeError",
-                            "expected non-decreasing offsets (each sequence has >= 0 tokens)",
+                            "expected non-decreasing values",
                             "pass cumulative offsets, not the lengths"),
-    "duplicate-slots": ("[1] ssm_state_indices: ValueRangeError", "expected distinct non-negative slots",
-                        "give each request its own slot"),
-    "index-past-pool": ("[1] ssm_state_indices: ValueRangeError", "expected < N=8 (or < 0 for padding)",
+    "duplicate-slots": ("[1] ssm_state_indices: ValueRangeError", "expected distinct values (negatives are padding)",
+                        "give each its own slot"),
+    "index-past-pool": ("[1] ssm_state_indices: ValueRangeError", "expected < N=8 (negatives are padding)",
                         "an index past the pool"),
 }
 KDA_PINS = {"prefill-gdn-shaped-a": ("[1] a: ShapeError", "expected [T, HV*K] = [10, 4096]", None),
@@ -88,7 +88,7 @@ def test_cu_seqlens_not_starting_at_zero_is_caught_in_strict_mode_only():
     assert _message(strict=True, cu_seqlens=bad) == "\n".join([
         "packed_prefill(): 1 contract violation",
         "  [1] cu_seqlens: ValueRangeError",
-        "      expected cu_seqlens[0] == 0",
+        "      expected cu_seqlens[0] == 0 (its first element)",
         "      got      cu_seqlens[0] = 1",
         "      fix: cu_seqlens are offsets into the packed tokens, [0, len0, len0+len1, ...]; a batch sliced out of a "
         "larger one must subtract its first offset (cu - cu[0])",
@@ -114,10 +114,10 @@ def test_duplicate_slots_are_caught_in_strict_mode():
     assert _message(strict=True, ssm_state_indices=torch.tensor([2, 2], dtype=torch.int32)) == "\n".join([
         "packed_prefill(): 1 contract violation",
         "  [1] ssm_state_indices: ValueRangeError",
-        "      expected distinct non-negative slots",
-        "      got      1 duplicate slot(s)",
-        "      fix: two requests on one slot race on its state (a lost update); give each request its own slot, mark "
-        "padding with -1",
+        "      expected distinct values (negatives are padding)",
+        "      got      1 duplicate value(s); the first: ssm_state_indices[1] = 2, also at ssm_state_indices[0]",
+        "      fix: two sequences on one slot race on its state (a lost update); give each its own slot, mark padding "
+        "with -1",
         DIMS])
 
 
@@ -132,10 +132,28 @@ def test_a_rejected_strict_call_leaves_the_pool_and_out_untouched():
 def test_gdn_prefill_checks_the_same_rules():
     cfg = kc.GDNConfig(num_heads=1, num_v_heads=2, head_k_dim=4, head_v_dim=4)
     call = make_prefill_call(cfg, [2, 3], pool=4, gdn=True)
-    with pytest.raises(kc.ValueRangeError, match=r"cu_seqlens\[-1\] == T = 5"), kc.mode("strict"):
+    ends = r"expected cu_seqlens\[-1\] == T=5 \(its last element\)\n +got +cu_seqlens\[2\] = 4"
+    with pytest.raises(kc.ValueRangeError, match=ends), kc.mode("strict"):
         kc.gdn_packed_prefill(**{**call, "cu_seqlens": torch.tensor([0, 2, 4], dtype=torch.int32)}, config=cfg)
     dims = kc.validate_gdn_packed_prefill(**call, config=cfg, strict=True)
     assert (dims.T, dims.B, dims.H, dims.HV) == (5, 2, 1, 2)
+
+
+@pytest.mark.parametrize("gdn", [False, True], ids=["kda", "gdn"])
+def test_watch_mode_checks_the_same_rules_and_on_the_cpu_raises_before_the_kernel(gdn):
+    cfg = (kc.GDNConfig if gdn else kc.KDAConfig)(num_heads=1, num_v_heads=2, head_k_dim=4, head_v_dim=4)
+    op = kc.gdn_packed_prefill if gdn else kc.packed_prefill
+    call = make_prefill_call(cfg, [2, 3], pool=4, gdn=gdn)
+    before, out = call["initial_state"].clone(), call["out"].clone()
+    with kc.mode("watch"):
+        op(**call, config=cfg)  # a valid call: nothing reported
+        for bad, match in ((torch.tensor([1, 3, 5], dtype=torch.int32), r"cu_seqlens\[0\] = 1"),
+                           (torch.tensor([0, 4, 2], dtype=torch.int32), r"cu_seqlens\[2\] = 2 after 4")):
+            done = {**call, "cu_seqlens": bad, "initial_state": before.clone(), "out": out.clone()}
+            with pytest.raises(kc.ValueRangeError, match=match):
+                op(**done, config=cfg)
+            assert torch.equal(done["initial_state"], before) and torch.equal(done["out"], out)  # (no kernel ran)
+    kc.raise_pending()  # nothing left pending
 
 
 def test_the_generated_docs_document_both_prefill_ops():

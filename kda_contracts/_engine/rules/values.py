@@ -373,7 +373,7 @@ class StartsAt(ValueRule):
 
     def words(self, found: Found, shapes: Mapping[str, Sequence[int]] | None,
               dims: Mapping[str, Any]) -> tuple[str, str]:
-        return f"the first element == {self._bound_words(self.value, dims)}", self.at(found, shapes)
+        return f"{self.args[0]}[0] == {self._bound_words(self.value, dims)} (its first element)", self.at(found, shapes)
 
     def _repr_parts(self) -> list[str]:
         return [repr(self.args[0]), repr(self.value)]
@@ -397,7 +397,7 @@ class EndsAt(StartsAt):
 
     def words(self, found: Found, shapes: Mapping[str, Sequence[int]] | None,
               dims: Mapping[str, Any]) -> tuple[str, str]:
-        return f"the last element == {self._bound_words(self.value, dims)}", self.at(found, shapes)
+        return f"{self.args[0]}[-1] == {self._bound_words(self.value, dims)} (its last element)", self.at(found, shapes)
 
 
 class NonDecreasing(ValueRule):

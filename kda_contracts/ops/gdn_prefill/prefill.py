@@ -20,7 +20,7 @@ from ..._engine import Dims, get_mode, op
 from .._packed.calls import written_by_call
 from .._packed.layouts import layout_resolver
 from .._packed.prefill import PREFILL_SYMBOLS, PREFILL_WHERE, prefill_dims_on_trust, prefill_signatures
-from .._packed.prefill_checks import prefill_output_checks, prefill_value_checks
+from .._packed.prefill_checks import PREFILL_VALUE_RULES, prefill_output_checks, prefill_value_checks
 from .._packed.prefill_hints import prefill_hints
 
 resolve_layout = layout_resolver("gdn_packed_prefill")
@@ -31,7 +31,8 @@ VARIANTS = prefill_signatures("gdn_packed_prefill", gate_per_head=True)
     after=prefill_output_checks, written=written_by_call,
     variants={layout: (fn, {"hints": prefill_hints()}) for layout, fn in VARIANTS.items()},
     variant=resolve_layout, unchecked_dims=prefill_dims_on_trust, config_arg="config", where=PREFILL_WHERE,
-    bind_first=("initial_state", "mixed_qkv"), value_checks=prefill_value_checks)
+    bind_first=("initial_state", "mixed_qkv"), value_checks=prefill_value_checks,
+    value_rules=PREFILL_VALUE_RULES)
 def gdn_packed_prefill(
     mixed_qkv, a, b, A_log, dt_bias, scale, initial_state, out, cu_seqlens,  # type: ignore[no-untyped-def]
     ssm_state_indices, has_initial_state, use_qk_l2norm_in_kernel=False, *, config: Any = None,
