@@ -3,7 +3,7 @@ with the public backend API; kernels load on the first call that picks them.
 
 | backend | priority | runs on | notes |
 |---|---|---|---|
-| fla | 10 | CUDA | flash-linear-attention's ``chunk_gated_delta_rule``: slots gathered, final states scattered back |
+| fla | 10 | CUDA (CPU: interpreter, by name) | fla's ``chunk_gated_delta_rule``: slots gathered, states scattered |
 | torch | 0 | any | the op's body, ``kda_kernels.prefill_reference.gdn_packed_prefill`` (chunked) |
 | loop | -10 | any | one GDN packed-decode step per token (``gdn_packed_prefill_loop``): the oracle, only by name |
 
@@ -18,7 +18,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..._engine import Backend
-from .._packed.backends import probe
+from .._packed.backends import cpu_if_interpreting, probe
 from .prefill import gdn_packed_prefill
 
 
@@ -47,8 +47,9 @@ def token_loop(mixed_qkv: Any, a: Any, b: Any, A_log: Any, dt_bias: Any, scale: 
 SHIPPED: tuple[Backend, ...] = (
     gdn_packed_prefill.register_backend(Backend(
         name="fla", kernel=fla_chunk_gated_delta_rule, devices=("cuda",), priority=10, requires=("fla",),
-        availability=probe("kda_kernels.fla_prefill", "gdn_is_available"),
-        description=fla_chunk_gated_delta_rule.__doc__ or "", op="gdn_packed_prefill"), replace=True),
+        availability=probe("kda_kernels.fla_prefill", "gdn_is_available", interpreted=True),
+        explicit_devices=cpu_if_interpreting, description=fla_chunk_gated_delta_rule.__doc__ or "",
+        op="gdn_packed_prefill"), replace=True),
     gdn_packed_prefill.register_backend(Backend(
         name="loop", kernel=token_loop, devices=("*",), priority=-10, description=token_loop.__doc__ or "",
         op="gdn_packed_prefill"), replace=True),

@@ -4,7 +4,7 @@ them, never on ``import kda_contracts``.
 
 | backend | priority | runs on | notes |
 |---|---|---|---|
-| fla | 10 | CUDA | flash-linear-attention's ``chunk_kda``: slots gathered, final states scattered back |
+| fla | 10 | CUDA (CPU: interpreter, by name) | fla's ``chunk_kda``: slots gathered, final states scattered |
 | torch | 0 | any | the op's body, ``kda_kernels.prefill_reference.packed_prefill`` (chunked) |
 | loop | -10 | any | one packed-decode step per token (``packed_prefill_loop``): the oracle, only by name |
 
@@ -19,7 +19,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..._engine import Backend
-from .._packed.backends import probe
+from .._packed.backends import cpu_if_interpreting, probe
 from .prefill import packed_prefill
 
 
@@ -50,7 +50,8 @@ def token_loop(mixed_qkv: Any, a: Any, b: Any, A_log: Any, dt_bias: Any, scale: 
 SHIPPED: tuple[Backend, ...] = (
     packed_prefill.register_backend(Backend(
         name="fla", kernel=fla_chunk_kda, devices=("cuda",), priority=10, requires=("fla",),
-        availability=probe("kda_kernels.fla_prefill"), description=fla_chunk_kda.__doc__ or "",
+        availability=probe("kda_kernels.fla_prefill", interpreted=True), explicit_devices=cpu_if_interpreting,
+        description=fla_chunk_kda.__doc__ or "",
         op="packed_prefill"), replace=True),
     packed_prefill.register_backend(Backend(
         name="loop", kernel=token_loop, devices=("*",), priority=-10, description=token_loop.__doc__ or "",

@@ -1,0 +1,261 @@
+"""Packed prefill on flash-linear-attention's chunk kernels: what the op adds over the bare kernel,
+and the chunked prefill against the token loop.
+
+For each op, KDA (``kc.packed_prefill``, Kimi-Linear-48B-A3B at TP1) and GDN
+(``kc.gdn_packed_prefill``, Qwen3-Next-80B-A3B at TP2), sizes from ``KDAConfig.preset`` /
+``GDNConfig.preset``, and T tokens split into equal sequences (bf16 activations, fp32 VK pool,
+half the sequences continuing from their slot), CUDA events time, as medians of ``--repeats``:
+
+- ``op``: ``kc.*packed_prefill(..., backend="fla")`` in check mode (the contract's checks, our
+  gate and beta in fp32, the q/k/v split, the slots gathered and the final states scattered back);
+- ``bare``: fla's ``chunk_kda`` / ``chunk_gated_delta_rule`` alone on the same inputs, with q/k/v,
+  the gate, beta and the dense initial state prepared beforehand; ``overhead`` = op / bare - 1
+  (target: at most 5 % at T >= 4096);
+- ``loop``: ``backend="loop"`` (decode's reference once per token), at the smallest T only.
+
+``|Δo|`` is the largest output difference between the op and the bare kernel (the same kernel on
+the same inputs: expect 0), ``vs loop`` the op's against the token loop (bf16 rounding).
+
+Usage::
+
+    python benchmarks/prefill.py                                   # the sweep (a CUDA device)
+    python benchmarks/prefill.py --ops kda --T 4096 --seqs 4 --out prefill.md
+    python benchmarks/prefill.py --smoke    # tiny sizes; on a CPU under the Triton interpreter
+
+Without CUDA and without ``--smoke`` it prints "needs CUDA" and exits 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+PRESETS = {"kda": ("kimi-linear-48b-a3b", 1), "gdn": ("qwen3-next-80b-a3b", 2)}
+TOKENS, SEQUENCES = (4096, 16384, 65536), (1, 4, 16)
+SMOKE_DIMS = (1, 2, 16, 16)  # H, HV, K, V
+
+
+@dataclass
+class Case:
+    op: str
+    dims: tuple[int, int, int, int]
+    lower_bound: float | None
+    scale: float
+    T: int
+    seqs: int
+    device: torch.device
+    dtype: torch.dtype
+
+
+def make_call(c: Case, seed: int = 0) -> dict[str, Any]:
+    """The op's keyword arguments (the pool has 2 slots per sequence; sequences use every other one)."""
+    H, HV, K, V = c.dims
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    lengths = [c.T // c.seqs + (i < c.T % c.seqs) for i in range(c.seqs)]
+    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
+
+    def rnd(*shape: int, scale: float = 1.0, dtype: torch.dtype = c.dtype) -> torch.Tensor:
+        return (scale * torch.randn(*shape, generator=g)).to(dtype).to(c.device)
+
+    gate_width = HV * K if c.op == "kda" else HV
+    call = dict(mixed_qkv=rnd(c.T, 2 * H * K + HV * V), a=rnd(c.T, gate_width), b=rnd(c.T, HV),
+                A_log=rnd(HV, scale=0.5, dtype=torch.float32), dt_bias=rnd(gate_width, dtype=torch.float32),
+                scale=c.scale, initial_state=rnd(2 * c.seqs, HV, V, K, scale=0.1, dtype=torch.float32),
+                out=torch.empty(c.T, HV, V, dtype=c.dtype, device=c.device), cu_seqlens=cu.to(c.device),
+                ssm_state_indices=torch.arange(0, 2 * c.seqs, 2, dtype=torch.int32, device=c.device),
+                has_initial_state=(torch.arange(c.seqs) % 2 == 0).to(c.device), use_qk_l2norm_in_kernel=True)
+    if c.op == "kda":
+        call["lower_bound"] = c.lower_bound
+    return call
+
+
+def bare_kernel(c: Case, call: dict[str, Any]) -> Callable[[], tuple[torch.Tensor, torch.Tensor]]:
+    """fla's chunk kernel on inputs prepared once from ``call``, as a no-argument callable."""
+    from kda_kernels.fla_prefill import launch_context
+    from kda_kernels.gdn_reference import gdn_gate
+    from kda_kernels.interface import split_qkv
+    from kda_kernels.reference import kda_gate
+
+    H, HV, K, V = c.dims
+    a, b = call["a"], call["b"]
+    if c.op == "kda":
+        from fla.ops.kda import chunk_kda as kernel
+
+        g, beta = kda_gate(a, call["dt_bias"], call["A_log"], c.lower_bound), torch.sigmoid(b.float())
+    else:
+        from fla.ops.gated_delta_rule import chunk_gated_delta_rule as kernel
+
+        g, beta = gdn_gate(a, call["dt_bias"], call["A_log"]), torch.sigmoid(b.float()).to(b.dtype).float()
+    q, k, v = (x.unsqueeze(0).contiguous() for x in split_qkv(call["mixed_qkv"], H, HV, K, V))
+    g, beta = g.unsqueeze(0).contiguous(), beta.unsqueeze(0).contiguous()
+    slots = call["ssm_state_indices"].long()
+    keep = call["has_initial_state"].view(-1, 1, 1, 1)
+    h0 = torch.where(keep, call["initial_state"][slots], 0.0).contiguous()
+    cu = call["cu_seqlens"].long()
+
+    def run() -> tuple[torch.Tensor, torch.Tensor]:
+        if c.device.type == "cpu":  # (the interpreter's shims, kda_kernels.fla_prefill)
+            with launch_context(c.device):
+                return call_kernel()
+        return call_kernel()
+
+    def call_kernel() -> tuple[torch.Tensor, torch.Tensor]:
+        o, ht = kernel(q=q, k=k, v=v, g=g, beta=beta, scale=c.scale, initial_state=h0, output_final_state=True,
+                       use_qk_l2norm_in_kernel=True, state_v_first=True, cu_seqlens=cu)
+        return o[0], ht
+
+    return run
+
+
+def time_ms(fn: Callable[[], Any], device: torch.device, warmup: int, repeats: int) -> float:
+    """Median milliseconds of ``fn()`` (CUDA events on a GPU, the wall clock on the CPU)."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        if device.type == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            torch.cuda.synchronize(device)
+            times.append(start.elapsed_time(end))
+        else:
+            t0 = time.perf_counter()
+            fn()
+            times.append(1e3 * (time.perf_counter() - t0))
+    return statistics.median(times)
+
+
+def op_call(c: Case, call: dict[str, Any], backend: str) -> Callable[[], tuple[torch.Tensor, torch.Tensor]]:
+    import kda_contracts as kc
+
+    op = kc.packed_prefill if c.op == "kda" else kc.gdn_packed_prefill
+
+    def run() -> tuple[torch.Tensor, torch.Tensor]:
+        with kc.mode("check"):
+            return op(**call, state_layout="VK", backend=backend)
+
+    return run
+
+
+def measure(c: Case, warmup: int, repeats: int, loop: bool) -> dict[str, Any]:
+    """One row: the op, the bare kernel and (``loop``) the token loop on the same inputs."""
+    call = make_call(c)
+    fresh = call["initial_state"].clone()
+    bare = bare_kernel(c, call)
+    o_bare = bare()[0].clone()
+    fla = op_call(c, call, "fla")
+    o_op = fla()[0].clone()  # (from the same pool as the bare kernel: the first call)
+    row: dict[str, Any] = {"op": c.op, "T": c.T, "seqs": c.seqs,
+                           "diff": (o_op.float() - o_bare.float()).abs().max().item()}
+    row["op_ms"] = time_ms(fla, c.device, warmup, repeats)
+    row["bare_ms"] = time_ms(bare, c.device, warmup, repeats)
+    if loop:
+        call["initial_state"].copy_(fresh)
+        loop_call, got = op_call(c, call, "loop"), []
+        row["loop_ms"] = time_ms(lambda: got.append(loop_call()[0]), c.device, 0, 1)  # (once: it is slow)
+        row["vs_loop"] = (o_op.float() - got[0].float()).abs().max().item()
+    return row
+
+
+def table(rows: list[dict[str, Any]], header: list[str]) -> str:
+    out = [*header, "", "| op | T | seqs | op fla (ms) | bare fla (ms) | overhead | op tokens/s | loop (ms) "
+           "| loop tokens/s | loop / op | \\|Δo\\| op-bare | \\|Δo\\| vs loop |", "|" + "---|" * 12]
+    for r in rows:
+        tps = r["T"] / (r["op_ms"] / 1e3)
+        loop = r.get("loop_ms")
+        cells = [r["op"], r["T"], r["seqs"], f"{r['op_ms']:.3f}", f"{r['bare_ms']:.3f}",
+                 f"{100 * (r['op_ms'] / r['bare_ms'] - 1):+.1f} %", f"{tps:,.0f}",
+                 f"{loop:.1f}" if loop else "—", f"{r['T'] / (loop / 1e3):,.0f}" if loop else "—",
+                 f"{loop / r['op_ms']:,.1f}×" if loop else "—", f"{r['diff']:.1e}",
+                 f"{r['vs_loop']:.1e}" if loop else "—"]
+        out.append("| " + " | ".join(str(x) for x in cells) + " |")
+    return "\n".join(out) + "\n"
+
+
+def cases(args: argparse.Namespace, device: torch.device) -> list[Case]:
+    import kda_contracts as kc
+
+    out = []
+    for op in args.ops:
+        name, tp = PRESETS[op]
+        cfg = (kc.KDAConfig if op == "kda" else kc.GDNConfig).preset(name, tp_size=tp)
+        dims = (cfg.local_num_heads, cfg.local_num_v_heads, cfg.head_k_dim, cfg.head_v_dim)
+        lb = cfg.lower_bound if op == "kda" else None
+        if args.smoke:
+            dims, lb = SMOKE_DIMS, None
+        dtype = torch.float32 if device.type == "cpu" else torch.bfloat16  # (the interpreter's bf16 dot is wrong)
+        out += [Case(op, dims, lb, dims[2] ** -0.5, T, s, device, dtype) for T in args.T for s in args.seqs]
+    return out
+
+
+def header(args: argparse.Namespace, device: torch.device, argv: list[str]) -> list[str]:
+    import fla
+    import triton
+
+    card = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU (Triton interpreter)"
+    lines = [f"card: {card}", f"command: `python benchmarks/prefill.py {' '.join(argv)}`".replace("  ", " "),
+             f"torch {torch.__version__}, triton {triton.__version__}, fla-core {fla.__version__}; "
+             f"medians of {args.repeats} after {args.warmup} warm-up; VK fp32 pool; check mode"]
+    for op, (name, tp) in PRESETS.items():
+        if op in args.ops:
+            lines.append(f"{op}: {name} TP{tp}" + (" (smoke: H=1 HV=2 K=V=16)" if args.smoke else ""))
+    if importlib.util.find_spec("flash_qla") and "gdn" in args.ops:
+        lines.append("flash_qla is installed: fla may hand GDN to FlashQLA (FLA_FLASH_QLA=0 keeps Triton)")
+    return [ln + "  " for ln in lines[:-1]] + lines[-1:]
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    p.add_argument("--ops", nargs="+", choices=sorted(PRESETS), default=["kda", "gdn"])
+    p.add_argument("--T", nargs="+", type=int, default=None, help=f"total tokens (default {TOKENS})")
+    p.add_argument("--seqs", nargs="+", type=int, default=None, help=f"sequences per T (default {SEQUENCES})")
+    p.add_argument("--warmup", type=int, default=None)
+    p.add_argument("--repeats", type=int, default=None)
+    p.add_argument("--no-loop", action="store_true", help="skip the token loop")
+    p.add_argument("--smoke", action="store_true", help="tiny sizes, one repeat (the CPU under the interpreter)")
+    p.add_argument("--out", default=None, help="write the Markdown table here too")
+    args = p.parse_args(argv)
+    args.T = args.T or ([24] if args.smoke else list(TOKENS))
+    args.seqs = args.seqs or ([2] if args.smoke else list(SEQUENCES))
+    args.warmup = args.warmup if args.warmup is not None else (0 if args.smoke else 3)
+    args.repeats = args.repeats if args.repeats is not None else (1 if args.smoke else 10)
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    args = parse(argv)
+    if torch.cuda.is_available():
+        device = torch.device("cuda")
+    elif args.smoke:
+        os.environ.setdefault("TRITON_INTERPRET", "1")  # (before fla's kernels are imported)
+        device = torch.device("cpu")
+    else:
+        print("needs CUDA (or --smoke, tiny sizes on the CPU under the Triton interpreter)")
+        return 0
+    rows = []
+    for c in cases(args, device):
+        rows.append(measure(c, args.warmup, args.repeats, loop=not args.no_loop and c.T == min(args.T)))
+        print(f"{c.op} T={c.T} seqs={c.seqs}: op {rows[-1]['op_ms']:.3f} ms, bare {rows[-1]['bare_ms']:.3f} ms",
+              file=sys.stderr, flush=True)
+    text = table(rows, header(args, device, argv))
+    print(text)
+    if args.out:
+        with open(args.out, "w", encoding="utf-8") as f:
+            f.write(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

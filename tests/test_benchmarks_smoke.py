@@ -1,0 +1,37 @@
+"""benchmarks/prefill.py on the CPU so it does not rot: ``--smoke`` runs fla's chunk kernels through
+the ops and bare, and the token loop, at tiny sizes under the Triton interpreter (nothing here is a
+timing; the figures come from a GPU), and without CUDA the plain command says it needs one."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "prefill.py"
+
+
+def _run(*args):
+    got = subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=600,
+                         env=dict(os.environ, TRITON_INTERPRET="1"))
+    assert got.returncode == 0, got.stderr[-3000:]
+    return got.stdout
+
+
+def test_prefill_smoke_runs_both_ops_bare_and_looped():
+    pytest.importorskip("fla.ops.kda")
+    out = _run("--smoke")
+    assert "| op | T | seqs | op fla (ms) | bare fla (ms) | overhead |" in out
+    assert "command: `python benchmarks/prefill.py --smoke`" in out and "card: " in out
+    rows = {ln.split(" | ")[0][2:]: ln.split(" | ") for ln in out.splitlines() if ln.startswith(("| kda |", "| gdn |"))}
+    assert sorted(rows) == ["gdn", "kda"]
+    for cells in rows.values():
+        assert float(cells[-2]) == 0.0  # the op and the bare kernel: the same kernel on the same inputs
+        assert float(cells[-1].rstrip(" |")) < 1e-5  # against the token loop, in fp32
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the message is for machines without CUDA")
+def test_prefill_without_cuda_says_so_and_exits_0():
+    assert "needs CUDA" in _run()
