@@ -46,10 +46,11 @@ from torch import Tensor
 __all__ = ["chunk_gated_delta", "pad_sequences"]
 
 
-def pad_sequences(cu_seqlens: Tensor, chunk_size: int) -> tuple[Tensor, Tensor, int]:
+def pad_sequences(cu_seqlens: Tensor, chunk_size: int, total: int | None = None) -> tuple[Tensor, Tensor, int]:
     """Where each padded position reads its token: ``(pos [B, L], real [B, L], chunks)``, ``L =
-    chunks * chunk_size`` with ``chunks = ceil(max_len / chunk_size)``; ``pos`` is ``T`` (one past
-    the last token, a zero row) where ``real`` is False. One host read (the longest sequence).
+    chunks * chunk_size`` with ``chunks = ceil(max_len / chunk_size)``; ``pos`` is ``total`` (the
+    number of packed tokens, one past the last: a zero row; default ``cu_seqlens[-1]``) where
+    ``real`` is False. One host read (the longest sequence) when ``total`` is given.
 
     Example::
 
@@ -59,7 +60,8 @@ def pad_sequences(cu_seqlens: Tensor, chunk_size: int) -> tuple[Tensor, Tensor, 
     """
     cu = cu_seqlens.long()
     lens = cu[1:] - cu[:-1]
-    total = int(cu[-1]) if cu.numel() else 0
+    if total is None:
+        total = int(cu[-1]) if cu.numel() else 0
     longest = int(lens.max()) if lens.numel() else 0
     chunks = max(1, -(-longest // chunk_size))
     j = torch.arange(chunks * chunk_size, device=cu.device)
@@ -124,7 +126,7 @@ def chunk_gated_delta(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, 
     """
     T = q.shape[0]
     dt = h0.dtype
-    pos, _, chunks = pad_sequences(cu_seqlens, chunk_size)
+    pos, _, chunks = pad_sequences(cu_seqlens, chunk_size, T)  # (padding reads row T: zeros, whatever cu_seqlens)
     C = chunk_size
 
     def grid(x: Tensor) -> Tensor:  # [T, HV, ...] -> [chunks, B, HV, C, ...]

@@ -198,6 +198,22 @@ def test_a_none_op_whose_backend_returns_a_result_of_its_own_is_refused_not_sile
         assert double_into(torch.ones(3), out, backend="in_place") is None
 
 
+@double_into.backend("sparse", devices=("cpu", "meta"), priority=0)
+def _double_sparse(x, out):
+    out.copy_(x * 2)
+    return (x * 2).to_sparse() if x.device.type == "cpu" else x * 2  # (a meta tensor of its own: address 0 too)
+
+
+@pytest.mark.parametrize("device", ["cpu", "meta"])
+def test_a_none_ops_own_result_is_refused_also_when_it_is_sparse_or_on_meta(device):
+    for mode in ("check", "strict"):
+        out = torch.zeros(3, device=device)
+        with kc.mode(mode), pytest.raises(kc.BackendError, match="would be lost"):
+            double_into(torch.ones(3, device=device), out, backend="sparse")
+        if device == "cpu" and mode == "strict":
+            assert torch.equal(out, torch.zeros(3))  # rolled back
+
+
 @kc.contract
 def bad_result(x: Float[Tensor, "N"], out: Written) -> Float[Tensor, "N"]:
     out.copy_(x)

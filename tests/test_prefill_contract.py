@@ -156,6 +156,19 @@ def test_watch_mode_checks_the_same_rules_and_on_the_cpu_raises_before_the_kerne
     kc.raise_pending()  # nothing left pending
 
 
+def test_a_new_sequence_may_start_in_a_slot_holding_nan_but_a_continuing_one_may_not():
+    call = make_prefill_call(CFG, [2, 3], pool=4)
+    slot = int(call["ssm_state_indices"][1])
+    call["initial_state"][slot] = float("nan")
+    with kc.mode("strict"):
+        kc.packed_prefill(**{**call, "has_initial_state": torch.tensor([True, False])}, config=CFG)  # overwritten
+        assert torch.isfinite(call["initial_state"][slot]).all()
+        call["initial_state"][slot] = float("nan")
+        with pytest.raises(kc.ValueRangeError, match=r"names where has_initial_state\n +got +NaN or Inf in a used "
+                                                     r"row: 1 row\(s\); the first: initial_state\[" + str(slot)):
+            kc.packed_prefill(**{**call, "has_initial_state": torch.tensor([True, True])}, config=CFG)
+
+
 def test_the_generated_docs_document_both_prefill_ops():
     from kda_contracts._app.docs import generate
 

@@ -169,9 +169,9 @@ def _capturing() -> bool:
 
 def report(w: Watcher, row: Sequence[float]) -> None:
     """Raise the violation a flag recorded (and clear the flag)."""
-    w.clear()
     serial, r, found = int(row[1]), int(row[2]), list(row[3:7])
     rec = RECORDS.get(serial)
+    w.clear()  # (the row is read: the flag may record the next violation)
     if rec is None:
         v = Violation(ValueRangeError, "(an earlier call)", "the call's value rules",
                       f"a violation in call #{serial}, whose record is gone (only the last {RECORDS_MAX} are kept)",
@@ -184,7 +184,7 @@ def report(w: Watcher, row: Sequence[float]) -> None:
     details = (f"found by watch mode in call #{serial} of {rec.name} on {w.device}, after it ran (no rollback)",
                wrote)
     raise_violations(f"{rec.name} (watch, call #{serial})", [dataclasses.replace(v, details=(*v.details, *details))],
-                     {k: int(d) for k, d in rec.dims.items()}, {})
+                     {k: d for k, d in rec.dims.items() if d is not None}, {})  # (as the CPU path: variadics as is)
 
 
 def poll() -> None:

@@ -33,6 +33,7 @@ from ..grammar.dims import (
     dim_symbols,
     fits_variadic,
 )
+from ..rules.compiled import first_broken
 from ..rules.order import DenseOrder
 from ..rules.tensor import Contiguous, Disjoint, DtypeIn, InnerDense, Rule, SameDevice, SameDtype, Writable
 from .markers import Spec
@@ -76,11 +77,11 @@ class TensorNode(Node):
     spec: Spec = field(default_factory=Spec)
     optional: bool = False
     rules: tuple[Rule, ...] = ()  # dtype, device, layout and written-in-place rules, in checking order
-    # each rule's test, compiled once (torch.compile traces the walk: nothing is compiled then)
-    tests: tuple[tuple[Rule, Any], ...] = field(init=False, repr=False, compare=False)
+    # the rules' tests as one function, compiled once (torch.compile traces the walk: nothing is compiled then)
+    broken: Any = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "tests", tuple((r, r.compiled_test()) for r in self.rules))
+        object.__setattr__(self, "broken", first_broken(self.rules))
 
     def __str__(self) -> str:
         return f"Tensor[{self.dim_str}]"
@@ -128,15 +129,13 @@ class TensorNode(Node):
         device = env.get(DEVICE)
         if device is None:
             env[DEVICE] = device = value.device
-        slots = {"value": value, "dtype": value.dtype, "device": device, "config_value": None, "other_dtype": None}
-        for rule, broken in self.tests:
-            if "shape" in rule.needs or "strides" in rule.needs:
-                slots.update(shape=tuple(value.shape), strides=value.stride())
-            if broken(**{k: slots[k] for k in rule.needs}):
-                problem = rule.kind, rule.words(path, **slots)
-                if (report := env.get(REPORT)) is not None:
-                    report[problem[1]] = self.every_problem(value, env, path, slots)
-                return problem
+        if (i := self.broken(value, device)) >= 0:
+            slots = {"value": value, "dtype": value.dtype, "device": device, "config_value": None, "other_dtype": None,
+                     "shape": tuple(value.shape), "strides": value.stride()}
+            problem = self.rules[i].kind, self.rules[i].words(path, **slots)
+            if (report := env.get(REPORT)) is not None:
+                report[problem[1]] = self.every_problem(value, env, path, slots)
+            return problem
         why = match_dims(self.dims, tuple(value.shape), env)
         return None if why is None else (ShapeError, words("{}: shape {}: {}", path, tuple(value.shape), why))
 
@@ -339,8 +338,9 @@ class SequenceOf(Node):
                 return None
             i, item = next((i, v) for i, v in enumerate(items) if not isinstance(v, classes))
             return self.item.match(item, env, self.item_path(path, i, item))
+        ordered = self.ordered
         for i, item in enumerate(value):  # type: ignore[var-annotated, arg-type]
-            problem = self.item.match(item, env, self.item_path(path, i, item))
+            problem = self.item.match(item, env, f"{path}[{i}]" if ordered else self.item_path(path, i, item))
             if problem is not None:
                 return problem
         return None

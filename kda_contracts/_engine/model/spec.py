@@ -23,7 +23,7 @@ from ..grammar.dims import ArgFact, Expr, WideSizes
 from ..rules.tensor import Rule
 from ..rules.values import ValueRule
 from .markers import MatchConfig, Range, Where, config_dim_source, config_dims
-from .nodes import DEVICE, Node, TensorNode, walk_containers
+from .nodes import FieldsOf, MappingOf, Node, OneOf, SequenceOf, TensorNode, TupleOf, walk_containers
 
 
 @dataclass(frozen=True)
@@ -329,6 +329,30 @@ def call_device(spec: ContractSpec, values: Mapping[str, Any] | None) -> Any:
     if spec.first_tensor is not None:
         first = values.get(spec.first_tensor)
         return first.device if isinstance(first, torch.Tensor) else None
-    env: dict[str, Any] = {}
-    walk_containers(tuple((n, p.node, values.get(n)) for n, p in spec.nested.items()), env)
-    return env.get(DEVICE)
+    for n, p in spec.nested.items():  # (the arguments' check held every tensor inside to one device)
+        found = first_tensor(p.node, values.get(n))
+        if found is not None:
+            return found.device
+    return None
+
+
+def first_tensor(node: Node, value: Any) -> torch.Tensor | None:
+    """The first tensor ``value`` holds where ``node`` annotates one (no dims matched: a cheap walk
+    that stops at the first), or None."""
+    try:
+        if isinstance(node, TensorNode):
+            return value if isinstance(value, torch.Tensor) else None
+        pairs: Any = ()
+        if isinstance(node, SequenceOf):
+            pairs = ((node.item, v) for v in value)
+        elif isinstance(node, TupleOf):
+            pairs = zip(node.items, value, strict=False)
+        elif isinstance(node, MappingOf):
+            pairs = ((node.value, v) for v in value.values())
+        elif isinstance(node, FieldsOf):
+            pairs = ((n, getattr(value, f)) for f, n in node.fields)
+        elif isinstance(node, OneOf):
+            pairs = ((o, value) for o in node.options)
+        return next((t for n, v in pairs if (t := first_tensor(n, v)) is not None), None)
+    except Exception:  # (a value the arguments' check refused would not get here; nothing to find)
+        return None

@@ -116,6 +116,8 @@ class ValueRule:
         ts = [values.get(a) for a in self.args]
         if not all(isinstance(t, Tensor) for t in ts):
             return None
+        if any(isinstance(b, str) and dims.get(b) is None for b in self.bounds()):
+            return None  # a bound dim the call left unbound (only an empty container carries it): nothing to hold to
         return self._probe(*ts, dims=dims)
 
     _probe: Callable[..., Tensor]  # (the rule's tensors, in ``args`` order, and ``dims=``)
@@ -308,20 +310,25 @@ class FiniteRows(ValueRule):
     """The rows of ``pool`` (its dim 0) that the valid values of ``indices`` (``0 <= i <
     pool.shape[0]``; the rest are padding or another rule's business) name hold finite values.
     Reported by the position in ``indices``; the value is the row's largest magnitude (NaN or
-    Inf); extra: the row.
+    Inf); extra: the row. ``only``: a boolean tensor argument beside ``indices``; only the rows
+    where it is True are read by the call (a slot a new sequence starts in is overwritten, not read).
 
     Example::
 
         kc.FiniteRows("initial_state", "ssm_state_indices")   # the state slots a call reads
+        kc.FiniteRows("initial_state", "ssm_state_indices", only="has_initial_state")
     """
 
     default_hint = "that row is already corrupt (an earlier step overflowed, or it was never initialised); reset it"
 
-    def __init__(self, pool: str, indices: str, *, hint: str | None = None) -> None:
-        self.args, self.hint = (pool, indices), hint
+    def __init__(self, pool: str, indices: str, *, only: str | None = None, hint: str | None = None) -> None:
+        self.args, self.hint = (pool, indices, *((only,) if only else ())), hint
         self.index_args = (indices,)
 
-    def _probe(self, pool: Tensor, idx: Tensor, *, dims: Mapping[str, Any]) -> Tensor:
+    def _repr_parts(self) -> list[str]:
+        return [repr(a) for a in self.args[:2]] + ([f"only={self.args[2]!r}"] if len(self.args) > 2 else [])
+
+    def _probe(self, pool: Tensor, idx: Tensor, only: Tensor | None = None, *, dims: Mapping[str, Any]) -> Tensor:
         flat = idx.reshape(-1)
         n = pool.shape[0]
         if flat.numel() == 0 or n == 0 or pool[0].numel() == 0 or not (pool.dtype.is_floating_point or
@@ -338,14 +345,17 @@ class FiniteRows(ValueRule):
                 norms = torch.cat([_row_norms(pool.index_select(0, slots[i:i + step]))
                                    for i in range(0, flat.numel(), step)])
         mask = (flat >= 0) & (flat < n) & ~torch.isfinite(norms)
+        if only is not None:  # (the rows the call reads: e.g. only where has_initial_state)
+            mask = mask & only.reshape(-1).to(torch.bool)
         probe = first_bad(mask, norms.to(_F64))
         return torch.stack([probe[0], probe[1], probe[2], _real(first_bad(mask, flat)[1])])
 
     def words(self, found: Found, shapes: Mapping[str, Sequence[int]] | None,
               dims: Mapping[str, Any]) -> tuple[str, str]:
-        pool, idx = self.args
+        pool, idx = self.args[:2]
         shape = None if shapes is None else shapes.get(idx)
-        return (f"finite values in the rows of {pool} that {idx} names",
+        which = f" where {self.args[2]}" if len(self.args) > 2 else ""
+        return (f"finite values in the rows of {pool} that {idx} names{which}",
                 f"NaN or Inf in a used row: {int(found[2])} row(s); the first: {pool}[{number(found[3])}] holds "
                 f"{number(found[1])} ({element(idx, int(found[0]), shape)} = {number(found[3])})")
 

@@ -50,7 +50,7 @@ PREFILL_VALUE_RULES = (
             hint="an index past the pool would read and write another sequence's state; check the slot allocator"),
     Distinct("ssm_state_indices", hint="two sequences on one slot race on its state (a lost update); give each its "
                                        "own slot, mark padding with -1"),
-    FiniteRows("initial_state", "ssm_state_indices",
+    FiniteRows("initial_state", "ssm_state_indices", only="has_initial_state",
                hint="a sequence that continues (has_initial_state) from a corrupt slot; reset it"),
     *(Finite(name, hint="find the op that produced it (check the previous layer's output)") for name in _INPUTS),
 )
