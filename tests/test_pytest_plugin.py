@@ -552,3 +552,32 @@ def test_a_bad_package_list_is_a_usage_error(pytester, value, message):
     result = run(pytester, f"--kda-contracts-packages={value}")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines([f"ERROR: --kda-contracts-packages={value}: kc.install_import_hook: {message}"])
+
+
+def test_under_watch_a_violation_still_in_flight_fails_the_test_that_made_it(pytester):
+    """On a GPU a watched call's violation may still be in flight when its test returns: the plugin
+    flushes after each test's call (here a hook stands in for the device's pending report)."""
+    pytester.makepyfile(test_inner="""
+import kda_contracts as kc
+from kda_contracts._engine import modes
+
+PENDING = []
+
+def _flush():
+    if PENDING:
+        PENDING.pop()
+        raise kc.ValueRangeError("a slot index past the pool, found on the device")
+
+modes.ON_WATCH_EXIT.append(_flush)
+
+def test_makes_a_bad_call():
+    assert kc.get_mode() == "watch"
+    PENDING.append(1)  # what a watched CUDA call leaves when its flag copy has not arrived yet
+
+def test_a_later_test_is_not_blamed():
+    assert not PENDING
+""")
+    result = run(pytester, "--kda-contracts=watch")
+    result.assert_outcomes(passed=1, failed=1)
+    result.stdout.fnmatch_lines(["*ValueRangeError: a slot index past the pool, found on the device*"])
+    assert "PluggyTeardownRaisedWarning" not in result.stdout.str()

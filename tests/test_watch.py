@@ -240,3 +240,29 @@ def test_an_op_declares_value_rules_and_watch_mode_checks_them():
     with warnings.catch_warnings(), kc.mode("check"):
         warnings.simplefilter("error")
         pick(pool, torch.tensor([-2, 3]), out)  # check mode reads no values
+
+
+def test_call_records_are_kept_safely_by_many_threads(monkeypatch):
+    """Serials are unique and the oldest records are dropped without a race (a KeyError, or a dict
+    changed during iteration) when several threads make watched calls at once."""
+    import threading
+
+    from kda_contracts._engine.contract import watch
+
+    monkeypatch.setattr(watch, "RECORDS_MAX", 16)
+    serials: list[int] = []
+    errors: list[BaseException] = []
+
+    def make() -> None:
+        try:
+            for _ in range(2000):
+                serials.append(watch._record(lambda s: watch.CallRecord("f", s, (), (), {}, None, ())))
+        except BaseException as exc:  # (what the race would raise)
+            errors.append(exc)
+
+    threads = [threading.Thread(target=make) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors and len(set(serials)) == len(serials) == 16000 and len(watch.RECORDS) <= 16

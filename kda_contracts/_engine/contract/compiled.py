@@ -61,7 +61,7 @@ from ..rules.memory import skip_value_checks, without_data
 from ..rules.values import read_rules
 from ..source import define
 from .transaction import ROLLED_BACK, partial_writes
-from .watch import ContractWatch
+from .watch import ContractWatch, watcher
 
 _BEARTYPE_CONF = BeartypeConf(is_pep484_tower=True)  # a float parameter accepts an int
 
@@ -320,6 +320,9 @@ class Contract:
             assert self._watch is not None
             self._watch.eager(ctx.values, dict(ctx.dims))
             return []
+        for t in read.values():  # (the flag a later capture records into is made now, outside it)
+            if isinstance(t, torch.Tensor) and t.is_cuda:
+                watcher(t.device)
         violations, ctx.memo["host"] = read_rules(self.spec.value_rules, ctx.values, ctx.dims, host_copies=True)
         return violations
 

@@ -29,7 +29,8 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-from collections.abc import Mapping, Sequence
+import threading
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -38,7 +39,7 @@ from torch import Tensor
 
 from .. import modes
 from ..compile.marks import mark_constant_result
-from ..errors import ValueRangeError, Violation, raise_violations
+from ..errors import ContractError, ValueRangeError, Violation, raise_violations
 from ..rules.memory import skip_value_checks, without_data
 from ..rules.values import ValueRule, probes, read_rules
 
@@ -149,6 +150,7 @@ def fold(flag: Tensor, found: Tensor, serial: int) -> None:
 WATCHERS: dict[str, Watcher] = {}
 RECORDS: dict[int, CallRecord] = {}
 _serials = itertools.count(1)
+_LOCK = threading.Lock()  # (serials, records and watchers are shared by every thread)
 
 
 def channel_for(device: torch.device) -> Channel:
@@ -156,11 +158,31 @@ def channel_for(device: torch.device) -> Channel:
 
 
 def watcher(device: torch.device) -> Watcher:
+    """The device's watcher, made on the first watched or strict call there. Not during CUDA-graph
+    capture: its flag and pinned buffers would be made by the graph (each replay zeroing the flag)."""
     key = str(device)
     w = WATCHERS.get(key)
     if w is None:
-        w = WATCHERS[key] = Watcher(device, channel_for(device))
+        if _capturing():
+            raise_violations("watch mode", [Violation(
+                ContractError, "(capture)", f"a watched or strict call on {device} before the CUDA-graph capture",
+                "the first such call is being captured",
+                hint="run the call once eagerly first (a warm-up call before torch.cuda.graph does it)")], {}, {})
+        with _LOCK:
+            w = WATCHERS.get(key) or Watcher(device, channel_for(device))
+            WATCHERS[key] = w
     return w
+
+
+def _record(make: Callable[[int], CallRecord]) -> int:
+    """A new call serial and its record (``make(serial)``), the oldest record dropped past
+    :data:`RECORDS_MAX`; thread-safe."""
+    with _LOCK:
+        serial = next(_serials)
+        RECORDS[serial] = make(serial)
+        while len(RECORDS) > RECORDS_MAX:
+            RECORDS.pop(next(iter(RECORDS)), None)
+    return serial
 
 
 def _capturing() -> bool:
@@ -230,11 +252,7 @@ class ContractWatch:
     def _note(self, device: str, rows: tuple[int, ...]) -> int:
         """A new call record (at trace time under torch.compile: the traced call's); its serial."""
         watcher(torch.device(device))
-        serial = next(_serials)
-        RECORDS[serial] = CallRecord(self.name, serial, self.rules, rows, {}, None, self.written)
-        if len(RECORDS) > RECORDS_MAX:
-            del RECORDS[next(iter(RECORDS))]
-        return serial
+        return _record(lambda serial: CallRecord(self.name, serial, self.rules, rows, {}, None, self.written))
 
     def __call__(self, dims: tuple[Any, ...], *vals: Any) -> None:
         values = dict(zip(self.names, vals, strict=False))
@@ -276,11 +294,9 @@ class ContractWatch:
         shapes = {a: tuple(t.shape) for a, t in read.items() if isinstance(t, Tensor)}
         capturing = _capturing()
         for device, items in by_device.items():  # (one device, nearly always; a serial each)
-            serial = next(_serials)
-            RECORDS[serial] = CallRecord(self.name, serial, self.rules, tuple(i for i, _ in items), env, shapes,
-                                         self.written)
-            if len(RECORDS) > RECORDS_MAX:
-                del RECORDS[next(iter(RECORDS))]
+            rows = tuple(i for i, _ in items)
+            serial = _record(lambda serial: CallRecord(self.name, serial, self.rules, rows, env, shapes,  # noqa: B023
+                                                       self.written))
             w = watcher(device)
             fold(w.flag, torch.stack([p for _, p in items]), serial)
             if not capturing:

@@ -40,6 +40,7 @@ import os
 import warnings
 from collections.abc import Generator
 from dataclasses import dataclass, field
+from typing import Any
 
 import pytest
 
@@ -260,10 +261,15 @@ def pytest_runtest_setup(item: pytest.Item) -> Generator[None, None, None]:
         yield
 
 
-@pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_call(item: pytest.Item) -> Generator[None, None, None]:
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Generator[None, Any, Any]:
     with _in_item_mode(item):
-        yield
+        result = yield  # (a test that raised goes on raising: nothing more is asked)
+        if modes.current_mode() == modes.WATCH:
+            # what this test's watched calls found on a device is this test's: raised here, not in a later test
+            for hook in modes.ON_WATCH_EXIT:
+                hook()
+        return result
 
 
 @pytest.hookimpl(hookwrapper=True)
