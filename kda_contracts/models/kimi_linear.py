@@ -69,7 +69,7 @@ from .layer_contracts import (
     slot_value_checks,
 )
 from .layer_contracts import layer_dims as layer_dims
-from .linear_attention import LinearAttentionDecode, StepKernel
+from .linear_attention import LinearAttentionDecode
 
 __all__ = ["WEIGHT_NAMES", "KimiDeltaAttention", "layer_dims", "random_weights", "shard_weights", "weights_from_hf"]
 
@@ -245,15 +245,6 @@ class KimiDeltaAttention(LinearAttentionDecode):
         o = o * torch.rsqrt(o.square().mean(-1, keepdim=True) + self.rms_norm_eps) * self.o_norm.float()
         o = o * torch.sigmoid(gate)  # padding rows: o == 0, so y == 0
         return self.o_proj(o.to(x.dtype).flatten(1))
-
-    def _step(self, x: Tensor, ssm_states: Tensor, conv_states: Tensor, state_indices: Tensor,
-              kernel: StepKernel) -> Tensor:
-        d = self._dims
-        mixed_qkv, a, b, extra = self._inputs(x)
-        mixed_qkv = self._conv_step(mixed_qkv, conv_states, state_indices)
-        out = x.new_empty(x.shape[0], 1, d["HV"], d["V"])
-        kernel(mixed_qkv, a, b, self.A_log, self.dt_bias, self.config.scale, ssm_states, out, state_indices)
-        return self._outputs(x, out, extra)
 
     def _packed_prefill(self, mixed_qkv: Tensor, a: Tensor, b: Tensor, A_log: Tensor, dt_bias: Tensor,
                         scale: float, ssm_states: Tensor, out: Tensor, cu_seqlens: Tensor, state_indices: Tensor,

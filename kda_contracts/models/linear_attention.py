@@ -220,7 +220,12 @@ class LinearAttentionDecode(nn.Module):
     def _step(self, x: Tensor, ssm_states: Tensor, conv_states: Tensor, state_indices: Tensor,
               kernel: StepKernel) -> Tensor:
         """One token for B requests (``x [B, D]``): this rank's partial output ``[B, D]``."""
-        raise NotImplementedError
+        d = self._dims
+        mixed_qkv, a, b, extra = self._inputs(x)
+        mixed_qkv = self._conv_step(mixed_qkv, conv_states, state_indices)
+        out = x.new_empty(x.shape[0], 1, d["HV"], d["V"])
+        kernel(mixed_qkv, a, b, self.A_log, self.dt_bias, self.config.scale, ssm_states, out, state_indices)
+        return self._outputs(x, out, extra)
 
     def _decode(self, x: Tensor, ssm_states: Tensor, conv_states: Tensor, state_indices: Tensor,
                 kernel: StepKernel) -> Tensor:

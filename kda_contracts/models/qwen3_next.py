@@ -58,7 +58,7 @@ from .layer_contracts import (
     SSMStatePool,
     slot_value_checks,
 )
-from .linear_attention import LinearAttentionDecode, StepKernel
+from .linear_attention import LinearAttentionDecode
 from .qwen3_next_contracts import HINTS
 from .qwen3_next_weights import WEIGHT_NAMES as WEIGHT_NAMES
 from .qwen3_next_weights import random_weights as random_weights
@@ -211,15 +211,6 @@ class Qwen3NextGatedDeltaNet(LinearAttentionDecode):
         o = o * torch.rsqrt(o.square().mean(-1, keepdim=True) + self.rms_norm_eps) * self.norm.float()
         o = o * F.silu(extra.reshape(R, HV, V).float())  # padding rows: o == 0, so y == 0
         return self.out_proj(o.to(x.dtype).flatten(1))
-
-    def _step(self, x: Tensor, ssm_states: Tensor, conv_states: Tensor, state_indices: Tensor,
-              kernel: StepKernel) -> Tensor:
-        d = self._dims
-        mixed_qkv, a, b, z = self._inputs(x)
-        mixed_qkv = self._conv_step(mixed_qkv, conv_states, state_indices)
-        out = x.new_empty(x.shape[0], 1, d["HV"], d["V"])
-        kernel(mixed_qkv, a, b, self.A_log, self.dt_bias, self.config.scale, ssm_states, out, state_indices)
-        return self._outputs(x, out, z)
 
     def _packed_prefill(self, mixed_qkv: Tensor, a: Tensor, b: Tensor, A_log: Tensor, dt_bias: Tensor,
                         scale: float, ssm_states: Tensor, out: Tensor, cu_seqlens: Tensor, state_indices: Tensor,

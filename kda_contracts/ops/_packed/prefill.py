@@ -16,6 +16,7 @@ Example::
 
 # No `from __future__ import annotations`: the contract annotations are built from local values.
 
+import importlib
 from collections.abc import Callable
 from typing import Annotated, Any
 
@@ -133,3 +134,39 @@ def make_prefill_call(cfg: KDAConfig, lengths: tuple[int, ...] | list[int], pool
     if not gdn:
         call["lower_bound"] = cfg.effective_lower_bound
     return call
+
+
+def prefill_kernel(target: str, doc: str, *, gated: bool) -> Callable[..., None]:
+    """A prefill op's backend kernel: ``target`` (``"module:function"`` in ``kda_kernels``, imported on
+    the first call) called with the prefill interface (the op's arguments, then ``num_heads``,
+    ``use_qk_l2norm``, ``lower_bound`` when ``gated`` (KDA's) and ``state_layout``, the call's variant).
+
+    Example::
+
+        kernel = prefill_kernel("kda_kernels.fla_prefill:packed_prefill", "fla's chunk_kda", gated=True)
+    """
+    module, _, name = target.partition(":")
+    found: list[Callable[..., None]] = []
+
+    def load() -> Callable[..., None]:
+        if not found:
+            found.append(getattr(importlib.import_module(module), name))
+        return found[0]
+
+    if gated:
+        def run(mixed_qkv: Any, a: Any, b: Any, A_log: Any, dt_bias: Any, scale: float, initial_state: Any, out: Any,
+                cu_seqlens: Any, ssm_state_indices: Any, has_initial_state: Any, use_qk_l2norm_in_kernel: bool = False,
+                lower_bound: float | None = None, *, config: Any = None, state_layout: Any = None, dims: Any,
+                variant: str) -> None:
+            load()(mixed_qkv, a, b, A_log, dt_bias, scale, initial_state, out, cu_seqlens, ssm_state_indices,
+                   has_initial_state, num_heads=dims.H, use_qk_l2norm=use_qk_l2norm_in_kernel,
+                   lower_bound=lower_bound, state_layout=variant)
+    else:
+        def run(mixed_qkv: Any, a: Any, b: Any, A_log: Any, dt_bias: Any, scale: float,  # type: ignore[misc]
+                initial_state: Any, out: Any, cu_seqlens: Any, ssm_state_indices: Any, has_initial_state: Any,
+                use_qk_l2norm_in_kernel: bool = False, *, config: Any = None, state_layout: Any = None, dims: Any,
+                variant: str) -> None:
+            load()(mixed_qkv, a, b, A_log, dt_bias, scale, initial_state, out, cu_seqlens, ssm_state_indices,
+                   has_initial_state, num_heads=dims.H, use_qk_l2norm=use_qk_l2norm_in_kernel, state_layout=variant)
+    run.__doc__, run.__name__ = doc, name
+    return run

@@ -15,34 +15,20 @@ Example::
 
 from __future__ import annotations
 
-from typing import Any
-
 from ..._engine import Backend
 from .._packed.backends import cpu_if_interpreting, probe
+from .._packed.prefill import prefill_kernel
 from .prefill import gdn_packed_prefill
 
+fla_chunk_gated_delta_rule = prefill_kernel(
+    "kda_kernels.fla_prefill:gdn_packed_prefill",
+    "flash-linear-attention's chunk_gated_delta_rule (varlen), slots gathered and scattered without a host sync",
+    gated=False)
 
-def fla_chunk_gated_delta_rule(mixed_qkv: Any, a: Any, b: Any, A_log: Any, dt_bias: Any, scale: float,
-                               initial_state: Any, out: Any, cu_seqlens: Any, ssm_state_indices: Any,
-                               has_initial_state: Any, use_qk_l2norm_in_kernel: bool = False, *, config: Any = None,
-                               state_layout: Any = None, dims: Any, variant: str) -> None:
-    """flash-linear-attention's chunk_gated_delta_rule (varlen), slots gathered and scattered without a host sync"""
-    from kda_kernels.fla_prefill import gdn_packed_prefill as kernel
-
-    kernel(mixed_qkv, a, b, A_log, dt_bias, scale, initial_state, out, cu_seqlens, ssm_state_indices,
-           has_initial_state, num_heads=dims.H, use_qk_l2norm=use_qk_l2norm_in_kernel, state_layout=variant)
-
-
-def token_loop(mixed_qkv: Any, a: Any, b: Any, A_log: Any, dt_bias: Any, scale: float, initial_state: Any,
-               out: Any, cu_seqlens: Any, ssm_state_indices: Any, has_initial_state: Any,
-               use_qk_l2norm_in_kernel: bool = False, *, config: Any = None, state_layout: Any = None, dims: Any,
-               variant: str) -> None:
-    """one GDN packed-decode reference step per token position: the test oracle (slow)"""
-    from kda_kernels.prefill_reference import gdn_packed_prefill_loop as kernel
-
-    kernel(mixed_qkv, a, b, A_log, dt_bias, scale, initial_state, out, cu_seqlens, ssm_state_indices,
-           has_initial_state, num_heads=dims.H, use_qk_l2norm=use_qk_l2norm_in_kernel, state_layout=variant)
-
+token_loop = prefill_kernel(
+    "kda_kernels.prefill_reference:gdn_packed_prefill_loop",
+    "one GDN packed-decode reference step per token position: the test oracle (slow)",
+    gated=False)
 
 SHIPPED: tuple[Backend, ...] = (
     gdn_packed_prefill.register_backend(Backend(

@@ -16,36 +16,20 @@ Example::
 
 from __future__ import annotations
 
-from typing import Any
-
 from ..._engine import Backend
 from .._packed.backends import cpu_if_interpreting, probe
+from .._packed.prefill import prefill_kernel
 from .prefill import packed_prefill
 
+fla_chunk_kda = prefill_kernel(
+    "kda_kernels.fla_prefill:packed_prefill",
+    "flash-linear-attention's chunk_kda (varlen), slots gathered and scattered without a host sync",
+    gated=True)
 
-def fla_chunk_kda(mixed_qkv: Any, a: Any, b: Any, A_log: Any, dt_bias: Any, scale: float, initial_state: Any,
-                  out: Any, cu_seqlens: Any, ssm_state_indices: Any, has_initial_state: Any,
-                  use_qk_l2norm_in_kernel: bool = False, lower_bound: float | None = None, *, config: Any = None,
-                  state_layout: Any = None, dims: Any, variant: str) -> None:
-    """flash-linear-attention's chunk_kda (varlen), slots gathered and scattered without a host sync"""
-    from kda_kernels.fla_prefill import packed_prefill as kernel
-
-    kernel(mixed_qkv, a, b, A_log, dt_bias, scale, initial_state, out, cu_seqlens, ssm_state_indices,
-           has_initial_state, num_heads=dims.H, use_qk_l2norm=use_qk_l2norm_in_kernel, lower_bound=lower_bound,
-           state_layout=variant)
-
-
-def token_loop(mixed_qkv: Any, a: Any, b: Any, A_log: Any, dt_bias: Any, scale: float, initial_state: Any,
-               out: Any, cu_seqlens: Any, ssm_state_indices: Any, has_initial_state: Any,
-               use_qk_l2norm_in_kernel: bool = False, lower_bound: float | None = None, *, config: Any = None,
-               state_layout: Any = None, dims: Any, variant: str) -> None:
-    """one packed-decode reference step per token position: the test oracle (slow)"""
-    from kda_kernels.prefill_reference import packed_prefill_loop as kernel
-
-    kernel(mixed_qkv, a, b, A_log, dt_bias, scale, initial_state, out, cu_seqlens, ssm_state_indices,
-           has_initial_state, num_heads=dims.H, use_qk_l2norm=use_qk_l2norm_in_kernel, lower_bound=lower_bound,
-           state_layout=variant)
-
+token_loop = prefill_kernel(
+    "kda_kernels.prefill_reference:packed_prefill_loop",
+    "one packed-decode reference step per token position: the test oracle (slow)",
+    gated=True)
 
 SHIPPED: tuple[Backend, ...] = (
     packed_prefill.register_backend(Backend(
