@@ -338,21 +338,25 @@ def call_device(spec: ContractSpec, values: Mapping[str, Any] | None) -> Any:
 
 def first_tensor(node: Node, value: Any) -> torch.Tensor | None:
     """The first tensor ``value`` holds where ``node`` annotates one (no dims matched: a cheap walk
-    that stops at the first), or None."""
+    that stops at the first), or None. Plain loops: torch.compile traces this."""
     try:
         if isinstance(node, TensorNode):
             return value if isinstance(value, torch.Tensor) else None
-        pairs: Any = ()
+        pairs: list[tuple[Node, Any]] = []
         if isinstance(node, SequenceOf):
-            pairs = ((node.item, v) for v in value)
+            pairs = [(node.item, v) for v in value]
         elif isinstance(node, TupleOf):
-            pairs = zip(node.items, value, strict=False)
+            pairs = list(zip(node.items, value, strict=False))
         elif isinstance(node, MappingOf):
-            pairs = ((node.value, v) for v in value.values())
+            pairs = [(node.value, v) for v in value.values()]
         elif isinstance(node, FieldsOf):
-            pairs = ((n, getattr(value, f)) for f, n in node.fields)
+            pairs = [(n, getattr(value, f)) for f, n in node.fields]
         elif isinstance(node, OneOf):
-            pairs = ((o, value) for o in node.options)
-        return next((t for n, v in pairs if (t := first_tensor(n, v)) is not None), None)
+            pairs = [(o, value) for o in node.options]
+        for inner, v in pairs:
+            found = first_tensor(inner, v)
+            if found is not None:
+                return found
+        return None
     except Exception:  # (a value the arguments' check refused would not get here; nothing to find)
         return None
