@@ -150,7 +150,7 @@ VALUE_RULES = (
 
 
 def value_checks(ctx: CallContext) -> list[Violation]:
-    """Strict mode, beside :data:`VALUE_RULES` (which the engine reads before this runs): during
+    """Strict mode, beside the op's value rules (which the engine reads before this runs): during
     CUDA-graph capture, where nothing can be read, the range check as a device-side assert as
     well (the rules themselves are captured into watch mode's flag, read with
     ``kc.raise_pending()``). Otherwise nothing more."""

@@ -33,7 +33,7 @@ from ..._engine import (
     without_data,
 )
 from .calls import _host_indices
-from .checks import _read_back, _row_probes, slot_probes, used_slots_finite
+from .checks import _read_back, _row_probes, slot_probes, used_slots_finite, value_checks
 
 _INPUTS = ("mixed_qkv", "a", "b", "A_log", "dt_bias")
 
@@ -56,13 +56,9 @@ PREFILL_VALUE_RULES = (
 )
 
 
-def prefill_value_checks(ctx: CallContext) -> list[Violation]:
-    """Strict mode, beside :data:`PREFILL_VALUE_RULES` (read before this runs): during CUDA-graph
-    capture, where nothing can be read, the index range as a device-side assert as well."""
-    idx, state = ctx.values["ssm_state_indices"], ctx.values["initial_state"]
-    if isinstance(state, torch.Tensor) and state.is_cuda and torch.cuda.is_current_stream_capturing():
-        torch._assert_async((idx < ctx.dims["N"]).all(), "ssm_state_indices has an index >= N (the pool size)")
-    return []
+#: strict mode, beside the rules: during CUDA-graph capture the index range as a device-side assert
+#: as well (decode's own: the same arguments, ``ssm_state_indices`` below ``N``)
+prefill_value_checks = value_checks
 
 
 def prefill_output_checks(ctx: CallContext, backend: str) -> list[Violation]:
