@@ -161,6 +161,17 @@ def value_checks(ctx: CallContext) -> list[Violation]:
     return []
 
 
+def outputs_unreadable(op: str, backend: str, out: Tensor, state: Tensor, idx: Tensor) -> bool:
+    """Whether strict mode's checks after the kernel must be skipped: during CUDA-graph capture
+    (nothing can be read), or for tensors without data (said with a ValueChecksSkipped warning)."""
+    if out.is_cuda and torch.cuda.is_current_stream_capturing():
+        return True
+    blind = without_data({"out": out, "initial_state": state, "ssm_state_indices": idx})
+    if blind:
+        skip_value_checks(f"{op} (after backend {backend!r})", blind)
+    return bool(blind)
+
+
 def output_violations(backend: str, out: Tensor, state: Tensor, idx: Tensor,
                       host_indices: Host | None = None, *, op: str = "packed_decode") -> list[Violation]:
     """Strict mode, after the kernel: the outputs still meet the contract's promises — finite
@@ -168,11 +179,7 @@ def output_violations(backend: str, out: Tensor, state: Tensor, idx: Tensor,
     magnitude of each output row and a probe per used slot, read at once (``host_indices``: the
     host copy of ``idx`` the value checks read, else it comes back in the same read; ``op`` names
     the op in the warning for tensors without data). Skipped during CUDA-graph capture."""
-    if out.is_cuda and torch.cuda.is_current_stream_capturing():
-        return []
-    blind = without_data({"out": out, "initial_state": state, "ssm_state_indices": idx})
-    if blind:
-        skip_value_checks(f"{op} (after backend {backend!r})", blind)
+    if outputs_unreadable(op, backend, out, state, idx):
         return []
     n = state.shape[0]
     rows = _row_probes(out if out.dim() > 1 else out.unsqueeze(1))  # one reduction: finite, and 0 for a zero row
