@@ -78,3 +78,38 @@ def test_a_captured_call_records_into_the_flag_on_replay():
         graph.replay()
         with pytest.raises(kc.ValueRangeError, match=r"a\[1, 0\] = inf"):
             kc.raise_pending()
+
+
+def test_the_fused_kernel_checks_every_rule_of_the_op_in_one_launch():
+    from kda_contracts._engine.rules import fused
+
+    c = call()
+    with kc.mode("watch"):
+        kc.packed_decode(**c, config=CFG, backend="torch")
+        torch.cuda.synchronize()
+        assert fused.usable() and fused._launch_cache, "the kernel ran, and its launches go the fast way"
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+            kc.packed_decode(**c, config=CFG, backend="torch")
+            torch.cuda.synchronize()
+    names = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    assert sum("watch_check_kernel" in n for n in names) == 1, names
+
+
+def test_two_streams_each_report_their_own_call():
+    bad = call()
+    bad["ssm_state_indices"][0] = 50
+    good = call()
+    s1, s2 = torch.cuda.Stream(), torch.cuda.Stream()
+    with kc.mode("watch"):
+        kc.packed_decode(**good, config=CFG, backend="torch")
+        torch.cuda.synchronize()
+        for _ in range(20):
+            with torch.cuda.stream(s1):
+                kc.packed_decode(**good, config=CFG, backend="torch")
+            with torch.cuda.stream(s2):
+                kc.packed_decode(**good, config=CFG, backend="torch")
+        kc.raise_pending()  # nothing: the streams' scratch rows never mixed
+        with torch.cuda.stream(s2):
+            kc.packed_decode(**bad, config=CFG, backend="torch")
+        with pytest.raises(kc.ValueRangeError, match=r"ssm_state_indices\[0\] = 50"):
+            kc.raise_pending()

@@ -27,6 +27,8 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import dataclasses
 import itertools
 import threading
@@ -40,6 +42,7 @@ from torch import Tensor
 from .. import modes
 from ..compile.marks import mark_constant_result
 from ..errors import ContractError, ValueRangeError, Violation, raise_violations
+from ..rules import fused
 from ..rules.memory import skip_value_checks, without_data
 from ..rules.values import ValueRule, probes, read_rules
 
@@ -88,38 +91,30 @@ class HostChannel:
 
 
 class CudaChannel:
-    """A ring of pinned host buffers, each with a CUDA event recorded after the copy into it; the
-    newest copy whose event has completed is read (``query()``, which never waits)."""
-
-    RING = 4
+    """The flag's pinned host copy, written by the fused check kernel itself when it records a
+    violation (and by :meth:`send`, a non-blocking copy, after probes folded with torch ops).
+    :meth:`arrived` reads it without waiting; a recorded row may be caught mid-write, so it is
+    then read again from the device after a sync (only on the way to an error)."""
 
     def __init__(self, device: torch.device) -> None:
         self.device = device
-        self.buffers = [torch.zeros(FLAG, dtype=_F64, pin_memory=True) for _ in range(self.RING)]
-        self.events = [torch.cuda.Event() for _ in range(self.RING)]
-        self.sent = [False] * self.RING
-        self.next = 0
+        self.host = torch.zeros(FLAG, dtype=_F64, pin_memory=True)
+        self.recorded = ctypes.c_double.from_address(self.host.data_ptr())  # (its first element, read in ~0.1 µs)
 
     def send(self, flag: Tensor) -> None:
-        i = self.next
-        self.next = (i + 1) % self.RING
-        self.buffers[i].copy_(flag, non_blocking=True)
-        self.events[i].record()  # (the current stream: the one the probes ran on)
-        self.sent[i] = True
+        self.host.copy_(flag, non_blocking=True)
 
     def arrived(self, flag: Tensor) -> list[float] | None:
-        for k in range(1, self.RING + 1):
-            i = (self.next - k) % self.RING
-            if self.sent[i] and self.events[i].query():
-                return self.buffers[i].tolist()  # type: ignore[no-any-return]
-        return None
+        if not self.recorded.value:
+            return None
+        return self.wait(flag)
 
     def wait(self, flag: Tensor) -> list[float]:
         torch.cuda.synchronize(flag.device)
         return flag.cpu().tolist()  # type: ignore[no-any-return]
 
     def reset(self) -> None:
-        self.sent = [False] * self.RING
+        self.host.zero_()
 
 
 class Watcher:
@@ -129,21 +124,27 @@ class Watcher:
         self.device = device
         self.flag = torch.zeros(FLAG, dtype=_F64, device=device)
         self.channel = channel
+        # the fused check kernel's buffers (made with the flag, never during a capture); on CUDA the
+        # kernel copies a recorded flag into the channel's pinned buffer itself
+        self.fused = fused.FusedState(device, self.flag, channel.host if isinstance(channel, CudaChannel) else None)
 
     def clear(self) -> None:
         self.flag.zero_()
         self.channel.reset()
+        if self.fused is not None:
+            self.fused.clear()
 
 
-def fold(flag: Tensor, found: Tensor, serial: int) -> None:
-    """Record in ``flag`` the first bad probe of ``found`` (``[rows, 4]``) for call ``serial``,
-    unless the flag already holds a violation. Device ops only (no sync; traceable)."""
+def fold(flag: Tensor, found: Tensor, serial: int, base: int = 0) -> None:
+    """Record in ``flag`` the first bad probe of ``found`` (``[rows, 4]``) for call ``serial`` (its
+    row as ``base`` + the row), unless the flag already holds a violation. Device ops only (no
+    sync, nothing copied from the host: capturable and traceable)."""
     bad = found[:, 0] >= 0
     r = bad.to(torch.uint8).argmax()
     row = found.index_select(0, r.reshape(1)).reshape(4)
-    head = torch.ones(2, dtype=_F64, device=flag.device)
-    head[1] = float(serial)  # (a fill)
-    new = torch.cat([head, r.reshape(1).to(_F64), row])
+    head = torch.full((2,), float(serial), dtype=_F64, device=flag.device)
+    head.narrow(0, 0, 1).fill_(1.0)
+    new = torch.cat([head, (r.reshape(1) + base).to(_F64), row])
     flag.copy_(torch.where((flag[0] == 0) & bad.any(), new, flag))
 
 
@@ -243,6 +244,7 @@ class ContractWatch:
     def __init__(self, c: Any, rules: Sequence[ValueRule], written: Sequence[str]) -> None:
         self.c, self.name, self.rules, self.written = c, c.name, tuple(rules), tuple(written)
         self.names, self.symbols = c._param_names, c.spec.symbols
+        self.reads = tuple(dict.fromkeys(a for r in self.rules for a in r.args))  # (every argument a rule reads)
 
         def note(device: str, rows: tuple[int, ...]) -> int:
             return self._note(device, rows)
@@ -273,34 +275,70 @@ class ContractWatch:
 
     def eager(self, values: Mapping[str, Any], env: dict[str, Any]) -> None:
         poll()
-        read = {a: values.get(a) for r in self.rules for a in r.args}
+        read = {a: values.get(a) for a in self.reads}
         blind = without_data(read)
         if blind:
             skip_value_checks(self.name, blind)
             return
-        now = [r for r in self.rules if not _on_cuda(values, r)]
-        if now:  # not CUDA: read at once, raised before the function runs
-            violations, _ = read_rules(now, values, env)
+        on_cuda = [_on_cuda(values, r) for r in self.rules]
+        if not all(on_cuda):  # not CUDA: read at once, raised before the function runs
+            violations, _ = read_rules([r for r, c in zip(self.rules, on_cuda, strict=True) if not c], values, env)
             if violations:
                 self.c.rejections += 1
                 raise_violations(self.name, violations, env, self.c.provenance(self.c._config_for(values)))
-        later = [r for r in self.rules if _on_cuda(values, r)]
-        found = probes(later, values, env)
-        if not found:
-            return
-        by_device: dict[torch.device, list[tuple[int, Tensor]]] = {}
-        for i, p in found:
-            by_device.setdefault(p.device, []).append((self.rules.index(later[i]), p))
+        later = [i for i, c in enumerate(on_cuda) if c]
+        if later:
+            self.enqueue(later, values, env, read)
+
+    def enqueue(self, later: list[int], values: Mapping[str, Any], env: dict[str, Any],
+                read: Mapping[str, Any]) -> None:
+        """The CUDA rules of an eager call: built-in rules in the fused check kernel (one launch per
+        device and :data:`~kda_contracts._engine.rules.fused.SLOTS` rules), any other as torch
+        probes folded into the flag; a record per device, no sync."""
+        rules = self.rules if len(later) == len(self.rules) else tuple(self.rules[i] for i in later)
+        slots, rest = fused.plan(rules, values, env) if fused.usable() else ([], list(range(len(rules))))
+        found = probes([rules[i] for i in rest], values, env) if rest else []
+        by_device: dict[torch.device, tuple[list[tuple[int, Any]], list[tuple[int, Tensor]]]] = {}
+        for i, slot in slots:
+            by_device.setdefault(slot[2].device, ([], []))[0].append((later[i], slot))
+        for k, p in found:
+            by_device.setdefault(p.device, ([], []))[1].append((later[rest[k]], p))
         shapes = {a: tuple(t.shape) for a, t in read.items() if isinstance(t, Tensor)}
         capturing = _capturing()
-        for device, items in by_device.items():  # (one device, nearly always; a serial each)
-            rows = tuple(i for i, _ in items)
+        for device, (kernel, probed) in by_device.items():  # (one device, nearly always; a serial each)
+            rows = tuple(i for i, _ in kernel) + tuple(i for i, _ in probed)
             serial = _record(lambda serial: CallRecord(self.name, serial, self.rules, rows, env, shapes,  # noqa: B023
                                                        self.written))
             w = watcher(device)
-            fold(w.flag, torch.stack([p for _, p in items]), serial)
-            if not capturing:
-                w.channel.send(w.flag)
+            if kernel and not _launch(w, [s for _, s in kernel], serial):
+                probed += [(i, p) for i, p in probes([self.rules[i] for i, _ in kernel], values, env)]
+                kernel = []
+            if probed:
+                fold(w.flag, torch.stack([p for _, p in probed]), serial, base=len(kernel))
+                if not capturing:
+                    w.channel.send(w.flag)
+
+
+def _launch(w: Watcher, slots: list[Any], serial: int) -> bool:
+    """The fused check kernel over ``slots`` on ``w``'s device and its current stream. False when the
+    kernel cannot run here (it is then off for the process, with a warning; torch probes instead)."""
+    try:
+        if w.device.type != "cuda":  # (the CPU under the interpreter: the tests)
+            for base in range(0, len(slots), fused.SLOTS):
+                fused.launch(w.fused, slots[base:base + fused.SLOTS], serial, base)
+        else:
+            index = w.device.index if w.device.index is not None else torch.cuda.current_device()
+            switch = torch.cuda.current_device() != index
+            with torch.cuda.device(index) if switch else contextlib.nullcontext():
+                stream = torch.cuda.current_stream(index).cuda_stream
+                for base in range(0, len(slots), fused.SLOTS):
+                    fused.launch(w.fused, slots[base:base + fused.SLOTS], serial, base, stream)
+    except Exception as exc:  # (a missing or broken triton: never silent, never a crash)
+        fused.disable(f"{type(exc).__name__}: {exc}")
+        return False
+    if w.fused.host is None and not _capturing():  # (the kernel copied nothing to the host itself)
+        w.channel.send(w.flag)
+    return True
 
 
 def _on_cuda(values: Mapping[str, Any], rule: ValueRule) -> bool:

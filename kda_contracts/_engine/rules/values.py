@@ -41,7 +41,7 @@ HostCopy = list[int] | Tensor  # an index argument read back: a list, or a CPU t
 def _none(device: torch.device) -> Tensor:
     """The probe of a rule nothing broke: ``(-1, 0, 0, 0)``."""
     z = torch.zeros(4, dtype=_F64, device=device)
-    z[0] = -1.0  # (a fill: nothing crosses from the host)
+    z.narrow(0, 0, 1).fill_(-1.0)  # (a fill kernel: nothing crosses from the host, capturable)
     return z
 
 
