@@ -225,17 +225,24 @@ def test_fla_is_registered_for_cuda_and_says_why_not_here(gdn):
 INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0") and not torch.cuda.is_available()
 
 
-@pytest.mark.skipif(not INTERPRETED, reason="the CPU run of fla needs TRITON_INTERPRET=1 and no CUDA device")
-@pytest.mark.parametrize(("gdn", "layout", "dtype"), [
-    (False, "VK", torch.float32), (False, "KV", torch.float16), (True, "VK", torch.float32),
-    (True, "KV", torch.float32), (True, "VK", torch.float16)],
-    ids=["kda-VK-fp32", "kda-KV-fp16", "gdn-VK-fp32", "gdn-KV-fp32", "gdn-VK-fp16"])  # KDA's ~10 s a case
-def test_the_fla_backend_equals_the_token_loop_on_the_cpu_under_the_interpreter(gdn, layout, dtype):
+def _strided(call):
+    """``mixed_qkv``, ``a`` and ``b`` as row slices of wider buffers (a row stride past the width)."""
+    def wide(x):
+        return torch.cat([x, torch.full((x.shape[0], 3), float("nan"), dtype=x.dtype)], 1)[:, : x.shape[1]]
+
+    return {**call, **{n: wide(call[n]) for n in ("mixed_qkv", "a", "b")}}
+
+
+def _fla_equals_loop(gdn, layout, dtype, lower_bound=None, strided=False):
     pytest.importorskip("fla.ops.kda")
     # GVA (HV = 2H), one token, one sequence across fla's 64-token chunk, an empty one starting from
     # zero, a padding one; has_initial_state mixed
     lengths, slots, has_init = (1, 66, 0, 3), (3, 0, 7, -1), (True, False, False, True)
     call = _call(gdn, layout, lengths, slots, has_init, dtype=dtype, dims=(1, 2, 16, 16))
+    if not gdn:
+        call["lower_bound"] = lower_bound
+    if strided:
+        call = _strided(call)
     o1, s1 = _op(gdn, call, state_layout=layout, backend="fla")
     o2, s2 = _op(gdn, call, state_layout=layout, backend="loop")
     tol = dict(atol=2e-6, rtol=1e-5) if dtype == torch.float32 else dict(atol=2e-3, rtol=1e-2)
@@ -244,6 +251,44 @@ def test_the_fla_backend_equals_the_token_loop_on_the_cpu_under_the_interpreter(
     untouched = [s for s in range(N) if s not in (3, 0, 7)]
     assert torch.equal(s1[untouched], call["initial_state"][untouched])  # bit-identical
     assert o1[-3:].eq(0).all() and torch.equal(s1[7], torch.zeros_like(s1[7]))
+
+
+@pytest.mark.skipif(not INTERPRETED, reason="the CPU run of fla needs TRITON_INTERPRET=1 and no CUDA device")
+@pytest.mark.parametrize(("gdn", "layout", "dtype", "lower_bound", "strided"), [
+    (False, "VK", torch.float32, None, False), (False, "KV", torch.float16, None, False),
+    (False, "VK", torch.float32, -5.0, True), (True, "VK", torch.float32, None, False),
+    (True, "KV", torch.float32, None, True), (True, "VK", torch.float16, None, False)],
+    ids=["kda-VK-fp32", "kda-KV-fp16", "kda-bounded-VK-fp32-strided", "gdn-VK-fp32", "gdn-KV-fp32-strided",
+         "gdn-VK-fp16"])  # KDA's ~10 s a case
+def test_the_fla_backend_equals_the_token_loop_on_the_cpu_under_the_interpreter(gdn, layout, dtype, lower_bound,
+                                                                                 strided):
+    # fla computes the gate (KDA: softplus, or bounded with lower_bound; GDN: per head) and KDA's beta
+    # in its kernels; strided: q/k/v, the gate logits and beta are views of row-padded buffers
+    _fla_equals_loop(gdn, layout, dtype, lower_bound, strided)
+
+
+@pytest.mark.skipif(not INTERPRETED, reason="the CPU run of fla needs TRITON_INTERPRET=1 and no CUDA device")
+def test_gdn_on_fla_with_the_torch_gate_where_flashqla_may_take_the_call(monkeypatch):
+    import kda_kernels.fla_prefill as fla_prefill
+
+    monkeypatch.setattr(fla_prefill, "gdn_gate_in_kernel", lambda device: False)
+    _fla_equals_loop(True, "VK", torch.float32)
+
+
+def test_gdn_hands_fla_the_raw_gate_unless_flashqla_may_take_the_call(monkeypatch):
+    backends = pytest.importorskip("fla.ops.gated_delta_rule.backends.flash_qla")
+    from kda_kernels.fla_prefill import gdn_gate_in_kernel
+
+    cuda = torch.device("cuda")  # (only its type is read)
+    monkeypatch.setattr(backends.FlashQLABackend, "is_available", classmethod(lambda cls: True))
+    monkeypatch.delenv("FLA_FLASH_QLA", raising=False)
+    monkeypatch.delenv("FLA_DISABLE_BACKEND_DISPATCH", raising=False)
+    assert not gdn_gate_in_kernel(cuda) and gdn_gate_in_kernel(torch.device("cpu"))
+    monkeypatch.setenv("FLA_FLASH_QLA", "0")
+    assert gdn_gate_in_kernel(cuda)
+    monkeypatch.delenv("FLA_FLASH_QLA")
+    monkeypatch.setattr(backends.FlashQLABackend, "is_available", classmethod(lambda cls: False))
+    assert gdn_gate_in_kernel(cuda)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="fla's chunk kernels need a CUDA device")
