@@ -7,9 +7,9 @@ a dense initial state of one row per sequence (``[B, HV, K, V]``, or ``[B, HV, V
 (``output_final_state=True``). This wrapper hands fla the raw inputs, as a direct caller of fla
 would, gathers each sequence's slot (zero where ``has_initial_state`` is False or the slot is
 padding), runs the kernel, writes ``out`` in one pass (the padding sequences' rows zero) and scatters
-the final states back to the valid slots, with no host sync of its own
-(:class:`~kda_kernels.interface.RowSlots`). fla itself reads ``cu_seqlens`` on the host to plan its
-chunks.
+the final states back to the valid slots, each in one small Triton kernel that moves every byte
+once (:mod:`kda_kernels.prefill_slots`), with no host sync of its own. fla itself reads
+``cu_seqlens`` on the host to plan its chunks.
 
 What fla-core 0.6.0 computes for us, checked against its source and, under the interpreter, against
 the token loop (``tests/test_prefill.py``):
@@ -65,8 +65,7 @@ from torch import Tensor
 
 from .fla_decode import is_available as _fla_available
 from .gdn_reference import gdn_gate
-from .interface import row_slots, split_qkv
-from .prefill_reference import token_sequences
+from .interface import split_qkv
 
 __all__ = ["gdn_gate_in_kernel", "gdn_is_available", "gdn_packed_prefill", "is_available", "launch_context",
            "packed_prefill"]
@@ -151,35 +150,31 @@ def _run(kernel: Callable[..., Any], mixed_qkv: Tensor, g: Tensor, beta: Tensor,
          **fused: Any) -> None:
     """``kernel`` on the call: ``g [T, HV(, K)]`` and ``beta [T, HV]`` as fla takes them with the
     ``fused`` flags (the raw logits with ``use_gate_in_kernel`` / ``use_beta_sigmoid_in_kernel``)."""
+    from .prefill_slots import gather_slots, scatter_slots, write_output
+
     T = mixed_qkv.shape[0]
     N, HV = initial_state.shape[:2]
     V = out.shape[-1]
     K = (mixed_qkv.shape[1] - HV * V) // (2 * num_heads)
     B = ssm_state_indices.shape[0]
-    if B == 0 or T == 0:
+    if B == 0:
         out.zero_()
-        if B:  # sequences without tokens: their final state is their initial one
-            rows = row_slots(ssm_state_indices, N)
-            old = rows.gather(initial_state)
-            keep = has_initial_state.view(B, 1, 1, 1)
-            rows.scatter(initial_state, torch.where(keep, old, torch.zeros_like(old)), old)
         return
-    # fla's input guard copies q/k/v (views of mixed_qkv) to contiguous tensors in any case: made
-    # here first, the copies run on the device while the host launches the slot gather below
-    q, k, v = (x.unsqueeze(0).contiguous() for x in split_qkv(mixed_qkv, num_heads, HV, K, V))
-    rows = row_slots(ssm_state_indices, N)
-    old = rows.gather(initial_state)  # [B, HV, *, *] in the pool's layout
-    start = (rows.valid & has_initial_state).view(B, 1, 1, 1)
-    h0 = torch.where(start, old, 0.0).float()  # fp32 (chunk_kda asserts it)
-    cu = cu_seqlens.long()  # new each call: fla's chunk plan, cached by identity, is never stale
     with launch_context(mixed_qkv.device):
+        if T == 0:  # sequences without tokens: their final state is their initial one (or zero)
+            scatter_slots(initial_state, gather_slots(initial_state, ssm_state_indices, has_initial_state),
+                          ssm_state_indices)
+            return
+        # fla's input guard copies q/k/v (views of mixed_qkv) to contiguous tensors in any case: made
+        # here first, the copies run on the device while the host launches the slot gather
+        q, k, v = (x.unsqueeze(0).contiguous() for x in split_qkv(mixed_qkv, num_heads, HV, K, V))
+        h0 = gather_slots(initial_state, ssm_state_indices, has_initial_state)
+        cu = cu_seqlens.long()  # new each call: fla's chunk plan, cached by identity, is never stale
         o, ht = kernel(q=q, k=k, v=v, g=g.unsqueeze(0), beta=beta.unsqueeze(0), scale=scale, initial_state=h0,
                        output_final_state=True, use_qk_l2norm_in_kernel=use_qk_l2norm,
                        state_v_first=state_layout == "VK", cu_seqlens=cu, **fused)
-    # out written once: fla's output where the sequence is live, zero for the padding sequences' tokens
-    live = rows.valid.index_select(0, token_sequences(cu, T)).view(T, 1, 1)
-    torch.where(live, o[0], o.new_zeros(()), out=out)
-    rows.scatter(initial_state, ht, old)
+        write_output(out, o, cu, ssm_state_indices, N)  # zero for the padding sequences' tokens
+        scatter_slots(initial_state, ht, ssm_state_indices)
 
 
 def packed_prefill(mixed_qkv: Tensor, a: Tensor, b: Tensor, A_log: Tensor, dt_bias: Tensor, scale: float,

@@ -275,6 +275,37 @@ def test_gdn_on_fla_with_the_torch_gate_where_flashqla_may_take_the_call(monkeyp
     _fla_equals_loop(True, "VK", torch.float32)
 
 
+@pytest.mark.skipif(not INTERPRETED, reason="the CPU run of fla needs TRITON_INTERPRET=1 and no CUDA device")
+def test_fla_slots_a_strided_bf16_pool_and_an_out_of_range_slot_on_the_cpu_under_the_interpreter():
+    # the pool every other row of a larger one (row stride twice the row), bf16 (gathered to fp32,
+    # rounded back once); slot 12 >= N is padding in check mode: zero outputs, no byte written
+    pytest.importorskip("fla.ops.kda")
+    lengths, slots, has_init = (5, 66, 3), (3, 12, 8), (True, False, True)
+    call = _call(True, "VK", lengths, slots, has_init, dims=(1, 2, 16, 16))
+    big = torch.zeros(2 * N, *call["initial_state"].shape[1:], dtype=torch.bfloat16)
+    big[::2] = call["initial_state"].to(torch.bfloat16)
+    call["initial_state"] = big[::2]
+    with kc.mode("check"):
+        o1, s1 = _op(True, call, backend="fla")
+        o2, s2 = _op(True, call, backend="loop")
+    torch.testing.assert_close(o1, o2, atol=2e-6, rtol=1e-5)
+    torch.testing.assert_close(s1.float(), s2.float(), atol=2e-3, rtol=1e-2)  # each rounded once to bf16
+    untouched = [s for s in range(N) if s not in (3, 8)]
+    assert torch.equal(s1[untouched], call["initial_state"][untouched])
+    assert o1[5:71].eq(0).all() and not o1[:5].eq(0).all()
+
+
+@pytest.mark.skipif(not INTERPRETED, reason="the CPU run of fla needs TRITON_INTERPRET=1 and no CUDA device")
+@pytest.mark.parametrize("gdn", [False, True], ids=["kda", "gdn"])
+def test_fla_without_tokens_keeps_or_zeroes_the_slots(gdn):
+    pytest.importorskip("fla.ops.kda")
+    call = _call(gdn, "VK", (0, 0, 0), (3, 5, -1), (True, False, True), dims=(1, 2, 16, 16))
+    with kc.mode("check"):
+        o, s = _op(gdn, call, backend="fla")
+    assert o.shape[0] == 0 and torch.equal(s[3], call["initial_state"][3]) and s[5].eq(0).all()
+    assert torch.equal(s[[i for i in range(N) if i != 5]], call["initial_state"][[i for i in range(N) if i != 5]])
+
+
 def test_gdn_hands_fla_the_raw_gate_unless_flashqla_may_take_the_call(monkeypatch):
     backends = pytest.importorskip("fla.ops.gated_delta_rule.backends.flash_qla")
     from kda_kernels.fla_prefill import gdn_gate_in_kernel
