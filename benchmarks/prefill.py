@@ -6,15 +6,23 @@ For each op, KDA (``kc.packed_prefill``, Kimi-Linear-48B-A3B at TP1) and GDN
 ``GDNConfig.preset``, and T tokens split into equal sequences (bf16 activations, fp32 VK pool,
 half the sequences continuing from their slot), CUDA events time, as medians of ``--repeats``:
 
-- ``op``: ``kc.*packed_prefill(..., backend="fla")`` in check mode (the contract's checks, our
-  gate and beta in fp32, the q/k/v split, the slots gathered and the final states scattered back);
-- ``bare``: fla's ``chunk_kda`` / ``chunk_gated_delta_rule`` alone on the same inputs, with q/k/v,
-  the gate, beta and the dense initial state prepared beforehand; ``overhead`` = op / bare - 1
-  (target: at most 5 % at T >= 4096);
+- ``op``: ``kc.*packed_prefill(..., backend="fla")`` in check mode (the contract's checks, the slots
+  gathered into a dense initial state, fla's kernel with its fused gate and beta, ``out`` written,
+  the final states scattered back);
+- ``bare``: the direct fla call a user of fla writes on the same raw inputs: q/k/v as views of
+  ``mixed_qkv`` (fla's input guard copies them), the raw gate logits with ``use_gate_in_kernel``
+  (``A_log``, ``dt_bias``, ``lower_bound``), KDA's raw beta with ``use_beta_sigmoid_in_kernel``,
+  GDN's ``b.sigmoid()``, ``cu_seqlens.long()``; only the dense initial state (fla's input, the
+  gathered slots) is prepared beforehand. ``overhead`` = op / bare - 1 (target: at most 5 % at
+  T >= 4096). Where FlashQLA may take GDN (``flash_qla`` installed), both use the torch gate instead,
+  which FlashQLA needs (``kda_kernels.fla_prefill.gdn_gate_in_kernel``);
+- ``prepared``: fla's kernel alone with q/k/v made contiguous, the gate and beta computed in torch and
+  ``cu_seqlens`` int64 all beforehand, the same tensors every call (so fla's chunk plan, cached by
+  the identity of ``cu_seqlens``, is reused): a floor, not a call anyone makes per batch;
 - ``loop``: ``backend="loop"`` (decode's reference once per token), at the smallest T only.
 
-``|Δo|`` is the largest output difference between the op and the bare kernel (the same kernel on
-the same inputs: expect 0), ``vs loop`` the op's against the token loop (bf16 rounding).
+``|Δo|`` is the largest output difference between the op and the bare call (the same kernel on the
+same inputs: expect 0), ``vs loop`` the op's against the token loop (bf16 rounding).
 
 Usage::
 
@@ -78,9 +86,56 @@ def make_call(c: Case, seed: int = 0) -> dict[str, Any]:
     return call
 
 
-def bare_kernel(c: Case, call: dict[str, Any]) -> Callable[[], tuple[torch.Tensor, torch.Tensor]]:
-    """fla's chunk kernel on inputs prepared once from ``call``, as a no-argument callable."""
+def _interpreted(c: Case, fn: Callable[[], Any]) -> Callable[[], Any]:
+    """``fn`` inside the interpreter's shims on the CPU (kda_kernels.fla_prefill), as is on CUDA."""
     from kda_kernels.fla_prefill import launch_context
+
+    def run() -> Any:
+        with launch_context(c.device):
+            return fn()
+
+    return run if c.device.type == "cpu" else fn
+
+
+def _dense_h0(call: dict[str, Any]) -> torch.Tensor:
+    """fla's initial state: each sequence's slot, zero where it starts fresh."""
+    keep = call["has_initial_state"].view(-1, 1, 1, 1)
+    return torch.where(keep, call["initial_state"][call["ssm_state_indices"].long()], 0.0).contiguous()
+
+
+def bare_kernel(c: Case, call: dict[str, Any]) -> Callable[[], tuple[torch.Tensor, torch.Tensor]]:
+    """The direct fla call on the raw inputs (see the module), as a no-argument callable."""
+    from kda_kernels.fla_prefill import gdn_gate_in_kernel
+    from kda_kernels.gdn_reference import gdn_gate
+    from kda_kernels.interface import split_qkv
+
+    H, HV, K, V = c.dims
+    x, a, b, A_log, dt_bias = (call[n] for n in ("mixed_qkv", "a", "b", "A_log", "dt_bias"))
+    h0 = _dense_h0(call)
+    fused = c.op == "kda" or gdn_gate_in_kernel(c.device)
+    if c.op == "kda":
+        from fla.ops.kda import chunk_kda as kernel
+    else:
+        from fla.ops.gated_delta_rule import chunk_gated_delta_rule as kernel
+
+    def call_kernel() -> tuple[torch.Tensor, torch.Tensor]:
+        q, k, v = (t.unsqueeze(0) for t in split_qkv(x, H, HV, K, V))
+        gate: dict[str, Any] = {"use_gate_in_kernel": True, "A_log": A_log, "dt_bias": dt_bias} if fused else {}
+        if c.op == "kda":
+            g, beta = a.unflatten(-1, (HV, K)), b
+            gate.update(lower_bound=c.lower_bound, use_beta_sigmoid_in_kernel=True)
+        else:
+            g, beta = (a if fused else gdn_gate(a, dt_bias, A_log)), b.sigmoid()
+        o, ht = kernel(q=q, k=k, v=v, g=g.unsqueeze(0), beta=beta.unsqueeze(0), scale=c.scale, initial_state=h0,
+                       output_final_state=True, use_qk_l2norm_in_kernel=True, state_v_first=True,
+                       cu_seqlens=call["cu_seqlens"].long(), **gate)
+        return o[0], ht
+
+    return _interpreted(c, call_kernel)
+
+
+def prepared_kernel(c: Case, call: dict[str, Any]) -> Callable[[], tuple[torch.Tensor, torch.Tensor]]:
+    """fla's kernel alone on inputs prepared once from ``call`` (the same tensors every call)."""
     from kda_kernels.gdn_reference import gdn_gate
     from kda_kernels.interface import split_qkv
     from kda_kernels.reference import kda_gate
@@ -94,26 +149,17 @@ def bare_kernel(c: Case, call: dict[str, Any]) -> Callable[[], tuple[torch.Tenso
     else:
         from fla.ops.gated_delta_rule import chunk_gated_delta_rule as kernel
 
-        g, beta = gdn_gate(a, call["dt_bias"], call["A_log"]), torch.sigmoid(b.float()).to(b.dtype).float()
+        g, beta = gdn_gate(a, call["dt_bias"], call["A_log"]), torch.sigmoid(b)
     q, k, v = (x.unsqueeze(0).contiguous() for x in split_qkv(call["mixed_qkv"], H, HV, K, V))
     g, beta = g.unsqueeze(0).contiguous(), beta.unsqueeze(0).contiguous()
-    slots = call["ssm_state_indices"].long()
-    keep = call["has_initial_state"].view(-1, 1, 1, 1)
-    h0 = torch.where(keep, call["initial_state"][slots], 0.0).contiguous()
-    cu = call["cu_seqlens"].long()
-
-    def run() -> tuple[torch.Tensor, torch.Tensor]:
-        if c.device.type == "cpu":  # (the interpreter's shims, kda_kernels.fla_prefill)
-            with launch_context(c.device):
-                return call_kernel()
-        return call_kernel()
+    h0, cu = _dense_h0(call), call["cu_seqlens"].long()
 
     def call_kernel() -> tuple[torch.Tensor, torch.Tensor]:
         o, ht = kernel(q=q, k=k, v=v, g=g, beta=beta, scale=c.scale, initial_state=h0, output_final_state=True,
                        use_qk_l2norm_in_kernel=True, state_v_first=True, cu_seqlens=cu)
         return o[0], ht
 
-    return run
+    return _interpreted(c, call_kernel)
 
 
 def time_ms(fn: Callable[[], Any], device: torch.device, warmup: int, repeats: int) -> float:
@@ -152,7 +198,7 @@ def measure(c: Case, warmup: int, repeats: int, loop: bool) -> dict[str, Any]:
     """One row: the op, the bare kernel and (``loop``) the token loop on the same inputs."""
     call = make_call(c)
     fresh = call["initial_state"].clone()
-    bare = bare_kernel(c, call)
+    bare, prepared = bare_kernel(c, call), prepared_kernel(c, call)
     o_bare = bare()[0].clone()
     fla = op_call(c, call, "fla")
     o_op = fla()[0].clone()  # (from the same pool as the bare kernel: the first call)
@@ -160,6 +206,7 @@ def measure(c: Case, warmup: int, repeats: int, loop: bool) -> dict[str, Any]:
                            "diff": (o_op.float() - o_bare.float()).abs().max().item()}
     row["op_ms"] = time_ms(fla, c.device, warmup, repeats)
     row["bare_ms"] = time_ms(bare, c.device, warmup, repeats)
+    row["prepared_ms"] = time_ms(prepared, c.device, warmup, repeats)
     if loop:
         call["initial_state"].copy_(fresh)
         loop_call, got = op_call(c, call, "loop"), []
@@ -169,13 +216,13 @@ def measure(c: Case, warmup: int, repeats: int, loop: bool) -> dict[str, Any]:
 
 
 def table(rows: list[dict[str, Any]], header: list[str]) -> str:
-    out = [*header, "", "| op | T | seqs | op fla (ms) | bare fla (ms) | overhead | op tokens/s | loop (ms) "
-           "| loop tokens/s | loop / op | \\|Δo\\| op-bare | \\|Δo\\| vs loop |", "|" + "---|" * 12]
+    out = [*header, "", "| op | T | seqs | op fla (ms) | bare fla (ms) | overhead | prepared (ms) | op tokens/s "
+           "| loop (ms) | loop tokens/s | loop / op | \\|Δo\\| op-bare | \\|Δo\\| vs loop |", "|" + "---|" * 13]
     for r in rows:
         tps = r["T"] / (r["op_ms"] / 1e3)
         loop = r.get("loop_ms")
         cells = [r["op"], r["T"], r["seqs"], f"{r['op_ms']:.3f}", f"{r['bare_ms']:.3f}",
-                 f"{100 * (r['op_ms'] / r['bare_ms'] - 1):+.1f} %", f"{tps:,.0f}",
+                 f"{100 * (r['op_ms'] / r['bare_ms'] - 1):+.1f} %", f"{r['prepared_ms']:.3f}", f"{tps:,.0f}",
                  f"{loop:.1f}" if loop else "—", f"{r['T'] / (loop / 1e3):,.0f}" if loop else "—",
                  f"{loop / r['op_ms']:,.1f}×" if loop else "—", f"{r['diff']:.1e}",
                  f"{r['vs_loop']:.1e}" if loop else "—"]
@@ -211,7 +258,8 @@ def header(args: argparse.Namespace, device: torch.device, argv: list[str]) -> l
         if op in args.ops:
             lines.append(f"{op}: {name} TP{tp}" + (" (smoke: H=1 HV=2 K=V=16)" if args.smoke else ""))
     if importlib.util.find_spec("flash_qla") and "gdn" in args.ops:
-        lines.append("flash_qla is installed: fla may hand GDN to FlashQLA (FLA_FLASH_QLA=0 keeps Triton)")
+        lines.append("flash_qla is installed: fla may hand GDN to FlashQLA, which needs a precomputed gate; op and "
+                     "bare then compute it in torch (FLA_FLASH_QLA=0: fla's Triton kernels and fused gate)")
     return [ln + "  " for ln in lines[:-1]] + lines[-1:]
 
 

@@ -1,26 +1,46 @@
 """flash-linear-attention's chunk kernels behind the packed-prefill call (peers): ``chunk_kda`` for
 KDA, ``chunk_gated_delta_rule`` for GDN (fla-core 0.6.0, ``fla.ops.kda`` / ``fla.ops.gated_delta_rule``).
 
-fla takes q/k/v as dense ``[1, T, H, K]`` tensors with ``cu_seqlens`` (int64, ``[B+1]``) for varlen
-input, a dense initial state of one row per sequence (``[B, HV, K, V]``, or ``[B, HV, V, K]`` with
-``state_v_first=True``) and returns the final states out of place (``output_final_state=True``).
-This wrapper computes the gate and beta itself (in fp32, as the references do, so the semantics are
-ours whatever fla fuses), gathers each sequence's slot (zero where ``has_initial_state`` is False or
-the slot is padding), runs the kernel and scatters the final states back to the valid slots, with
-no host sync of its own (:class:`~kda_kernels.interface.RowSlots`). fla itself reads ``cu_seqlens``
-on the host to plan its chunks.
+fla takes q/k/v as ``[1, T, H, K]`` tensors with ``cu_seqlens`` (int64, ``[B+1]``) for varlen input,
+a dense initial state of one row per sequence (``[B, HV, K, V]``, or ``[B, HV, V, K]`` with
+``state_v_first=True``) and returns the output and the final states out of place
+(``output_final_state=True``). This wrapper hands fla the raw inputs, as a direct caller of fla
+would, gathers each sequence's slot (zero where ``has_initial_state`` is False or the slot is
+padding), runs the kernel, writes ``out`` in one pass (the padding sequences' rows zero) and scatters
+the final states back to the valid slots, each in one small Triton kernel that moves every byte
+once (:mod:`kda_kernels.prefill_slots`), with no host sync of its own. fla itself reads
+``cu_seqlens`` on the host to plan its chunks.
 
-Checked against fla-core 0.6.0's source: both kernels take ``g`` in natural-log space, already
-activated (``use_gate_in_kernel=False``, the default: per channel ``[1, T, HV, K]`` for KDA, per head
-``[1, T, HV]`` for GDN; fla multiplies by 1/ln 2 itself), ``beta`` after the sigmoid
-(``use_beta_sigmoid_in_kernel=False``), an fp32 initial state (``chunk_kda`` asserts it), GVA with
-``HV % H == 0``, and return ``(o [1, T, HV, V] in q's dtype, final_state fp32)``. Zero-length
-sequences in ``cu_seqlens`` get no chunk, their final state is their initial one. With
-``flash_qla`` installed, fla hands bf16 GDN calls with K = V = 128 on SM90+ to FlashQLA instead of
-its Triton kernels (``FLA_FLASH_QLA=0`` turns that off).
+What fla-core 0.6.0 computes for us, checked against its source and, under the interpreter, against
+the token loop (``tests/test_prefill.py``):
+
+- the gate, fused with the chunk cumsum (``use_gate_in_kernel=True`` with ``A_log``, ``dt_bias``,
+  ``lower_bound``): KDA's ``-exp(A_log) * softplus(a + dt_bias)``, softplus ``x`` above 20, or with
+  ``lower_bound`` ``lower_bound * sigmoid(exp(A_log) * (a + dt_bias))``; GDN's per-head
+  ``-exp(A_log) * softplus(a + dt_bias)``; in fp32 from ``a`` in any dtype, as
+  :func:`~kda_kernels.reference.kda_gate` / :func:`~kda_kernels.gdn_reference.gdn_gate`. fla's
+  softplus is ``log(1 + exp(x))``, not ``log1p`` (on NVIDIA with the approximate ``ex2``/``lg2``):
+  per token ``g`` is within 2 ulp plus ``6e-8 * exp(A_log)`` of ours (measured under the
+  interpreter for ``x`` in [-120, 40]), below the fp32 rounding of the cumsum it feeds.
+  ``safe_gate`` (another intra-chunk algorithm for bounded gates) stays off.
+- KDA's beta (``use_beta_sigmoid_in_kernel=True``): ``sigmoid(b)`` in fp32, ours. GDN's beta is
+  ``sigmoid(b)`` rounded to ``b``'s dtype (sglang's rule), which fla's fp32 sigmoid is not: it is
+  ``torch.sigmoid(b)`` here (fp32 inside, one rounding), handed over in ``b``'s dtype as a direct
+  caller passes it.
+- the q/k l2norm (``use_qk_l2norm_in_kernel``; eps 1e-6 under the square root, ours).
+
+fla's forward makes every input contiguous (``input_guard``), so q/k/v, views of ``mixed_qkv``, are
+copied inside any call of it; this wrapper makes that copy itself first, so that the small launches
+of the slot gather run while the device copies. With ``flash_qla`` installed (CUDA), fla hands bf16
+GDN calls with K = V = 128 on SM90+ to FlashQLA, which takes only a precomputed gate: GDN then keeps
+our torch gate (one fp32 value per token and head) so that FlashQLA still gets the call
+(:func:`gdn_gate_in_kernel`; ``FLA_FLASH_QLA=0`` keeps fla's Triton kernels and the fused gate).
+Zero-length sequences in ``cu_seqlens`` get no chunk, their final state is their initial one. fla
+caches its chunk plan by the identity of ``cu_seqlens``; the int64 copy made here is new each call,
+so a caller's int32 buffer updated in place never meets a stale plan.
 
 CUDA; also the CPU under the Triton interpreter (``TRITON_INTERPRET=1``, for tests), with two
-shims while the kernel runs (:func:`_interpreted`): Triton's autotuner benchmarks its configs
+shims while the kernel runs (:func:`launch_context`): Triton's autotuner benchmarks its configs
 through the active GPU driver, of which the interpreter has none ("0 active drivers"), so each
 autotuned kernel keeps its first config; and fla's ``chunk_gated_delta_rule_fwd_kernel_h_blockdim64``
 calls ``.to(tl.int64)`` on the index of a ``for i_t in range(NT)`` loop, a tensor when compiled but
@@ -35,6 +55,7 @@ from __future__ import annotations
 
 import ast
 import contextlib
+import os
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -44,11 +65,10 @@ from torch import Tensor
 
 from .fla_decode import is_available as _fla_available
 from .gdn_reference import gdn_gate
-from .interface import row_slots, split_qkv
-from .prefill_reference import token_sequences
-from .reference import kda_gate
+from .interface import split_qkv
 
-__all__ = ["gdn_is_available", "gdn_packed_prefill", "is_available", "launch_context", "packed_prefill"]
+__all__ = ["gdn_gate_in_kernel", "gdn_is_available", "gdn_packed_prefill", "is_available", "launch_context",
+           "packed_prefill"]
 
 
 def is_available() -> tuple[bool, str]:
@@ -111,57 +131,78 @@ def launch_context(device: torch.device) -> Iterator[None]:
             interpreter.FunctionRewriter.ast_transformer = rewriter
 
 
+def gdn_gate_in_kernel(device: torch.device) -> bool:
+    """Whether a GDN call on ``device`` hands fla the raw gate (``use_gate_in_kernel=True``): yes, unless
+    fla may hand it to FlashQLA (CUDA, ``flash_qla`` installed, ``FLA_FLASH_QLA`` not ``0``, backend
+    dispatch on), whose verifier refuses ``use_gate_in_kernel``."""
+    if device.type != "cuda" or os.environ.get("FLA_DISABLE_BACKEND_DISPATCH") == "1":
+        return True
+    try:
+        from fla.ops.gated_delta_rule.backends.flash_qla import FlashQLABackend
+    except ImportError:
+        return True
+    return not (FlashQLABackend.is_available() and FlashQLABackend().is_enabled())
+
+
 def _run(kernel: Callable[..., Any], mixed_qkv: Tensor, g: Tensor, beta: Tensor, scale: float,
          initial_state: Tensor, out: Tensor, cu_seqlens: Tensor, ssm_state_indices: Tensor,
-         has_initial_state: Tensor, *, num_heads: int, use_qk_l2norm: bool, state_layout: str) -> None:
+         has_initial_state: Tensor, *, num_heads: int, use_qk_l2norm: bool, state_layout: str,
+         **fused: Any) -> None:
+    """``kernel`` on the call: ``g [T, HV(, K)]`` and ``beta [T, HV]`` as fla takes them with the
+    ``fused`` flags (the raw logits with ``use_gate_in_kernel`` / ``use_beta_sigmoid_in_kernel``)."""
+    from .prefill_slots import gather_slots, scatter_slots, write_output
+
     T = mixed_qkv.shape[0]
     N, HV = initial_state.shape[:2]
     V = out.shape[-1]
     K = (mixed_qkv.shape[1] - HV * V) // (2 * num_heads)
     B = ssm_state_indices.shape[0]
-    if B == 0 or T == 0:
+    if B == 0:
         out.zero_()
-        if B:  # sequences without tokens: their final state is their initial one
-            rows = row_slots(ssm_state_indices, N)
-            old = rows.gather(initial_state)
-            keep = has_initial_state.view(B, 1, 1, 1)
-            rows.scatter(initial_state, torch.where(keep, old, torch.zeros_like(old)), old)
         return
-    rows = row_slots(ssm_state_indices, N)
-    old = rows.gather(initial_state)  # [B, HV, *, *] in the pool's layout
-    start = (rows.valid & has_initial_state).view(B, 1, 1, 1)
-    h0 = torch.where(start, old.float(), torch.zeros((), device=old.device)).contiguous()
-    q, k, v = (x.unsqueeze(0).contiguous() for x in split_qkv(mixed_qkv, num_heads, HV, K, V))
     with launch_context(mixed_qkv.device):
-        o, ht = kernel(q=q, k=k, v=v, g=g.unsqueeze(0).contiguous(), beta=beta.unsqueeze(0).contiguous(),
-                       scale=scale, initial_state=h0, output_final_state=True, use_qk_l2norm_in_kernel=use_qk_l2norm,
-                       state_v_first=state_layout == "VK", cu_seqlens=cu_seqlens.long())
-    live = rows.valid.index_select(0, token_sequences(cu_seqlens, T)).view(T, 1, 1)
-    out.copy_(o[0].masked_fill(~live, 0.0))
-    rows.scatter(initial_state, ht, old)
+        if T == 0:  # sequences without tokens: their final state is their initial one (or zero)
+            scatter_slots(initial_state, gather_slots(initial_state, ssm_state_indices, has_initial_state),
+                          ssm_state_indices)
+            return
+        # fla's input guard copies q/k/v (views of mixed_qkv) to contiguous tensors in any case: made
+        # here first, the copies run on the device while the host launches the slot gather
+        q, k, v = (x.unsqueeze(0).contiguous() for x in split_qkv(mixed_qkv, num_heads, HV, K, V))
+        h0 = gather_slots(initial_state, ssm_state_indices, has_initial_state)
+        cu = cu_seqlens.long()  # new each call: fla's chunk plan, cached by identity, is never stale
+        o, ht = kernel(q=q, k=k, v=v, g=g.unsqueeze(0), beta=beta.unsqueeze(0), scale=scale, initial_state=h0,
+                       output_final_state=True, use_qk_l2norm_in_kernel=use_qk_l2norm,
+                       state_v_first=state_layout == "VK", cu_seqlens=cu, **fused)
+        write_output(out, o, cu, ssm_state_indices, N)  # zero for the padding sequences' tokens
+        scatter_slots(initial_state, ht, ssm_state_indices)
 
 
 def packed_prefill(mixed_qkv: Tensor, a: Tensor, b: Tensor, A_log: Tensor, dt_bias: Tensor, scale: float,
                    initial_state: Tensor, out: Tensor, cu_seqlens: Tensor, ssm_state_indices: Tensor,
                    has_initial_state: Tensor, *, num_heads: int, use_qk_l2norm: bool, lower_bound: float | None,
                    state_layout: str) -> None:
-    """KDA packed prefill on fla's ``chunk_kda`` (the reference's arguments; see the module)."""
+    """KDA packed prefill on fla's ``chunk_kda`` with its fused gate and beta (see the module)."""
     from fla.ops.kda import chunk_kda
 
     HV = A_log.shape[0]
-    g = kda_gate(a, dt_bias, A_log, lower_bound)  # [T, HV, K] fp32, log space
-    beta = torch.sigmoid(b.float()).view(-1, HV)
-    _run(chunk_kda, mixed_qkv, g, beta, scale, initial_state, out, cu_seqlens, ssm_state_indices, has_initial_state,
-         num_heads=num_heads, use_qk_l2norm=use_qk_l2norm, state_layout=state_layout)
+    g = a.unflatten(-1, (HV, a.shape[-1] // HV))  # [T, HV, K] raw logits, a view
+    _run(chunk_kda, mixed_qkv, g, b, scale, initial_state, out, cu_seqlens, ssm_state_indices, has_initial_state,
+         num_heads=num_heads, use_qk_l2norm=use_qk_l2norm, state_layout=state_layout, use_gate_in_kernel=True,
+         A_log=A_log, dt_bias=dt_bias, lower_bound=lower_bound, use_beta_sigmoid_in_kernel=True)
 
 
 def gdn_packed_prefill(mixed_qkv: Tensor, a: Tensor, b: Tensor, A_log: Tensor, dt_bias: Tensor, scale: float,
                        initial_state: Tensor, out: Tensor, cu_seqlens: Tensor, ssm_state_indices: Tensor,
                        has_initial_state: Tensor, *, num_heads: int, use_qk_l2norm: bool, state_layout: str) -> None:
-    """GDN packed prefill on fla's ``chunk_gated_delta_rule``; beta rounded to ``b``'s dtype (GDN's rule)."""
+    """GDN packed prefill on fla's ``chunk_gated_delta_rule``, its fused gate unless FlashQLA may take the
+    call (:func:`gdn_gate_in_kernel`); beta rounded to ``b``'s dtype (GDN's rule)."""
     from fla.ops.gated_delta_rule import chunk_gated_delta_rule
 
-    g = gdn_gate(a, dt_bias, A_log)  # [T, HV] fp32
-    beta = torch.sigmoid(b.float()).to(b.dtype).float()
+    # torch.sigmoid on a half tensor computes in fp32 and rounds once: sigmoid(b.float()).to(b.dtype)
+    beta = torch.sigmoid(b)
+    if gdn_gate_in_kernel(mixed_qkv.device):
+        g, fused = a, {"use_gate_in_kernel": True, "A_log": A_log, "dt_bias": dt_bias}
+    else:
+        g, fused = gdn_gate(a, dt_bias, A_log), {}  # [T, HV] fp32, log space
     _run(chunk_gated_delta_rule, mixed_qkv, g, beta, scale, initial_state, out, cu_seqlens, ssm_state_indices,
-         has_initial_state, num_heads=num_heads, use_qk_l2norm=use_qk_l2norm, state_layout=state_layout)
+         has_initial_state, num_heads=num_heads, use_qk_l2norm=use_qk_l2norm, state_layout=state_layout, **fused)

@@ -225,17 +225,24 @@ def test_fla_is_registered_for_cuda_and_says_why_not_here(gdn):
 INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0") and not torch.cuda.is_available()
 
 
-@pytest.mark.skipif(not INTERPRETED, reason="the CPU run of fla needs TRITON_INTERPRET=1 and no CUDA device")
-@pytest.mark.parametrize(("gdn", "layout", "dtype"), [
-    (False, "VK", torch.float32), (False, "KV", torch.float16), (True, "VK", torch.float32),
-    (True, "KV", torch.float32), (True, "VK", torch.float16)],
-    ids=["kda-VK-fp32", "kda-KV-fp16", "gdn-VK-fp32", "gdn-KV-fp32", "gdn-VK-fp16"])  # KDA's ~10 s a case
-def test_the_fla_backend_equals_the_token_loop_on_the_cpu_under_the_interpreter(gdn, layout, dtype):
+def _strided(call):
+    """``mixed_qkv``, ``a`` and ``b`` as row slices of wider buffers (a row stride past the width)."""
+    def wide(x):
+        return torch.cat([x, torch.full((x.shape[0], 3), float("nan"), dtype=x.dtype)], 1)[:, : x.shape[1]]
+
+    return {**call, **{n: wide(call[n]) for n in ("mixed_qkv", "a", "b")}}
+
+
+def _fla_equals_loop(gdn, layout, dtype, lower_bound=None, strided=False):
     pytest.importorskip("fla.ops.kda")
     # GVA (HV = 2H), one token, one sequence across fla's 64-token chunk, an empty one starting from
     # zero, a padding one; has_initial_state mixed
     lengths, slots, has_init = (1, 66, 0, 3), (3, 0, 7, -1), (True, False, False, True)
     call = _call(gdn, layout, lengths, slots, has_init, dtype=dtype, dims=(1, 2, 16, 16))
+    if not gdn:
+        call["lower_bound"] = lower_bound
+    if strided:
+        call = _strided(call)
     o1, s1 = _op(gdn, call, state_layout=layout, backend="fla")
     o2, s2 = _op(gdn, call, state_layout=layout, backend="loop")
     tol = dict(atol=2e-6, rtol=1e-5) if dtype == torch.float32 else dict(atol=2e-3, rtol=1e-2)
@@ -244,6 +251,75 @@ def test_the_fla_backend_equals_the_token_loop_on_the_cpu_under_the_interpreter(
     untouched = [s for s in range(N) if s not in (3, 0, 7)]
     assert torch.equal(s1[untouched], call["initial_state"][untouched])  # bit-identical
     assert o1[-3:].eq(0).all() and torch.equal(s1[7], torch.zeros_like(s1[7]))
+
+
+@pytest.mark.skipif(not INTERPRETED, reason="the CPU run of fla needs TRITON_INTERPRET=1 and no CUDA device")
+@pytest.mark.parametrize(("gdn", "layout", "dtype", "lower_bound", "strided"), [
+    (False, "VK", torch.float32, None, False), (False, "KV", torch.float16, None, False),
+    (False, "VK", torch.float32, -5.0, True), (True, "VK", torch.float32, None, False),
+    (True, "KV", torch.float32, None, True), (True, "VK", torch.float16, None, False)],
+    ids=["kda-VK-fp32", "kda-KV-fp16", "kda-bounded-VK-fp32-strided", "gdn-VK-fp32", "gdn-KV-fp32-strided",
+         "gdn-VK-fp16"])  # KDA's ~10 s a case
+def test_the_fla_backend_equals_the_token_loop_on_the_cpu_under_the_interpreter(gdn, layout, dtype, lower_bound,
+                                                                                 strided):
+    # fla computes the gate (KDA: softplus, or bounded with lower_bound; GDN: per head) and KDA's beta
+    # in its kernels; strided: q/k/v, the gate logits and beta are views of row-padded buffers
+    _fla_equals_loop(gdn, layout, dtype, lower_bound, strided)
+
+
+@pytest.mark.skipif(not INTERPRETED, reason="the CPU run of fla needs TRITON_INTERPRET=1 and no CUDA device")
+def test_gdn_on_fla_with_the_torch_gate_where_flashqla_may_take_the_call(monkeypatch):
+    import kda_kernels.fla_prefill as fla_prefill
+
+    monkeypatch.setattr(fla_prefill, "gdn_gate_in_kernel", lambda device: False)
+    _fla_equals_loop(True, "VK", torch.float32)
+
+
+@pytest.mark.skipif(not INTERPRETED, reason="the CPU run of fla needs TRITON_INTERPRET=1 and no CUDA device")
+def test_fla_slots_a_strided_bf16_pool_and_an_out_of_range_slot_on_the_cpu_under_the_interpreter():
+    # the pool every other row of a larger one (row stride twice the row), bf16 (gathered to fp32,
+    # rounded back once); slot 12 >= N is padding in check mode: zero outputs, no byte written
+    pytest.importorskip("fla.ops.kda")
+    lengths, slots, has_init = (5, 66, 3), (3, 12, 8), (True, False, True)
+    call = _call(True, "VK", lengths, slots, has_init, dims=(1, 2, 16, 16))
+    big = torch.zeros(2 * N, *call["initial_state"].shape[1:], dtype=torch.bfloat16)
+    big[::2] = call["initial_state"].to(torch.bfloat16)
+    call["initial_state"] = big[::2]
+    with kc.mode("check"):
+        o1, s1 = _op(True, call, backend="fla")
+        o2, s2 = _op(True, call, backend="loop")
+    torch.testing.assert_close(o1, o2, atol=2e-6, rtol=1e-5)
+    torch.testing.assert_close(s1.float(), s2.float(), atol=2e-3, rtol=1e-2)  # each rounded once to bf16
+    untouched = [s for s in range(N) if s not in (3, 8)]
+    assert torch.equal(s1[untouched], call["initial_state"][untouched])
+    assert o1[5:71].eq(0).all() and not o1[:5].eq(0).all()
+
+
+@pytest.mark.skipif(not INTERPRETED, reason="the CPU run of fla needs TRITON_INTERPRET=1 and no CUDA device")
+@pytest.mark.parametrize("gdn", [False, True], ids=["kda", "gdn"])
+def test_fla_without_tokens_keeps_or_zeroes_the_slots(gdn):
+    pytest.importorskip("fla.ops.kda")
+    call = _call(gdn, "VK", (0, 0, 0), (3, 5, -1), (True, False, True), dims=(1, 2, 16, 16))
+    with kc.mode("check"):
+        o, s = _op(gdn, call, backend="fla")
+    assert o.shape[0] == 0 and torch.equal(s[3], call["initial_state"][3]) and s[5].eq(0).all()
+    assert torch.equal(s[[i for i in range(N) if i != 5]], call["initial_state"][[i for i in range(N) if i != 5]])
+
+
+def test_gdn_hands_fla_the_raw_gate_unless_flashqla_may_take_the_call(monkeypatch):
+    backends = pytest.importorskip("fla.ops.gated_delta_rule.backends.flash_qla")
+    from kda_kernels.fla_prefill import gdn_gate_in_kernel
+
+    cuda = torch.device("cuda")  # (only its type is read)
+    monkeypatch.setattr(backends.FlashQLABackend, "is_available", classmethod(lambda cls: True))
+    monkeypatch.delenv("FLA_FLASH_QLA", raising=False)
+    monkeypatch.delenv("FLA_DISABLE_BACKEND_DISPATCH", raising=False)
+    assert not gdn_gate_in_kernel(cuda) and gdn_gate_in_kernel(torch.device("cpu"))
+    monkeypatch.setenv("FLA_FLASH_QLA", "0")
+    assert gdn_gate_in_kernel(cuda)
+    monkeypatch.delenv("FLA_FLASH_QLA")
+    monkeypatch.setattr(backends.FlashQLABackend, "is_available", classmethod(lambda cls: False))
+    assert gdn_gate_in_kernel(cuda)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="fla's chunk kernels need a CUDA device")
