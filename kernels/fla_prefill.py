@@ -55,6 +55,7 @@ from __future__ import annotations
 
 import ast
 import contextlib
+import functools
 import os
 import threading
 from collections.abc import Callable, Iterator
@@ -134,9 +135,14 @@ def launch_context(device: torch.device) -> Iterator[None]:
 def gdn_gate_in_kernel(device: torch.device) -> bool:
     """Whether a GDN call on ``device`` hands fla the raw gate (``use_gate_in_kernel=True``): yes, unless
     fla may hand it to FlashQLA (CUDA, ``flash_qla`` installed, ``FLA_FLASH_QLA`` not ``0``, backend
-    dispatch on), whose verifier refuses ``use_gate_in_kernel``."""
+    dispatch on), whose verifier refuses ``use_gate_in_kernel``. Asked once per device and setting."""
     if device.type != "cuda" or os.environ.get("FLA_DISABLE_BACKEND_DISPATCH") == "1":
         return True
+    return _flash_qla_absent(device.index, os.environ.get("FLA_FLASH_QLA"))
+
+
+@functools.lru_cache(maxsize=64)
+def _flash_qla_absent(index: int | None, setting: str | None) -> bool:
     try:
         from fla.ops.gated_delta_rule.backends.flash_qla import FlashQLABackend
     except ImportError:

@@ -30,6 +30,8 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from .fast_launch import FastLaunch
+
 __all__ = ["gather_slots", "scatter_slots", "write_output"]
 
 _ROW_BLOCK = 4096  # state elements per program
@@ -77,6 +79,9 @@ def _output_kernel(out, o, cu_seqlens, slots, T, B, N, W, BT: tl.constexpr, BW: 
     tl.store(out + t[:, None] * W + w[None, :], x.to(out.dtype.element_ty), mask=m)
 
 
+_GATHER, _SCATTER, _OUTPUT = FastLaunch(_gather_kernel), FastLaunch(_scatter_kernel), FastLaunch(_output_kernel)
+
+
 def _row(pool: Tensor) -> tuple[int, int]:
     """``(row stride, elements per row)`` of a pool whose rows are contiguous; ValueError otherwise."""
     size = 1
@@ -93,8 +98,8 @@ def gather_slots(pool: Tensor, slots: Tensor, has_initial_state: Tensor) -> Tens
     B = slots.shape[0]
     h0 = torch.empty(B, *pool.shape[1:], dtype=torch.float32, device=pool.device)
     if B and S:
-        _gather_kernel[(B, triton.cdiv(S, _ROW_BLOCK))](pool, h0, slots, has_initial_state, pool.shape[0], stride, S,
-                                                         BLOCK=_ROW_BLOCK)
+        _GATHER((B, triton.cdiv(S, _ROW_BLOCK)), pool, h0, slots, has_initial_state, pool.shape[0], stride, S,
+                BLOCK=_ROW_BLOCK)
     return h0
 
 
@@ -103,8 +108,8 @@ def scatter_slots(pool: Tensor, ht: Tensor, slots: Tensor) -> None:
     stride, S = _row(pool)
     B = slots.shape[0]
     if B and S:
-        _scatter_kernel[(B, triton.cdiv(S, _ROW_BLOCK))](pool, ht.contiguous(), slots, pool.shape[0], stride, S,
-                                                          BLOCK=_ROW_BLOCK)
+        _SCATTER((B, triton.cdiv(S, _ROW_BLOCK)), pool, ht.contiguous(), slots, pool.shape[0], stride, S,
+                 BLOCK=_ROW_BLOCK)
 
 
 def write_output(out: Tensor, o: Tensor, cu_seqlens: Tensor, slots: Tensor, num_slots: int) -> None:
@@ -114,5 +119,5 @@ def write_output(out: Tensor, o: Tensor, cu_seqlens: Tensor, slots: Tensor, num_
     W = out[0].numel() if T else 0
     if T and W:
         grid = (triton.cdiv(T, _TOKENS), triton.cdiv(W, _WIDTH))
-        _output_kernel[grid](out, o.contiguous(), cu_seqlens, slots, T, B, num_slots, W, BT=_TOKENS, BW=_WIDTH,
+        _OUTPUT(grid, out, o.contiguous(), cu_seqlens, slots, T, B, num_slots, W, BT=_TOKENS, BW=_WIDTH,
                              BB=_SEQS)

@@ -308,9 +308,10 @@ def test_fla_without_tokens_keeps_or_zeroes_the_slots(gdn):
 
 def test_gdn_hands_fla_the_raw_gate_unless_flashqla_may_take_the_call(monkeypatch):
     backends = pytest.importorskip("fla.ops.gated_delta_rule.backends.flash_qla")
-    from kda_kernels.fla_prefill import gdn_gate_in_kernel
+    from kda_kernels.fla_prefill import _flash_qla_absent, gdn_gate_in_kernel
 
     cuda = torch.device("cuda")  # (only its type is read)
+    _flash_qla_absent.cache_clear()  # (asked once per device and setting)
     monkeypatch.setattr(backends.FlashQLABackend, "is_available", classmethod(lambda cls: True))
     monkeypatch.delenv("FLA_FLASH_QLA", raising=False)
     monkeypatch.delenv("FLA_DISABLE_BACKEND_DISPATCH", raising=False)
@@ -319,7 +320,10 @@ def test_gdn_hands_fla_the_raw_gate_unless_flashqla_may_take_the_call(monkeypatc
     assert gdn_gate_in_kernel(cuda)
     monkeypatch.delenv("FLA_FLASH_QLA")
     monkeypatch.setattr(backends.FlashQLABackend, "is_available", classmethod(lambda cls: False))
+    assert not gdn_gate_in_kernel(cuda)  # (the answer kept for this device and setting)
+    _flash_qla_absent.cache_clear()
     assert gdn_gate_in_kernel(cuda)
+    _flash_qla_absent.cache_clear()
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="fla's chunk kernels need a CUDA device")
@@ -334,3 +338,18 @@ def test_the_fla_backend_matches_the_reference_on_cuda(gdn, layout):
     torch.testing.assert_close(s1, s2, atol=2e-2, rtol=2e-2)
     untouched = [s for s in range(N) if s not in [x for x in SLOTS if x >= 0]]
     assert torch.equal(s1[untouched], call["initial_state"][untouched])
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the compiled launcher needs a CUDA device")
+def test_the_slot_kernels_fast_launch_writes_what_the_normal_launch_wrote():
+    from kda_kernels import prefill_slots
+
+    cpu = _call(False, "VK", dtype=torch.bfloat16)
+    runs = []
+    for _ in range(3):  # the first launch of each kernel through kernel[grid], the others through the launcher
+        call = {k: v.cuda() if isinstance(v, torch.Tensor) else v for k, v in cpu.items()}
+        o, s = _op(False, call, state_layout="VK", backend="fla")
+        runs.append((o.clone(), s.clone()))
+    assert all(k.cache for k in (prefill_slots._GATHER, prefill_slots._SCATTER, prefill_slots._OUTPUT))
+    for o, s in runs[1:]:
+        assert torch.equal(o, runs[0][0]) and torch.equal(s, runs[0][1])

@@ -163,3 +163,14 @@ def test_the_decode_ops_rules_all_take_kernel_slots():
     call["ssm_state_indices"][2] = 8
     call["initial_state"][call["ssm_state_indices"][0]].view(-1)[7] = NAN
     check(list(VALUE_RULES), call, {"N": 8})
+
+
+def test_finite_rows_of_rows_longer_than_a_chunk_count_each_row_once():
+    pool = torch.randn(6, 3, 4000, generator=torch.Generator().manual_seed(3))  # 12,000 elements a row: 2 chunks
+    pool[4, 0, 5] = NAN
+    pool[4, 2, 3999] = INF  # the same row, the other chunk
+    pool[1, 2, 100] = -INF
+    idx = torch.tensor([2, 4, 1, 4 - 5, 0], dtype=i32)
+    got = check([kc.FiniteRows("p", "i")], {"p": pool, "i": idx})
+    assert got[3:] == [1.0, NAN, 2.0, 4.0] or (got[3] == 1.0 and got[4] != got[4] and got[5:] == [2.0, 4.0])
+    assert fused.grid_of([fused.slot_of(kc.FiniteRows("p", "i"), {"p": pool, "i": idx}, {})]) == 10

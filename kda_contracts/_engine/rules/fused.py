@@ -39,7 +39,8 @@ from .values import Distinct, EndsAt, Finite, FiniteRows, InRange, NonDecreasing
 
 SLOTS = 8  # rule slots per launch (more rules: more launches)
 STREAMS = 16  # scratch rows per device: one per stream that runs watched calls (more share the last)
-ROW = 26  # int64 per scratch row: ticket, 3 per slot, one of padding (rows 16-byte aligned)
+ROW = 2 + 3 * 8 + 128 * 8  # int64 per scratch row: ticket, dirty, 3 per slot, a 128-word bitmap per slot
+ROWS_MAX = 128 * 64  # positions FiniteRows takes in the kernel (its bitmap); more: a torch probe
 BIG = 1 << 62
 BLOCK, DB = 1024, 64
 DISTINCT_MAX = 8192
@@ -113,7 +114,8 @@ def _finite(r: Finite, values: Mapping[str, Any], dims: Mapping[str, Any]) -> Sl
 def _finite_rows(r: FiniteRows, values: Mapping[str, Any], dims: Mapping[str, Any]) -> Slot | tuple[()] | None:
     pool, idx = values[r.args[0]], values[r.args[1]]
     only = values.get(r.args[2]) if len(r.args) > 2 else None
-    if pool.dtype not in _FLOAT or idx.dtype not in _INT or not idx.is_contiguous() or pool.dim() == 0:
+    if (pool.dtype not in _FLOAT or idx.dtype not in _INT or not idx.is_contiguous() or pool.dim() == 0
+            or idx.numel() > ROWS_MAX):
         return None
     if only is not None and (not isinstance(only, Tensor) or only.dtype != torch.bool or not only.is_contiguous()
                              or only.numel() != idx.numel()):
@@ -193,8 +195,8 @@ def plan(rules: Sequence[ValueRule], values: Mapping[str, Any],
 def grid_of(slots: Sequence[Slot]) -> int:
     """The programs one launch needs: the most blocks any slot has, at most :data:`GRID_MAX`."""
     units = 1
-    for kind, _, _, _, _, n, _, _, _, _ in slots:
-        units = max(units, n if kind == FINITE_ROWS else -(-n // DB) if kind == DISTINCT else
+    for kind, _, _, _, _, n, c, _, _, _ in slots:
+        units = max(units, n * -(-c // (8 * BLOCK)) if kind == FINITE_ROWS else -(-n // DB) if kind == DISTINCT else
                     1 if kind in (STARTS_AT, ENDS_AT) else -(-n // BLOCK))
     return min(units, GRID_MAX)
 
@@ -207,8 +209,8 @@ class FusedState:
         self.device, self.flag, self.host = device, flag, host
         scratch = torch.zeros(2 + STREAMS * ROW, dtype=torch.int64)
         rows = scratch[2:].view(STREAMS, ROW)
-        rows[:, 1:1 + 3 * SLOTS:3] = BIG
-        rows[:, 3:1 + 3 * SLOTS:3] = -BIG
+        rows[:, 2:2 + 3 * SLOTS:3] = BIG
+        rows[:, 4:2 + 3 * SLOTS:3] = -BIG
         self.scratch = scratch.to(device)
         self.claim = self.scratch[:1]
         self.rows: dict[int, Tensor] = {}

@@ -13,7 +13,8 @@ into the device flag unless it already holds a violation, and copies a recorded 
 host buffer (pinned memory: the host reads it without a sync or a copy of its own).
 
 Scratch, int64, one row per stream (made before any capture, so never zeroed by a graph):
-``[ticket, then 3 per slot: first, count, worst]``, left as found by the last program. The
+``[ticket, dirty, 3 per slot: first, count, worst, then 128 per slot: FINITE_ROWS' bitmap of the
+positions found]``, left as found by the last program. The
 claim, int64: 0 until a violation is recorded (a compare-and-swap: two streams never both record).
 Flag, float64: ``[recorded, call serial, slot, element, value, count, extra]``.
 """
@@ -33,9 +34,11 @@ DISTINCT_MAX = 8192  # above this many elements DISTINCT is left to the torch pr
 
 
 @triton.jit
-def _scan(pid, P, X, Y, Z, n, c, s0, lo, hi, S, KIND: tl.constexpr, FLAGS: tl.constexpr,
+def _scan(pid, P, X, Y, Z, n, c, s0, lo, hi, S, BM, DIRTY, KIND: tl.constexpr, FLAGS: tl.constexpr,
           BLOCK: tl.constexpr, DB: tl.constexpr):
-    """One program's share of one slot, folded into its scratch ``S`` (first, count, worst)."""
+    """One program's share of one slot, folded into its scratch ``S`` (first, count, worst; relaxed
+    atomics, ordered by the ticket), ``BM`` (FINITE_ROWS: the positions found, so a row counts once)
+    and ``DIRTY`` (set when anything was found: the last program reads the slots only then)."""
     big: tl.constexpr = 1 << 62
     first = tl.full([], big, tl.int64)
     count = tl.full([], 0, tl.int64)
@@ -55,7 +58,7 @@ def _scan(pid, P, X, Y, Z, n, c, s0, lo, hi, S, KIND: tl.constexpr, FLAGS: tl.co
             first = tl.minimum(first, tl.min(tl.where(bad, offs, big), axis=0))
             count += tl.sum(bad.to(tl.int64), axis=0)
     if KIND == 4:  # FINITE_ROWS
-        first, count = _scan_rows(pid, P, X, Y, Z, n, c, s0, hi, first, count, FLAGS, BLOCK)
+        first, count = _scan_rows(pid, P, X, Y, Z, n, c, s0, hi, BM, first, count, FLAGS, BLOCK)
     if KIND == 5 or KIND == 6:  # STARTS_AT, ENDS_AT (program 0)
         if (pid == 0) & (n > 0):
             at = n - 1
@@ -66,10 +69,11 @@ def _scan(pid, P, X, Y, Z, n, c, s0, lo, hi, S, KIND: tl.constexpr, FLAGS: tl.co
                 first = tl.zeros([], tl.int64) + at
                 count += 1
     if count > 0:
-        tl.atomic_min(S, first)
-        tl.atomic_add(S + 1, count)
+        tl.atomic_min(S, first, sem="relaxed")
+        tl.atomic_add(S + 1, count, sem="relaxed")
         if KIND == 1:
-            tl.atomic_max(S + 2, worst)
+            tl.atomic_max(S + 2, worst, sem="relaxed")
+        tl.atomic_or(DIRTY, 1, sem="relaxed")
 
 
 @triton.jit
@@ -124,36 +128,47 @@ def _scan_distinct(pid, P, X, n, first, count, FLAGS: tl.constexpr, DB: tl.const
 
 
 @triton.jit
-def _scan_rows(pid, P, X, Y, Z, n, c, s0, hi, first, count, FLAGS: tl.constexpr, BLOCK: tl.constexpr):
+def _scan_rows(pid, P, X, Y, Z, n, c, s0, hi, BM, first, count, FLAGS: tl.constexpr, BLOCK: tl.constexpr):
     """FINITE_ROWS: the pool X's row Y[j] (c elements, rows s0 apart) for j < n, where 0 <= Y[j] < hi
-    (and Z[j], with HAS_ONLY)."""
-    for j in range(pid, n, P):
+    (and Z[j], with HAS_ONLY), in chunks of 8 blocks (a row of a decode pool is ~0.5M elements: many
+    programs share it); a position counts once (its bit in BM)."""
+    nchunk = tl.cdiv(c, 8 * BLOCK)
+    for u in range(pid, n * nchunk, P):
+        j = tl.zeros([], tl.int64) + u // nchunk
+        chunk = u % nchunk
         slot = tl.load(Y + j).to(tl.int64)
         used = (slot >= 0) & (slot < hi)
         if FLAGS & 8:
             used = used & (tl.load(Z + j).to(tl.int32) != 0)
         nonfinite = tl.full([], 0, tl.int32)
         if used:
-            for blk in range(0, tl.cdiv(c, BLOCK)):
-                offs = blk * BLOCK + tl.arange(0, BLOCK)
+            for blk in tl.static_range(8):
+                offs = chunk * (8 * BLOCK) + blk * BLOCK + tl.arange(0, BLOCK)
                 x = tl.load(X + slot * s0 + offs, mask=offs < c, other=0)
                 if X.dtype.element_ty != tl.float64:
                     x = x.to(tl.float32)
                 nonfinite = tl.maximum(nonfinite, tl.max(((x != x) | (tl.abs(x) == float("inf"))).to(tl.int32),
                                                          axis=0))
         if nonfinite > 0:
-            first = tl.minimum(first, tl.zeros([], tl.int64) + j)
-            count += 1
+            bit = tl.full([], 1, tl.int64) << (j % 64)
+            old = tl.atomic_or(BM + j // 64, bit, sem="relaxed")
+            first = tl.minimum(first, j)
+            count += ((old & bit) == 0).to(tl.int64)
     return first, count
 
 
 @triton.jit
-def _report(X, Y, n, c, s0, S, KIND: tl.constexpr, BLOCK: tl.constexpr):
+def _report(X, Y, n, c, s0, S, BM, KIND: tl.constexpr, BLOCK: tl.constexpr):
     """The last program: a slot's (count, first, value, extra), its scratch reset."""
     big: tl.constexpr = 1 << 62
-    first = tl.atomic_xchg(S, big)
-    count = tl.atomic_xchg(S + 1, 0)
-    worst = tl.atomic_xchg(S + 2, -big)
+    first = tl.atomic_xchg(S, big, sem="relaxed")
+    count = tl.atomic_xchg(S + 1, 0, sem="relaxed")
+    worst = tl.atomic_xchg(S + 2, -big, sem="relaxed")
+    if KIND == 4:
+        if count > 0:  # (the positions' bits back to 0)
+            for w in range(0, tl.cdiv(n, 64), BLOCK):
+                offs = w + tl.arange(0, BLOCK)
+                tl.atomic_xchg(BM + offs, tl.zeros([BLOCK], tl.int64), mask=offs < tl.cdiv(n, 64), sem="relaxed")
     at = tl.where(count > 0, first, 0)
     value = tl.full([], 0.0, tl.float64)
     extra = tl.full([], 0.0, tl.float64)
@@ -191,9 +206,9 @@ def _report(X, Y, n, c, s0, S, KIND: tl.constexpr, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def _report_take(X, Y, n, c, s0, S, KIND: tl.constexpr, BLOCK: tl.constexpr, s, r_slot, r_at, r_value, r_count,
-                 r_extra, taken):
-    count, first, value, extra = _report(X, Y, n, c, s0, S, KIND, BLOCK)
+def _report_take(X, Y, n, c, s0, S, BM, KIND: tl.constexpr, BLOCK: tl.constexpr, s, r_slot, r_at, r_value,
+                 r_count, r_extra, taken):
+    count, first, value, extra = _report(X, Y, n, c, s0, S, BM, KIND, BLOCK)
     return _take(r_slot, r_at, r_value, r_count, r_extra, taken, s, count, first, value, extra)
 
 
@@ -224,66 +239,84 @@ def watch_check_kernel(
     pid = tl.program_id(0)
     P = tl.num_programs(0)
     if K0 != 0:
-        _scan(pid, P, X0, Y0, Z0, n0, c0, s0_0, lo0, hi0, SCRATCH + 1, K0, F0, BLOCK, DB)
+        _scan(pid, P, X0, Y0, Z0, n0, c0, s0_0, lo0, hi0, SCRATCH + 2, SCRATCH + 26, SCRATCH + 1, K0, F0, BLOCK, DB)
     if K1 != 0:
-        _scan(pid, P, X1, Y1, Z1, n1, c1, s0_1, lo1, hi1, SCRATCH + 4, K1, F1, BLOCK, DB)
+        _scan(pid, P, X1, Y1, Z1, n1, c1, s0_1, lo1, hi1, SCRATCH + 5, SCRATCH + 154, SCRATCH + 1, K1, F1, BLOCK, DB)
     if K2 != 0:
-        _scan(pid, P, X2, Y2, Z2, n2, c2, s0_2, lo2, hi2, SCRATCH + 7, K2, F2, BLOCK, DB)
+        _scan(pid, P, X2, Y2, Z2, n2, c2, s0_2, lo2, hi2, SCRATCH + 8, SCRATCH + 282, SCRATCH + 1, K2, F2, BLOCK, DB)
     if K3 != 0:
-        _scan(pid, P, X3, Y3, Z3, n3, c3, s0_3, lo3, hi3, SCRATCH + 10, K3, F3, BLOCK, DB)
+        _scan(pid, P, X3, Y3, Z3, n3, c3, s0_3, lo3, hi3, SCRATCH + 11, SCRATCH + 410, SCRATCH + 1, K3, F3, BLOCK, DB)
     if K4 != 0:
-        _scan(pid, P, X4, Y4, Z4, n4, c4, s0_4, lo4, hi4, SCRATCH + 13, K4, F4, BLOCK, DB)
+        _scan(pid, P, X4, Y4, Z4, n4, c4, s0_4, lo4, hi4, SCRATCH + 14, SCRATCH + 538, SCRATCH + 1, K4, F4, BLOCK, DB)
     if K5 != 0:
-        _scan(pid, P, X5, Y5, Z5, n5, c5, s0_5, lo5, hi5, SCRATCH + 16, K5, F5, BLOCK, DB)
+        _scan(pid, P, X5, Y5, Z5, n5, c5, s0_5, lo5, hi5, SCRATCH + 17, SCRATCH + 666, SCRATCH + 1, K5, F5, BLOCK, DB)
     if K6 != 0:
-        _scan(pid, P, X6, Y6, Z6, n6, c6, s0_6, lo6, hi6, SCRATCH + 19, K6, F6, BLOCK, DB)
+        _scan(pid, P, X6, Y6, Z6, n6, c6, s0_6, lo6, hi6, SCRATCH + 20, SCRATCH + 794, SCRATCH + 1, K6, F6, BLOCK, DB)
     if K7 != 0:
-        _scan(pid, P, X7, Y7, Z7, n7, c7, s0_7, lo7, hi7, SCRATCH + 22, K7, F7, BLOCK, DB)
+        _scan(pid, P, X7, Y7, Z7, n7, c7, s0_7, lo7, hi7, SCRATCH + 23, SCRATCH + 922, SCRATCH + 1, K7, F7, BLOCK, DB)
     ticket = tl.atomic_add(SCRATCH, 1)
     if ticket == P - 1:
-        tl.atomic_xchg(SCRATCH, 0)
+        tl.atomic_xchg(SCRATCH, 0, sem="relaxed")
         r_slot, taken = tl.full([], 0, tl.int32), tl.zeros([], tl.int32)
         r_at, r_value, r_count, r_extra = (tl.full([], 0.0, tl.float64), tl.full([], 0.0, tl.float64),
                                            tl.full([], 0.0, tl.float64), tl.full([], 0.0, tl.float64))
-        if K0 != 0:
-            r_slot, r_at, r_value, r_count, r_extra, taken = _report_take(
-                X0, Y0, n0, c0, s0_0, SCRATCH + 1, K0, BLOCK, 0, r_slot, r_at, r_value, r_count, r_extra, taken)
-        if K1 != 0:
-            r_slot, r_at, r_value, r_count, r_extra, taken = _report_take(
-                X1, Y1, n1, c1, s0_1, SCRATCH + 4, K1, BLOCK, 1, r_slot, r_at, r_value, r_count, r_extra, taken)
-        if K2 != 0:
-            r_slot, r_at, r_value, r_count, r_extra, taken = _report_take(
-                X2, Y2, n2, c2, s0_2, SCRATCH + 7, K2, BLOCK, 2, r_slot, r_at, r_value, r_count, r_extra, taken)
-        if K3 != 0:
-            r_slot, r_at, r_value, r_count, r_extra, taken = _report_take(
-                X3, Y3, n3, c3, s0_3, SCRATCH + 10, K3, BLOCK, 3, r_slot, r_at, r_value, r_count, r_extra, taken)
-        if K4 != 0:
-            r_slot, r_at, r_value, r_count, r_extra, taken = _report_take(
-                X4, Y4, n4, c4, s0_4, SCRATCH + 13, K4, BLOCK, 4, r_slot, r_at, r_value, r_count, r_extra, taken)
-        if K5 != 0:
-            r_slot, r_at, r_value, r_count, r_extra, taken = _report_take(
-                X5, Y5, n5, c5, s0_5, SCRATCH + 16, K5, BLOCK, 5, r_slot, r_at, r_value, r_count, r_extra, taken)
-        if K6 != 0:
-            r_slot, r_at, r_value, r_count, r_extra, taken = _report_take(
-                X6, Y6, n6, c6, s0_6, SCRATCH + 19, K6, BLOCK, 6, r_slot, r_at, r_value, r_count, r_extra, taken)
-        if K7 != 0:
-            r_slot, r_at, r_value, r_count, r_extra, taken = _report_take(
-                X7, Y7, n7, c7, s0_7, SCRATCH + 22, K7, BLOCK, 7, r_slot, r_at, r_value, r_count, r_extra, taken)
-        recorded = tl.load(FLAG) != 0
-        won = tl.zeros([], tl.int32)
-        if (taken > 0) & (recorded == 0):  # the device's first violation: claim it (other streams race)
-            won = (tl.atomic_cas(CLAIM, tl.zeros([], tl.int64), tl.full([], 1, tl.int64)) == 0).to(tl.int32)
-        if won > 0:
-            tl.store(FLAG + 1, serial.to(tl.float64))
-            tl.store(FLAG + 2, (r_slot + base).to(tl.float64))
-            tl.store(FLAG + 3, r_at)
-            tl.store(FLAG + 4, r_value)
-            tl.store(FLAG + 5, r_count)
-            tl.store(FLAG + 6, r_extra)
-            tl.debug_barrier()
-            tl.store(FLAG, 1.0)
-        if HOST_COPY:
-            if (won > 0) | recorded:  # (recorded now, or before: the host sees it without a copy)
-                for k in tl.static_range(1, 7):
-                    tl.store(HOST + k, tl.load(FLAG + k))
-                tl.store(HOST, 1.0)
+        dirty = tl.atomic_xchg(SCRATCH + 1, 0, sem="relaxed")
+        if dirty != 0:  # (nothing found by any program: every slot's scratch is as it was)
+            if K0 != 0:
+                r_slot, r_at, r_value, r_count, r_extra, taken = _report_take(
+                    X0, Y0, n0, c0, s0_0, SCRATCH + 2, SCRATCH + 26, K0, BLOCK, 0,
+                    r_slot, r_at, r_value, r_count, r_extra, taken)
+            if K1 != 0:
+                r_slot, r_at, r_value, r_count, r_extra, taken = _report_take(
+                    X1, Y1, n1, c1, s0_1, SCRATCH + 5, SCRATCH + 154, K1, BLOCK, 1,
+                    r_slot, r_at, r_value, r_count, r_extra, taken)
+            if K2 != 0:
+                r_slot, r_at, r_value, r_count, r_extra, taken = _report_take(
+                    X2, Y2, n2, c2, s0_2, SCRATCH + 8, SCRATCH + 282, K2, BLOCK, 2,
+                    r_slot, r_at, r_value, r_count, r_extra, taken)
+            if K3 != 0:
+                r_slot, r_at, r_value, r_count, r_extra, taken = _report_take(
+                    X3, Y3, n3, c3, s0_3, SCRATCH + 11, SCRATCH + 410, K3, BLOCK, 3,
+                    r_slot, r_at, r_value, r_count, r_extra, taken)
+            if K4 != 0:
+                r_slot, r_at, r_value, r_count, r_extra, taken = _report_take(
+                    X4, Y4, n4, c4, s0_4, SCRATCH + 14, SCRATCH + 538, K4, BLOCK, 4,
+                    r_slot, r_at, r_value, r_count, r_extra, taken)
+            if K5 != 0:
+                r_slot, r_at, r_value, r_count, r_extra, taken = _report_take(
+                    X5, Y5, n5, c5, s0_5, SCRATCH + 17, SCRATCH + 666, K5, BLOCK, 5,
+                    r_slot, r_at, r_value, r_count, r_extra, taken)
+            if K6 != 0:
+                r_slot, r_at, r_value, r_count, r_extra, taken = _report_take(
+                    X6, Y6, n6, c6, s0_6, SCRATCH + 20, SCRATCH + 794, K6, BLOCK, 6,
+                    r_slot, r_at, r_value, r_count, r_extra, taken)
+            if K7 != 0:
+                r_slot, r_at, r_value, r_count, r_extra, taken = _report_take(
+                    X7, Y7, n7, c7, s0_7, SCRATCH + 23, SCRATCH + 922, K7, BLOCK, 7,
+                    r_slot, r_at, r_value, r_count, r_extra, taken)
+        _record(FLAG, HOST, CLAIM, serial, base, r_slot, r_at, r_value, r_count, r_extra, taken, HOST_COPY)
+
+
+@triton.jit
+def _record(FLAG, HOST, CLAIM, serial, base, r_slot, r_at, r_value, r_count, r_extra, taken,
+            HOST_COPY: tl.constexpr):
+    """The last program: the call's first violation into the flag, unless one is recorded (the
+    claim decides between streams), and a recorded flag into the host buffer."""
+    recorded = tl.load(FLAG) != 0
+    won = tl.zeros([], tl.int32)
+    if (taken > 0) & (recorded == 0):  # the device's first violation: claim it (other streams race)
+        won = (tl.atomic_cas(CLAIM, tl.zeros([], tl.int64), tl.full([], 1, tl.int64)) == 0).to(tl.int32)
+    if won > 0:
+        tl.store(FLAG + 1, serial.to(tl.float64))
+        tl.store(FLAG + 2, (r_slot + base).to(tl.float64))
+        tl.store(FLAG + 3, r_at)
+        tl.store(FLAG + 4, r_value)
+        tl.store(FLAG + 5, r_count)
+        tl.store(FLAG + 6, r_extra)
+        tl.debug_barrier()
+        tl.store(FLAG, 1.0)
+    if HOST_COPY:
+        if (won > 0) | recorded:  # (recorded now, or before: the host sees it without a copy)
+            for k in tl.static_range(1, 7):
+                tl.store(HOST + k, tl.load(FLAG + k))
+            tl.store(HOST, 1.0)
