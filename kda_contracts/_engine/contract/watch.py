@@ -327,10 +327,10 @@ def _launch(w: Watcher, slots: list[Any], serial: int) -> bool:
             for base in range(0, len(slots), fused.SLOTS):
                 fused.launch(w.fused, slots[base:base + fused.SLOTS], serial, base)
         else:
-            index = w.device.index if w.device.index is not None else torch.cuda.current_device()
-            switch = torch.cuda.current_device() != index
-            with torch.cuda.device(index) if switch else contextlib.nullcontext():
-                stream = torch.cuda.current_stream(index).cuda_stream
+            current = torch.cuda.current_device()
+            index = w.device.index if w.device.index is not None else current
+            with torch.cuda.device(index) if index != current else contextlib.nullcontext():
+                stream = _raw_stream(index)
                 for base in range(0, len(slots), fused.SLOTS):
                     fused.launch(w.fused, slots[base:base + fused.SLOTS], serial, base, stream)
     except Exception as exc:  # (a missing or broken triton: never silent, never a crash)
@@ -339,6 +339,12 @@ def _launch(w: Watcher, slots: list[Any], serial: int) -> bool:
     if w.fused.host is None and not _capturing():  # (the kernel copied nothing to the host itself)
         w.channel.send(w.flag)
     return True
+
+
+def _raw_stream(index: int) -> int:
+    """The current stream's handle on GPU ``index`` (the key of its scratch row)."""
+    get = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    return int(get(index)) if get is not None else torch.cuda.current_stream(index).cuda_stream
 
 
 def _on_cuda(values: Mapping[str, Any], rule: ValueRule) -> bool:

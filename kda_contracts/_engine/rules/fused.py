@@ -265,16 +265,27 @@ def launch(state: FusedState, slots: Sequence[Slot], serial: int, base: int, str
     flag = state.flag
     args: list[Any] = [flag, state.host if state.host is not None else flag, state.claim, state.row(stream),
                        serial, base]
-    consts: list[int] = []
-    for s in slots:
-        args += s[2:]
-        consts += s[:2]
+    consts: list[Any] = []
+    spec: list[Any] = []
+    wide = not (-0x80000000 <= serial <= 0x7FFFFFFF)
+    for kind, flags, x, y, z, n, c, s0, lo, hi in slots:
+        args += (x, y, z, n, c, s0, lo, hi)
+        consts += (kind, flags)
+        spec += (x.dtype, y.dtype, z.dtype, (x.data_ptr() | y.data_ptr() | z.data_ptr()) & 15 == 0 or
+                 (x.data_ptr() & 15, y.data_ptr() & 15, z.data_ptr() & 15))
+        wide = wide or max(n, c, s0, lo, hi) > 0x7FFFFFFF or min(lo, s0) < -0x80000000
     for _ in range(SLOTS - len(slots)):
         args += (flag, flag, flag, 0, 0, 0, 0, 0)
         consts += (0, 0)
     consts += (BLOCK, DB, state.host is not None)
     grid = (grid_of(slots), 1, 1)
-    key = _key(args, consts, flag) if _fast["enabled"] and flag.is_cuda else None
+    # the key: what Triton specializes on (the constexprs, the pointers' dtypes and alignment; our own
+    # buffers are always aligned) and, when an int leaves i32, every int's class
+    key: tuple | None = None
+    if _fast["enabled"] and flag.is_cuda:
+        env = _fast["env"] or _bind()
+        if env is not None:
+            key = (env[0](), tuple(consts), tuple(spec), _wide(args) if wide else None)
     if key is not None:
         entry = _launch_cache.get(key)
         if entry is not None:
@@ -293,24 +304,25 @@ def launch(state: FusedState, slots: Sequence[Slot], serial: int, base: int, str
         _remember(key, compiled)
 
 
-def _key(args: Sequence[Any], consts: Sequence[int], flag: Tensor) -> tuple | None:
-    env = _fast["env"]
-    if env is None:
-        try:
-            from triton.runtime.driver import driver
-            from triton.runtime.jit import JITFunction
+def _wide(args: Sequence[Any]) -> tuple:
+    """Where the ints are i64 or u64 in the kernel's signature (not i32)."""
+    return tuple((i, a > 0x7FFFFFFFFFFFFFFF) for i, a in enumerate(args)
+                 if type(a) is int and not -0x80000000 <= a <= 0x7FFFFFFF)
 
-            if not isinstance(_kernel(), JITFunction):
-                _fast["enabled"] = False
-                return None
-            env = _fast["env"] = (driver.active.get_current_device, driver.active.get_current_stream)
-        except Exception:
+
+def _bind() -> tuple | None:
+    try:
+        from triton.runtime.driver import driver
+        from triton.runtime.jit import JITFunction
+
+        if not isinstance(_kernel(), JITFunction):
             _fast["enabled"] = False
             return None
-    ptrs = tuple((a.dtype, a.data_ptr() & 15 == 0) for a in args if isinstance(a, Tensor))
-    wide = tuple((i, a > 0x7FFFFFFFFFFFFFFF) for i, a in enumerate(args)
-                 if type(a) is int and not -0x80000000 <= a <= 0x7FFFFFFF)  # (i32, i64 or u64 in the signature)
-    return (env[0](), tuple(consts), ptrs, wide)
+        env = _fast["env"] = (driver.active.get_current_device, driver.active.get_current_stream)
+        return env
+    except Exception:
+        _fast["enabled"] = False
+        return None
 
 
 def _remember(key: tuple, compiled: Any) -> None:
