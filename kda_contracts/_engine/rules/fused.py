@@ -213,6 +213,7 @@ class FusedState:
         rows[:, 4:2 + 3 * SLOTS:3] = -BIG
         self.scratch = scratch.to(device)
         self.claim = self.scratch[:1]
+        self.ptrs = (flag.data_ptr(), None, self.claim.data_ptr())  # (device addresses, taken as they are)
         self.rows: dict[int, Tensor] = {}
         self.lock = threading.Lock()
 
@@ -263,22 +264,28 @@ def _kernel() -> Any:
 def launch(state: FusedState, slots: Sequence[Slot], serial: int, base: int, stream: int = 0) -> None:
     """One launch over at most :data:`SLOTS` slots; the flag records ``base`` + the slot."""
     flag = state.flag
-    args: list[Any] = [flag, state.host if state.host is not None else flag, state.claim, state.row(stream),
-                       serial, base]
+    row = state.row(stream)
+    args: list[Any] = [flag, state.host if state.host is not None else flag, state.claim, row, serial, base]
+    # the same arguments with every tensor as its address, for the compiled launcher (an int is taken
+    # as the address as is; a tensor costs an attribute call and a driver query per argument)
+    # (the host buffer stays a tensor: its device address is the driver's to give, one query)
+    fast: list[Any] = [state.ptrs[0], args[1], state.ptrs[2], row.data_ptr(), serial, base]
     consts: list[Any] = []
     spec: list[Any] = []
     wide = not (-0x80000000 <= serial <= 0x7FFFFFFF)
     for kind, flags, x, y, z, n, c, s0, lo, hi in slots:
+        xp, yp, zp = x.data_ptr(), y.data_ptr(), z.data_ptr()
         args += (x, y, z, n, c, s0, lo, hi)
+        fast += (xp, yp, zp, n, c, s0, lo, hi)
         consts += (kind, flags)
-        spec += (x.dtype, y.dtype, z.dtype, (x.data_ptr() | y.data_ptr() | z.data_ptr()) & 15 == 0 or
-                 (x.data_ptr() & 15, y.data_ptr() & 15, z.data_ptr() & 15))
+        spec += (x.dtype, y.dtype, z.dtype, (xp | yp | zp) & 15 == 0 or (xp & 15, yp & 15, zp & 15))
         wide = wide or max(n, c, s0, lo, hi) > 0x7FFFFFFF or min(lo, s0) < -0x80000000
     for _ in range(SLOTS - len(slots)):
         args += (flag, flag, flag, 0, 0, 0, 0, 0)
+        fast += (state.ptrs[0], state.ptrs[0], state.ptrs[0], 0, 0, 0, 0, 0)
         consts += (0, 0)
     consts += (BLOCK, DB, state.host is not None)
-    grid = (grid_of(slots), 1, 1)
+    grid = (grid_of(slots), max(len(slots), 1), 1)
     # the key: what Triton specializes on (the constexprs, the pointers' dtypes and alignment; our own
     # buffers are always aligned) and, when an int leaves i32, every int's class
     key: tuple | None = None
@@ -291,7 +298,7 @@ def launch(state: FusedState, slots: Sequence[Slot], serial: int, base: int, str
         if entry is not None:
             run, function, packed, get_stream = entry
             try:
-                run(*grid, get_stream(key[0]), function, packed, None, None, None, *args, *consts)
+                run(*grid, get_stream(key[0]), function, packed, None, None, None, *fast, *consts)
                 return
             except Exception as exc:  # the normal launch below runs, and the fast one is off
                 _fast["enabled"] = False

@@ -3,8 +3,9 @@ built-in value rule of one call, in one launch. Imported only when a watched cal
 device (or by the tests, on the CPU under ``TRITON_INTERPRET=1``); ``import kda_contracts`` never
 imports triton.
 
-One program grid works through up to :data:`SLOTS` rule slots, each a grid-stride loop over its
-elements (or, for ``FINITE_ROWS``, over the positions of its index tensor, one pool row each).
+A grid of ``[blocks, slots]`` programs works through up to :data:`SLOTS` rule slots side by side
+(axis 1 is the slot, so their memory latencies overlap), each a grid-stride loop over its elements
+(``FINITE_ROWS``: over chunks of the pool rows its index tensor names).
 Each program folds what it found into the slot's scratch with atomics (first bad position: min;
 count: add; the largest bad value of ``IN_RANGE``: max) and takes a ticket; the last program
 (ticket == grid - 1) reads every slot back (resetting the scratch for the next call), computes
@@ -74,6 +75,15 @@ def _scan(pid, P, X, Y, Z, n, c, s0, lo, hi, S, BM, DIRTY, KIND: tl.constexpr, F
         if KIND == 1:
             tl.atomic_max(S + 2, worst, sem="relaxed")
         tl.atomic_or(DIRTY, 1, sem="relaxed")
+
+
+@triton.jit
+def _scan_if(which, s: tl.constexpr, pid, P, X, Y, Z, n, c, s0, lo, hi, SCRATCH, KIND: tl.constexpr,
+             FLAGS: tl.constexpr, BLOCK: tl.constexpr, DB: tl.constexpr):
+    """Slot ``s``'s share for a program of the slot axis ``which`` (its scratch: stats, bitmap, dirty)."""
+    if which == s:
+        _scan(pid, P, X, Y, Z, n, c, s0, lo, hi, SCRATCH + 2 + 3 * s, SCRATCH + 26 + 128 * s, SCRATCH + 1, KIND, FLAGS,
+              BLOCK, DB)
 
 
 @triton.jit
@@ -236,26 +246,26 @@ def watch_check_kernel(
     K6: tl.constexpr, F6: tl.constexpr, K7: tl.constexpr, F7: tl.constexpr, BLOCK: tl.constexpr, DB: tl.constexpr,
     HOST_COPY: tl.constexpr,
 ):
-    pid = tl.program_id(0)
+    pid, which = tl.program_id(0), tl.program_id(1)  # (a block of the slot ``which``: slots side by side)
     P = tl.num_programs(0)
     if K0 != 0:
-        _scan(pid, P, X0, Y0, Z0, n0, c0, s0_0, lo0, hi0, SCRATCH + 2, SCRATCH + 26, SCRATCH + 1, K0, F0, BLOCK, DB)
+        _scan_if(which, 0, pid, P, X0, Y0, Z0, n0, c0, s0_0, lo0, hi0, SCRATCH, K0, F0, BLOCK, DB)
     if K1 != 0:
-        _scan(pid, P, X1, Y1, Z1, n1, c1, s0_1, lo1, hi1, SCRATCH + 5, SCRATCH + 154, SCRATCH + 1, K1, F1, BLOCK, DB)
+        _scan_if(which, 1, pid, P, X1, Y1, Z1, n1, c1, s0_1, lo1, hi1, SCRATCH, K1, F1, BLOCK, DB)
     if K2 != 0:
-        _scan(pid, P, X2, Y2, Z2, n2, c2, s0_2, lo2, hi2, SCRATCH + 8, SCRATCH + 282, SCRATCH + 1, K2, F2, BLOCK, DB)
+        _scan_if(which, 2, pid, P, X2, Y2, Z2, n2, c2, s0_2, lo2, hi2, SCRATCH, K2, F2, BLOCK, DB)
     if K3 != 0:
-        _scan(pid, P, X3, Y3, Z3, n3, c3, s0_3, lo3, hi3, SCRATCH + 11, SCRATCH + 410, SCRATCH + 1, K3, F3, BLOCK, DB)
+        _scan_if(which, 3, pid, P, X3, Y3, Z3, n3, c3, s0_3, lo3, hi3, SCRATCH, K3, F3, BLOCK, DB)
     if K4 != 0:
-        _scan(pid, P, X4, Y4, Z4, n4, c4, s0_4, lo4, hi4, SCRATCH + 14, SCRATCH + 538, SCRATCH + 1, K4, F4, BLOCK, DB)
+        _scan_if(which, 4, pid, P, X4, Y4, Z4, n4, c4, s0_4, lo4, hi4, SCRATCH, K4, F4, BLOCK, DB)
     if K5 != 0:
-        _scan(pid, P, X5, Y5, Z5, n5, c5, s0_5, lo5, hi5, SCRATCH + 17, SCRATCH + 666, SCRATCH + 1, K5, F5, BLOCK, DB)
+        _scan_if(which, 5, pid, P, X5, Y5, Z5, n5, c5, s0_5, lo5, hi5, SCRATCH, K5, F5, BLOCK, DB)
     if K6 != 0:
-        _scan(pid, P, X6, Y6, Z6, n6, c6, s0_6, lo6, hi6, SCRATCH + 20, SCRATCH + 794, SCRATCH + 1, K6, F6, BLOCK, DB)
+        _scan_if(which, 6, pid, P, X6, Y6, Z6, n6, c6, s0_6, lo6, hi6, SCRATCH, K6, F6, BLOCK, DB)
     if K7 != 0:
-        _scan(pid, P, X7, Y7, Z7, n7, c7, s0_7, lo7, hi7, SCRATCH + 23, SCRATCH + 922, SCRATCH + 1, K7, F7, BLOCK, DB)
+        _scan_if(which, 7, pid, P, X7, Y7, Z7, n7, c7, s0_7, lo7, hi7, SCRATCH, K7, F7, BLOCK, DB)
     ticket = tl.atomic_add(SCRATCH, 1)
-    if ticket == P - 1:
+    if ticket == P * tl.num_programs(1) - 1:
         tl.atomic_xchg(SCRATCH, 0, sem="relaxed")
         r_slot, taken = tl.full([], 0, tl.int32), tl.zeros([], tl.int32)
         r_at, r_value, r_count, r_extra = (tl.full([], 0.0, tl.float64), tl.full([], 0.0, tl.float64),
