@@ -156,12 +156,21 @@ def _check_lines(o: OpParts, n: Names, ns: dict[str, Any], fixed: int | None, pl
             n("TypeViolation"): BeartypeCallHintParamViolation,
         })
         ns[n("badv")] = outside_compile(o._bad_variant)
-        failed = outside_compile(functools.partial(o._hook_failed, "variant", o._variant_expected))
+        ns[n("vfailed")] = outside_compile(functools.partial(o._hook_failed, "variant", o._variant_expected))
+        ns[n("unhashable")] = functools.partial(_unhashable_variant, ns[n("badv")])
+        ns[n("own_errors")] = (ContractError, AnnotationError)
         assert o._variant_raw is not None  # (variant_of is its guarded form)
-        ns[n("variant")] = _hashable_variant(o._variant_raw, ns[n("badv")], failed)
-        lines += [f"    {v} = {n('variant')}({', '.join(o._variant_params)})",
-                  f"    {n('enter')} = {n('enters')}.get({v})", f"    if {n('enter')} is None:",
-                  f"        {n('badv')}({v})", f"    {mode} = {n('enter')}()", f"    if {mode}:"]
+        ns[n("variant")] = o._variant_raw
+        # variant= called here, in the dispatcher's own guard (no wrapper frame): an exception it raises
+        # (other than a ContractError or AnnotationError of its own) is the op's BackendError for a hook
+        # that raised; a result that cannot be a variant's key (unhashable: layout=["BDL"]) names no variant
+        lines += ["    try:", f"        {v} = {n('variant')}({', '.join(o._variant_params)})",
+                  f"    except {n('own_errors')}:", "        raise", f"    except Exception as {n('exc')}:",
+                  f"        {n('vfailed')}({n('exc')})", "        raise  # (unreachable: it raised)",
+                  "    try:", f"        {n('enter')} = {n('enters')}.get({v})", "    except TypeError:",
+                  f"        {n('unhashable')}({v})", "        raise",
+                  f"    if {n('enter')} is None:", f"        {n('badv')}({v})", f"    {mode} = {n('enter')}()",
+                  f"    if {mode}:"]
         if not all(vc.types_in_checker for vc in cs.values()):  # hints the checker cannot decide
             lines += ["        try:", f"            {n('types')}[{v}]({plain})",
                       f"        except {n('TypeViolation')}:", f"            {n('rejects')}[{v}]({plain}{sep}{cfg})"]
@@ -222,28 +231,16 @@ def _run_lines(o: OpParts, n: Names, ns: dict[str, Any], call: list[str], plain:
             f"            {n('failed')}({chosen}.name, {n('exc')}, ({plain}{',' if plain else ''}), {cfg}, {v})"]
 
 
-def _hashable_variant(variant: Callable[..., Any], bad: Callable[[Any], Any],
-                      failed: Callable[[Exception], Any]) -> Callable[..., Any]:
-    """``variant`` whose result, when it cannot be a variant's key (unhashable: ``layout=["BDL"]``),
-    is refused as naming no variant instead of raising TypeError from the lookup; an exception it
-    raises (other than a ContractError or AnnotationError of its own) goes to ``failed`` (the op's
-    BackendError for a hook that raised)."""
-    def key_of(*args: Any) -> Any:
-        try:
-            key = variant(*args)
-        except (ContractError, AnnotationError):
-            raise
-        except Exception as exc:
-            failed(exc)
-            raise  # unreachable: failed raised
-        if not isinstance(key, str) and not torch.compiler.is_compiling():  # (every key of variants= is a str)
-            try:
-                hash(key)
-            except TypeError:
-                bad(key)
-        return key
-
-    return key_of
+def _unhashable_variant(bad: Callable[[Any], Any], key: Any) -> None:
+    """A ``variant=`` result the variants' lookup refused as unhashable (``layout=["BDL"]``): refused
+    as naming no variant (``bad``), as a ContractError; under torch.compile, and for a str (every key of
+    ``variants=`` is one), the lookup's TypeError goes on."""
+    if isinstance(key, str) or torch.compiler.is_compiling():
+        return
+    try:
+        hash(key)
+    except TypeError:
+        bad(key)
 
 
 def lost_result(o: OpParts, backend: str, res: Any) -> None:
