@@ -21,6 +21,7 @@ import torch
 from beartype.roar import BeartypeCallHintParamViolation
 
 from .. import modes
+from ..codegen.check_cache import CachedDims, compared_arguments
 from ..codegen.checker import checked_parameters
 from ..codegen.snippets import Names
 from ..codegen.wrapper import formal_parameters
@@ -31,7 +32,7 @@ from ..source import define
 from .backends import BackendError, CallInfo, signature_problem
 from .protocol import OpParts
 from .strict import kept_in_arguments, lost_result_violation
-from .table import Chosen
+from .table import BackendTable, Chosen
 
 
 @dataclass(frozen=True)
@@ -108,7 +109,7 @@ def build_dispatcher(o: OpParts) -> Any:
         lines += ["    else:", f"        {dims} = {n('offdims')}({v}{sep}{plain}, {cfg})"]
     else:
         lines += ["    else:", f"        {dims} = None"]
-    lines.append(f"    {chosen} = {n('select')}(({_key_source(o, layout, n, v, dims)}), backend)")
+    lines += _select_lines(o, layout, n, ns, v, dims)
     lines += _run_lines(o, n, ns, call, plain, cfg)
     if o.returns is None and not o.returns_none and any(vc.result_checker() is not None for vc in o.contracts.values()):
         # check and watch mode here, and strict mode in compiled code (where its transaction runs the backend
@@ -274,9 +275,40 @@ def _off_dims_needed(o: OpParts, layout: KeyLayout) -> bool:
     return False
 
 
+def _select_lines(o: OpParts, layout: KeyLayout, n: Names, ns: dict[str, Any], v: str, dims: str) -> list[str]:
+    """Choose the backend: ``select`` (cached by the selection key); first, for a call the check
+    cache answered (its dims a CachedDims), the op's last choice when it was made for the same dims
+    object and backend= (no key built: the entry fixes every argument the key reads). Under
+    torch.compile the checker is traced and returns a plain tuple, so only ``select`` is traced."""
+    chosen, key = n("b"), _key_source(o, layout, n, v, dims)
+    by_key = f"{chosen} = {n('select')}(({key}), backend)"
+    if not _last_choice_applies(o, layout):
+        return [f"    {by_key}"]
+    ns.update({n("type"): type, n("Cached"): CachedDims, n("last"): o.table.last,
+               n("note"): remembering(o.table, ns[n("select")])})
+    m = n("m")
+    return [f"    if {n('type')}({dims}) is {n('Cached')}:", f"        {m} = {n('last')}[0]",
+            f"        if {dims} is {m}[0] and backend is {m}[1]:", f"            {chosen} = {m}[2]", "        else:",
+            f"            {chosen} = {n('note')}({dims}, backend, ({key}))", "    else:", f"        {by_key}"]
+
+
+def _last_choice_applies(o: OpParts, layout: KeyLayout) -> bool:
+    """Whether the dims object of a call the check cache answered fixes the call's selection key:
+    every variant's cache compares each argument the key reads (the device's, the dtypes', those
+    whose None-ness counts)."""
+    dev_arg = _device_arg(o)
+    reads = {dev_arg, *layout.dtype_args, *layout.absent_args}
+    return dev_arg is not None and all(reads <= compared_arguments(c._check) for c in o.contracts.values())
+
+
+def _device_arg(o: OpParts) -> str | None:
+    """The argument whose device type the selection key reads: the first tensor that cannot be None."""
+    return next((t for t, tp in o.contract.spec.tensors.items() if not tp.optional), None)
+
+
 def _key_source(o: OpParts, layout: KeyLayout, n: Names, v: str, dims: str) -> str:
     tensors = o.contract.spec.tensors
-    dev_arg = next((t for t, tp in tensors.items() if not tp.optional), None)
+    dev_arg = _device_arg(o)
     params = [p.name for p in o.signature.parameters.values() if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
     # the device type, read cheaply (t.device.type builds a torch.device, ~0.3 µs): True for CUDA
     dev = (f"({dev_arg}.is_cuda or {dev_arg}.is_cpu and 'cpu' or {dev_arg}.device.type)"
@@ -365,3 +397,16 @@ def make_select(o: OpParts) -> Callable[[tuple[Any, ...], str], Chosen]:
 
     select._torchdynamo_inline = traced  # type: ignore[attr-defined]
     return select
+
+
+def remembering(table: BackendTable, select: Callable[[tuple[Any, ...], str], Chosen]) -> Callable[..., Chosen]:
+    """``note(dims, backend, key)``: ``select(key, backend)``, kept as the op's last choice
+    (``table.last``) for a call whose dims (a CachedDims) fix its key. Eager only."""
+    last = table.last
+
+    def note(dims: Any, backend: str, key: tuple[Any, ...]) -> Chosen:
+        chosen = select(key, backend)
+        last[0] = (dims, backend, chosen)
+        return chosen
+
+    return note
