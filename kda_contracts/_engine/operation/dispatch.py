@@ -149,8 +149,8 @@ def _check_lines(o: OpParts, n: Names, ns: dict[str, Any], fixed: int | None, pl
         ns[n("contracts")] = o.contracts
         cs = o.contracts
         ns.update({
-            n("enters"): {k: modes.counting_mode(vc, fixed) for k, vc in cs.items()},
-            n("checks"): {k: vc._check for k, vc in cs.items()},
+            # each variant's mode read (counting its contract's calls) and generated checker, in one lookup
+            n("entries"): {k: (modes.counting_mode(vc, fixed), vc._check) for k, vc in cs.items()},
             n("rejects"): {k: vc._reject for k, vc in cs.items()},
             n("stricts"): {k: vc._strict_checks for k, vc in cs.items()},
             n("types"): {k: vc.check_types for k, vc in cs.items()},  # (marked in Contract.__init__)
@@ -168,15 +168,15 @@ def _check_lines(o: OpParts, n: Names, ns: dict[str, Any], fixed: int | None, pl
         lines += ["    try:", f"        {v} = {n('variant')}({', '.join(o._variant_params)})",
                   f"    except {n('own_errors')}:", "        raise", f"    except Exception as {n('exc')}:",
                   f"        {n('vfailed')}({n('exc')})", "        raise  # (unreachable: it raised)",
-                  "    try:", f"        {n('enter')} = {n('enters')}.get({v})", "    except TypeError:",
-                  f"        {n('unhashable')}({v})", "        raise",
-                  f"    if {n('enter')} is None:", f"        {n('badv')}({v})", f"    {mode} = {n('enter')}()",
-                  f"    if {mode}:"]
+                  "    try:", f"        {n('entry')} = {n('entries')}.get({v})", "    except TypeError:",
+                  f"        {n('unhashable')}({v})", "        raise", f"    if {n('entry')} is None:",
+                  f"        {n('badv')}({v})", f"    {n('enter')}, {n('check')} = {n('entry')}",
+                  f"    {mode} = {n('enter')}()", f"    if {mode}:"]
         if not all(vc.types_in_checker for vc in cs.values()):  # hints the checker cannot decide
             lines += ["        try:", f"            {n('types')}[{v}]({plain})",
                       f"        except {n('TypeViolation')}:", f"            {n('rejects')}[{v}]({plain}{sep}{cfg})"]
         # each variant's generated checker, inlined as for a single contract (no run_checks frame)
-        lines += [f"        {dims} = {n('checks')}[{v}]({plain}{sep}{cfg})", f"        if {dims} is None:",
+        lines += [f"        {dims} = {n('check')}({plain}{sep}{cfg})", f"        if {dims} is None:",
                   f"            {dims} = {n('rejects')}[{v}]({plain}{sep}{cfg})"]
         if any(_strict_values(vc) for vc in cs.values()):
             lines += [f"        if {mode} == 2:",
