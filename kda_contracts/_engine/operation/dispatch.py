@@ -102,6 +102,8 @@ def build_dispatcher(o: OpParts) -> Any:
     mode, dims, res, v, chosen = n("mode"), n("dims"), n("res"), n("v"), n("b")
     lines = [f"def __call__({n('self')}, {', '.join(parts)}):" if parts else f"def __call__({n('self')}):"]
     lines += _check_lines(o, n, ns, fixed, plain, sep, cfg)
+    checked_select, by_key = _select_lines(o, layout, n, ns, v, dims)
+    lines += [f"        {line}" for line in checked_select]
     if _off_dims_needed(o, layout) and o.unchecked_dims is not None:
         ns[n("unchecked")] = o.unchecked_dims
         lines += ["    else:", f"        {dims} = {n('unchecked')}({v}{sep}{plain})"]
@@ -109,7 +111,7 @@ def build_dispatcher(o: OpParts) -> Any:
         lines += ["    else:", f"        {dims} = {n('offdims')}({v}{sep}{plain}, {cfg})"]
     else:
         lines += ["    else:", f"        {dims} = None"]
-    lines += _select_lines(o, layout, n, ns, v, dims)
+    lines.append(f"        {by_key}")  # (mode off: by key; its dims, if any, are read without the cache's help)
     lines += _run_lines(o, n, ns, call, plain, cfg)
     if o.returns is None and not o.returns_none and any(vc.result_checker() is not None for vc in o.contracts.values()):
         # check and watch mode here, and strict mode in compiled code (where its transaction runs the backend
@@ -275,21 +277,23 @@ def _off_dims_needed(o: OpParts, layout: KeyLayout) -> bool:
     return False
 
 
-def _select_lines(o: OpParts, layout: KeyLayout, n: Names, ns: dict[str, Any], v: str, dims: str) -> list[str]:
-    """Choose the backend: ``select`` (cached by the selection key); first, for a call the check
-    cache answered (its dims a CachedDims), the op's last choice when it was made for the same dims
-    object and backend= (no key built: the entry fixes every argument the key reads). Under
-    torch.compile the checker is traced and returns a plain tuple, so only ``select`` is traced."""
+def _select_lines(o: OpParts, layout: KeyLayout, n: Names, ns: dict[str, Any], v: str,
+                  dims: str) -> tuple[list[str], str]:
+    """``(lines, by_key)``: how a checked call chooses its backend, and the ``select`` line (cached
+    by the selection key). For a call the check cache answered (its dims a CachedDims), the op's last
+    choice first, when it was made for the same dims object and backend= (no key built: the entry
+    fixes every argument the key reads). Under torch.compile the checker is traced and returns a
+    plain tuple, so only ``select`` is traced."""
     chosen, key = n("b"), _key_source(o, layout, n, v, dims)
     by_key = f"{chosen} = {n('select')}(({key}), backend)"
     if not _last_choice_applies(o, layout):
-        return [f"    {by_key}"]
+        return [by_key], by_key
     ns.update({n("type"): type, n("Cached"): CachedDims, n("last"): o.table.last,
                n("note"): remembering(o.table, ns[n("select")])})
     m = n("m")
-    return [f"    if {n('type')}({dims}) is {n('Cached')}:", f"        {m} = {n('last')}[0]",
-            f"        if {dims} is {m}[0] and backend is {m}[1]:", f"            {chosen} = {m}[2]", "        else:",
-            f"            {chosen} = {n('note')}({dims}, backend, ({key}))", "    else:", f"        {by_key}"]
+    return [f"if {n('type')}({dims}) is {n('Cached')}:", f"    {m} = {n('last')}[0]",
+            f"    if {dims} is {m}[0] and backend is {m}[1]:", f"        {chosen} = {m}[2]", "    else:",
+            f"        {chosen} = {n('note')}({dims}, backend, ({key}))", "else:", f"    {by_key}"], by_key
 
 
 def _last_choice_applies(o: OpParts, layout: KeyLayout) -> bool:
