@@ -202,6 +202,50 @@ def test_registering_a_backend_forgets_earlier_choices():
     assert [t for t, *_ in log] == ["late"]
 
 
+def test_a_call_the_check_cache_answered_runs_the_backend_its_own_arguments_choose():
+    # the dispatcher keeps its last choice for the dims object of a check-cache entry (an entry fixes the
+    # dims, the device, the dtypes and which arguments are None); another entry, or a call the checker
+    # answered, or another backend= is chosen afresh
+    op = make_op("last_choice_op")
+    log: list = []
+    op.backend("mod16", devices=("cpu",), priority=60, where=["D % 16 == 0"])(lambda x, w, out: log.append("mod16"))
+    op.backend("on_meta", devices=("meta",), priority=55)(lambda x, w, out: log.append("meta"))
+    op.backend("half", devices=("cpu",), priority=50, dtypes={"x": (torch.bfloat16,)})(
+        lambda x, w, out: log.append("half"))
+    op.backend("any", devices=("cpu",), priority=10)(lambda x, w, out: log.append("any"))
+    calls = {"mod16": args(D=16), "any": args(), "meta": tuple(t.to("meta") for t in args(B=4)),
+             "half": args(B=5, dtype=torch.bfloat16), "any ": args(B=4)}  # (the meta call's shape, on the CPU)
+    with kc.mode("check"):  # (strict mode chooses as check mode does)
+        for _ in range(4):
+            for a in calls.values():
+                op(*a)
+                op(*a)  # (the same entry and backend= again: the last choice)
+                op(*a, backend="torch")  # (the body: not logged)
+        for _ in range(2):
+            for a in calls.values():  # (one entry after another)
+                op(*a)
+    assert log == [name.strip() for _ in range(4) for name in calls for _ in range(2)] + [*map(str.strip, calls)] * 2
+    dims, backend, chosen = op.table.last[0]
+    assert backend == "auto" and chosen.name == "any"
+    assert any(dims is e[2] for e in op.contract._check.__kda_entries__.values())  # (answered by the cache)
+
+
+def test_registering_a_backend_forgets_the_last_choice_too():
+    op = make_op("forget_last_op")
+    log: list = []
+    a = args()
+    with kc.mode("check"):
+        for _ in range(4):
+            op(*a)
+        assert op.table.last[0][2].name == "torch"  # kept for the entry that answers this call
+        op.backend("late", devices=("cpu",), priority=99)(lambda x, w, out: log.append("late"))
+        op(*a)
+        op(*a)
+        op.unregister_backend("late")
+        op(*a)
+    assert log == ["late", "late"] and op.table.last[0][2].name == "torch"
+
+
 # -- modes --------------------------------------------------------------------------------------
 def test_mode_off_checks_nothing_but_still_dispatches_with_dims():
     op = make_op("off_op")
@@ -429,6 +473,26 @@ def test_a_compiled_function_calling_an_op_compiles_once_per_shape_class():
     assert counter.frame_count == 2  # one static graph for B=2, one dynamic for the rest
     with pytest.raises(kc.ShapeError):
         compiled(*args(B=5)[:2], torch.empty(5, 4))
+
+
+def test_the_dispatchers_last_choice_is_never_traced():
+    # eager calls keep and replace the last choice; compiled code traces the selection itself, so they
+    # neither add a graph nor make it recompile
+    op = make_op("traced_last_op")
+    op.backend("fast", devices=("cpu",), priority=5)(lambda x, w, out: torch.mul(x, w, out=out))
+    import torch._dynamo.testing
+
+    torch._dynamo.reset()
+    counter = torch._dynamo.testing.CompileCounter()
+    compiled = torch.compile(lambda x, w, out: op(x, w, out) + 1, backend=counter, fullgraph=True)
+    x, w, out = args()
+    for _ in range(3):
+        op(x, w, out)  # answered by the check cache from the second call: the last choice is kept
+    torch.testing.assert_close(compiled(x, w, out), x * w + 1)
+    for B in (5, 6, 5, 6):
+        op(*args(B=B))  # other entries, other last choices
+    torch.testing.assert_close(compiled(x, w, out), x * w + 1)
+    assert counter.frame_count == 1
 
 
 # -- the overhead benchmark runs (its figures are in docs/benchmarks.md, never asserted here) -----

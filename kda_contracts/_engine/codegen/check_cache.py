@@ -119,6 +119,23 @@ def _guards() -> Any:
     return _probe()
 
 
+class CachedDims(tuple):  # type: ignore[type-arg]
+    """The dims of a remembered call as the cache answers them: a tuple of that entry's own (never
+    the checker's result, which may be a shared constant), so that holding the same object again
+    means a call that matched the entry: the metadata of every argument the cache compares
+    (:func:`compared_arguments`). An op's dispatcher keys its last backend choice on it. Eager only:
+    under torch.compile the checker itself is traced and returns plain tuples."""
+
+    __slots__ = ()
+
+
+def compared_arguments(check: Callable[..., Any]) -> frozenset[str]:
+    """The arguments whose metadata (tensors) or value (other arguments) a call answered by
+    ``check``'s cache (a :class:`CachedDims`) is known to share with the call it remembered; none
+    when ``check`` has no cache."""
+    return getattr(check, "__kda_compared__", frozenset())
+
+
 def _no_config() -> None:
     return None
 
@@ -165,7 +182,7 @@ def _remember_or_raise(entries: dict[Any, tuple[Any, ...]], seen: dict[Any, int]
     with _LOCK:  # the lookups need none: a dict read is atomic
         while len(entries) >= MAX_ENTRIES:
             del entries[next(iter(entries))]
-        entries[key] = (guard, ref, dims)
+        entries[key] = (guard, ref, CachedDims(dims))  # (the entry's own tuple: see CachedDims)
 
 
 # stands in for an optional tensor passed as None (the key tells None from a tensor)
@@ -240,5 +257,6 @@ def cached_checker(spec: Any, check: Callable[..., Any], source: str, consts: Ma
     fn._torchdynamo_inline = check  # torch.compile traces the checker itself, never the cache
     fn.__kda_source__ = src
     fn.__kda_entries__ = entries
+    fn.__kda_compared__ = frozenset(params[i] for i in (*tensors, *values))
     fn.__kda_state__ = ns[n("state")]
     return fn  # type: ignore[no-any-return]

@@ -21,6 +21,7 @@ import torch
 from beartype.roar import BeartypeCallHintParamViolation
 
 from .. import modes
+from ..codegen.check_cache import CachedDims, compared_arguments
 from ..codegen.checker import checked_parameters
 from ..codegen.snippets import Names
 from ..codegen.wrapper import formal_parameters
@@ -31,7 +32,7 @@ from ..source import define
 from .backends import BackendError, CallInfo, signature_problem
 from .protocol import OpParts
 from .strict import kept_in_arguments, lost_result_violation
-from .table import Chosen
+from .table import BackendTable, Chosen
 
 
 @dataclass(frozen=True)
@@ -101,6 +102,8 @@ def build_dispatcher(o: OpParts) -> Any:
     mode, dims, res, v, chosen = n("mode"), n("dims"), n("res"), n("v"), n("b")
     lines = [f"def __call__({n('self')}, {', '.join(parts)}):" if parts else f"def __call__({n('self')}):"]
     lines += _check_lines(o, n, ns, fixed, plain, sep, cfg)
+    checked_select, by_key = _select_lines(o, layout, n, ns, v, dims)
+    lines += [f"        {line}" for line in checked_select]
     if _off_dims_needed(o, layout) and o.unchecked_dims is not None:
         ns[n("unchecked")] = o.unchecked_dims
         lines += ["    else:", f"        {dims} = {n('unchecked')}({v}{sep}{plain})"]
@@ -108,7 +111,7 @@ def build_dispatcher(o: OpParts) -> Any:
         lines += ["    else:", f"        {dims} = {n('offdims')}({v}{sep}{plain}, {cfg})"]
     else:
         lines += ["    else:", f"        {dims} = None"]
-    lines.append(f"    {chosen} = {n('select')}(({_key_source(o, layout, n, v, dims)}), backend)")
+    lines.append(f"        {by_key}")  # (mode off: by key; its dims, if any, are read without the cache's help)
     lines += _run_lines(o, n, ns, call, plain, cfg)
     if o.returns is None and not o.returns_none and any(vc.result_checker() is not None for vc in o.contracts.values()):
         # check and watch mode here, and strict mode in compiled code (where its transaction runs the backend
@@ -148,25 +151,34 @@ def _check_lines(o: OpParts, n: Names, ns: dict[str, Any], fixed: int | None, pl
         ns[n("contracts")] = o.contracts
         cs = o.contracts
         ns.update({
-            n("enters"): {k: modes.counting_mode(vc, fixed) for k, vc in cs.items()},
-            n("checks"): {k: vc._check for k, vc in cs.items()},
+            # each variant's mode read (counting its contract's calls) and generated checker, in one lookup
+            n("entries"): {k: (modes.counting_mode(vc, fixed), vc._check) for k, vc in cs.items()},
             n("rejects"): {k: vc._reject for k, vc in cs.items()},
             n("stricts"): {k: vc._strict_checks for k, vc in cs.items()},
             n("types"): {k: vc.check_types for k, vc in cs.items()},  # (marked in Contract.__init__)
             n("TypeViolation"): BeartypeCallHintParamViolation,
         })
         ns[n("badv")] = outside_compile(o._bad_variant)
-        failed = outside_compile(functools.partial(o._hook_failed, "variant", o._variant_expected))
+        ns[n("vfailed")] = outside_compile(functools.partial(o._hook_failed, "variant", o._variant_expected))
+        ns[n("unhashable")] = functools.partial(_unhashable_variant, ns[n("badv")])
+        ns[n("own_errors")] = (ContractError, AnnotationError)
         assert o._variant_raw is not None  # (variant_of is its guarded form)
-        ns[n("variant")] = _hashable_variant(o._variant_raw, ns[n("badv")], failed)
-        lines += [f"    {v} = {n('variant')}({', '.join(o._variant_params)})",
-                  f"    {n('enter')} = {n('enters')}.get({v})", f"    if {n('enter')} is None:",
-                  f"        {n('badv')}({v})", f"    {mode} = {n('enter')}()", f"    if {mode}:"]
+        ns[n("variant")] = o._variant_raw
+        # variant= called here, in the dispatcher's own guard (no wrapper frame): an exception it raises
+        # (other than a ContractError or AnnotationError of its own) is the op's BackendError for a hook
+        # that raised; a result that cannot be a variant's key (unhashable: layout=["BDL"]) names no variant
+        lines += ["    try:", f"        {v} = {n('variant')}({', '.join(o._variant_params)})",
+                  f"    except {n('own_errors')}:", "        raise", f"    except Exception as {n('exc')}:",
+                  f"        {n('vfailed')}({n('exc')})", "        raise  # (unreachable: it raised)",
+                  "    try:", f"        {n('entry')} = {n('entries')}.get({v})", "    except TypeError:",
+                  f"        {n('unhashable')}({v})", "        raise", f"    if {n('entry')} is None:",
+                  f"        {n('badv')}({v})", f"    {n('enter')}, {n('check')} = {n('entry')}",
+                  f"    {mode} = {n('enter')}()", f"    if {mode}:"]
         if not all(vc.types_in_checker for vc in cs.values()):  # hints the checker cannot decide
             lines += ["        try:", f"            {n('types')}[{v}]({plain})",
                       f"        except {n('TypeViolation')}:", f"            {n('rejects')}[{v}]({plain}{sep}{cfg})"]
         # each variant's generated checker, inlined as for a single contract (no run_checks frame)
-        lines += [f"        {dims} = {n('checks')}[{v}]({plain}{sep}{cfg})", f"        if {dims} is None:",
+        lines += [f"        {dims} = {n('check')}({plain}{sep}{cfg})", f"        if {dims} is None:",
                   f"            {dims} = {n('rejects')}[{v}]({plain}{sep}{cfg})"]
         if any(_strict_values(vc) for vc in cs.values()):
             lines += [f"        if {mode} == 2:",
@@ -222,28 +234,16 @@ def _run_lines(o: OpParts, n: Names, ns: dict[str, Any], call: list[str], plain:
             f"            {n('failed')}({chosen}.name, {n('exc')}, ({plain}{',' if plain else ''}), {cfg}, {v})"]
 
 
-def _hashable_variant(variant: Callable[..., Any], bad: Callable[[Any], Any],
-                      failed: Callable[[Exception], Any]) -> Callable[..., Any]:
-    """``variant`` whose result, when it cannot be a variant's key (unhashable: ``layout=["BDL"]``),
-    is refused as naming no variant instead of raising TypeError from the lookup; an exception it
-    raises (other than a ContractError or AnnotationError of its own) goes to ``failed`` (the op's
-    BackendError for a hook that raised)."""
-    def key_of(*args: Any) -> Any:
-        try:
-            key = variant(*args)
-        except (ContractError, AnnotationError):
-            raise
-        except Exception as exc:
-            failed(exc)
-            raise  # unreachable: failed raised
-        if not isinstance(key, str) and not torch.compiler.is_compiling():  # (every key of variants= is a str)
-            try:
-                hash(key)
-            except TypeError:
-                bad(key)
-        return key
-
-    return key_of
+def _unhashable_variant(bad: Callable[[Any], Any], key: Any) -> None:
+    """A ``variant=`` result the variants' lookup refused as unhashable (``layout=["BDL"]``): refused
+    as naming no variant (``bad``), as a ContractError; under torch.compile, and for a str (every key of
+    ``variants=`` is one), the lookup's TypeError goes on."""
+    if isinstance(key, str) or torch.compiler.is_compiling():
+        return
+    try:
+        hash(key)
+    except TypeError:
+        bad(key)
 
 
 def lost_result(o: OpParts, backend: str, res: Any) -> None:
@@ -277,9 +277,42 @@ def _off_dims_needed(o: OpParts, layout: KeyLayout) -> bool:
     return False
 
 
+def _select_lines(o: OpParts, layout: KeyLayout, n: Names, ns: dict[str, Any], v: str,
+                  dims: str) -> tuple[list[str], str]:
+    """``(lines, by_key)``: how a checked call chooses its backend, and the ``select`` line (cached
+    by the selection key). For a call the check cache answered (its dims a CachedDims), the op's last
+    choice first, when it was made for the same dims object and backend= (no key built: the entry
+    fixes every argument the key reads). Under torch.compile the checker is traced and returns a
+    plain tuple, so only ``select`` is traced."""
+    chosen, key = n("b"), _key_source(o, layout, n, v, dims)
+    by_key = f"{chosen} = {n('select')}(({key}), backend)"
+    if not _last_choice_applies(o, layout):
+        return [by_key], by_key
+    ns.update({n("type"): type, n("Cached"): CachedDims, n("last"): o.table.last,
+               n("note"): remembering(o.table, ns[n("select")])})
+    m = n("m")
+    return [f"if {n('type')}({dims}) is {n('Cached')}:", f"    {m} = {n('last')}[0]",
+            f"    if {dims} is {m}[0] and backend is {m}[1]:", f"        {chosen} = {m}[2]", "    else:",
+            f"        {chosen} = {n('note')}({dims}, backend, ({key}))", "else:", f"    {by_key}"], by_key
+
+
+def _last_choice_applies(o: OpParts, layout: KeyLayout) -> bool:
+    """Whether the dims object of a call the check cache answered fixes the call's selection key:
+    every variant's cache compares each argument the key reads (the device's, the dtypes', those
+    whose None-ness counts)."""
+    dev_arg = _device_arg(o)
+    reads = {dev_arg, *layout.dtype_args, *layout.absent_args}
+    return dev_arg is not None and all(reads <= compared_arguments(c._check) for c in o.contracts.values())
+
+
+def _device_arg(o: OpParts) -> str | None:
+    """The argument whose device type the selection key reads: the first tensor that cannot be None."""
+    return next((t for t, tp in o.contract.spec.tensors.items() if not tp.optional), None)
+
+
 def _key_source(o: OpParts, layout: KeyLayout, n: Names, v: str, dims: str) -> str:
     tensors = o.contract.spec.tensors
-    dev_arg = next((t for t, tp in tensors.items() if not tp.optional), None)
+    dev_arg = _device_arg(o)
     params = [p.name for p in o.signature.parameters.values() if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
     # the device type, read cheaply (t.device.type builds a torch.device, ~0.3 µs): True for CUDA
     dev = (f"({dev_arg}.is_cuda or {dev_arg}.is_cpu and 'cpu' or {dev_arg}.device.type)"
@@ -368,3 +401,16 @@ def make_select(o: OpParts) -> Callable[[tuple[Any, ...], str], Chosen]:
 
     select._torchdynamo_inline = traced  # type: ignore[attr-defined]
     return select
+
+
+def remembering(table: BackendTable, select: Callable[[tuple[Any, ...], str], Chosen]) -> Callable[..., Chosen]:
+    """``note(dims, backend, key)``: ``select(key, backend)``, kept as the op's last choice
+    (``table.last``) for a call whose dims (a CachedDims) fix its key. Eager only."""
+    last = table.last
+
+    def note(dims: Any, backend: str, key: tuple[Any, ...]) -> Chosen:
+        chosen = select(key, backend)
+        last[0] = (dims, backend, chosen)
+        return chosen
+
+    return note

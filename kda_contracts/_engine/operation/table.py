@@ -55,6 +55,9 @@ class BackendTable:
         self.direct: set[str] = set()  # backends whose runner is the kernel itself (no extras)
         self.availability: dict[str, tuple[bool, str]] = {}
         self.selected: dict[tuple[Any, ...], Chosen] = {}
+        #: the dispatcher's last choice for a call the check cache answered, ``(dims, backend, chosen)``
+        #: (the CachedDims object, the backend= object): replaced whole, emptied with ``selected``
+        self.last: list[tuple[Any, Any, Chosen | None]] = [NO_LAST]
         self.plugin_errors: dict[str, str] = {}
         self.plugins_loaded = False
         self.plugin_loader: Callable[[], None] | None = None
@@ -114,6 +117,7 @@ class BackendTable:
             else:
                 cache.pop(name, None)
         self.selected.clear()
+        self.last[0] = NO_LAST
         self.on_change()
 
     def load_plugins(self) -> None:
@@ -286,6 +290,7 @@ class BackendTable:
         chosen = Chosen(b.name, self.runner(b), b.name in self.direct)
         if len(self.selected) >= self.SELECTED_MAX:
             self.selected.clear()
+            self.last[0] = NO_LAST
         self.selected[key] = chosen
         return chosen
 
@@ -299,6 +304,10 @@ class Chosen:
     name: str
     run: Callable[..., Any]
     direct: bool = False
+
+
+#: the empty ``BackendTable.last`` (no dims object is None: a cached call's dims are a CachedDims)
+NO_LAST: tuple[None, None, None] = (None, None, None)
 
 
 def verdict_lines(verdicts: Sequence[tuple[Backend, Sequence[str]]]) -> list[str]:
