@@ -6,6 +6,7 @@ stand-in channel (tests/test_watch_cuda.py runs the real one on a GPU)."""
 
 from __future__ import annotations
 
+import re
 import warnings
 from typing import Annotated
 
@@ -266,3 +267,32 @@ def test_call_records_are_kept_safely_by_many_threads(monkeypatch):
     for t in threads:
         t.join()
     assert not errors and len(set(serials)) == len(serials) == 16000 and len(watch.RECORDS) <= 16
+
+
+@pytest.mark.parametrize("which", KINDS)
+def test_a_call_the_check_cache_answers_repeats_the_last_calls_slots_and_still_finds_its_violation(
+        deferred, monkeypatch, which):
+    """A call with the metadata of the last one (the check cache's same entry) reuses its kernel
+    slots with the new tensors; a bad value in it is found as in a first call."""
+    repeats: list[int] = []
+    real = watch.ContractWatch.repeat
+    monkeypatch.setattr(watch.ContractWatch, "repeat", lambda self, values: (repeats.append(1), real(self, values)))
+
+    @kc.contract(value_rules=RULES, register=False)  # (its own check cache: other tests' calls leave it alone)
+    def fresh(x: Float[Tensor, "B D"], pool: Annotated[Float[Tensor, "N D"], kc.Spec(mutated=True)],
+              idx: Int[Tensor, "B"], offsets: Int[Tensor, "C"]) -> None:
+        pass
+
+    call, _, element = broken(which)
+    same_shapes = all(call[k].shape == v.shape for k, v in good().items())
+    with kc.mode("watch"):
+        for _ in range(4):
+            fresh(**good())
+        primed = len(repeats)
+        fresh(**call)
+        with pytest.raises(kc.ValueRangeError, match=re.escape(element)):
+            kc.raise_pending()
+        fresh(**good())
+        kc.raise_pending()
+    assert primed >= 1  # the cache answered the third and fourth calls: the slots were repeated
+    assert len(repeats) > primed or not same_shapes  # (and the bad call's too, when its metadata is the same)
