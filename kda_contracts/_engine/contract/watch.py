@@ -187,8 +187,13 @@ def _record(make: Callable[[int], CallRecord]) -> int:
     return serial
 
 
+_CUDA: list[bool] = []  # (whether CUDA is available, asked once: a watched call asks twice)
+
+
 def _capturing() -> bool:
-    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+    if not _CUDA:
+        _CUDA.append(torch.cuda.is_available())
+    return _CUDA[0] and torch.cuda.is_current_stream_capturing()
 
 
 def report(w: Watcher, row: Sequence[float]) -> None:
