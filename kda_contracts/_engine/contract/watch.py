@@ -290,8 +290,9 @@ class ContractWatch:
         slots = [(kind, flags, values[x], values[y], values[z], n, c, s0, lo, hi)
                  for kind, flags, x, y, z, n, c, s0, lo, hi in plan]
         serial = _record(lambda serial: CallRecord(self.name, serial, self.rules, rows, env, shapes, self.written))
-        if not _launch(w, slots, serial):
+        if not _launch(w, slots, serial):  # (the kernel is off now: this call's rules as torch probes)
             self.again = _NOT_AGAIN
+            self.eager(values, dict(env), None)
 
     def traced(self, values: Mapping[str, Any], env: Mapping[str, Any]) -> None:
         found = probes(self.rules, values, env)
