@@ -296,3 +296,23 @@ def test_a_call_the_check_cache_answers_repeats_the_last_calls_slots_and_still_f
         kc.raise_pending()
     assert primed >= 1  # the cache answered the third and fourth calls: the slots were repeated
     assert len(repeats) > primed or not same_shapes  # (and the bad call's too, when its metadata is the same)
+
+
+def test_a_check_kernel_that_fails_to_launch_says_so_and_the_torch_probes_check_the_call(deferred, monkeypatch):
+    from kda_contracts._engine.rules import fused
+
+    def broken_launch(*args, **kwargs):
+        raise RuntimeError("no kernel here")
+
+    monkeypatch.setattr(fused, "launch", broken_launch)
+    monkeypatch.setitem(fused._usable, "ok", True)
+    call, _, element = broken("Distinct")
+    with kc.mode("watch"):
+        with pytest.warns(RuntimeWarning, match="fused check kernel is off, value rules run as torch probes"):
+            gather(**call)
+        with pytest.raises(kc.ValueRangeError, match=re.escape(element)):
+            kc.raise_pending()
+        assert not fused.usable()
+        gather(**call)  # (probes from now on, without another warning)
+        with pytest.raises(kc.ValueRangeError, match=re.escape(element)):
+            kc.raise_pending()
