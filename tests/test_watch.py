@@ -316,3 +316,23 @@ def test_a_check_kernel_that_fails_to_launch_says_so_and_the_torch_probes_check_
         gather(**call)  # (probes from now on, without another warning)
         with pytest.raises(kc.ValueRangeError, match=re.escape(element)):
             kc.raise_pending()
+
+
+def test_eager_watched_calls_between_compiled_ones_cause_no_recompile(deferred):
+    """The eager path's memory of the last call (the slots it repeats) is never read by traced code:
+    40 compiled calls interleaved with eager ones of the same contract compile one graph."""
+    torch._dynamo.reset()
+    counter = CompileCounter()
+    cf = compiled(counter)
+    with kc.mode("watch"):
+        for i in range(40):
+            cf(**good())
+            gather(**good(3 if i % 2 else 4))  # (the eager memory changes every call)
+        kc.raise_pending()
+    assert counter.frame_count == 1
+    call, _, element = broken("Distinct")
+    with kc.mode("watch"):
+        cf(**call)
+        with pytest.raises(kc.ValueRangeError, match=re.escape(element.split(", also")[0].split(" = ")[1])):
+            kc.raise_pending()
+    assert counter.frame_count == 1

@@ -267,14 +267,12 @@ class ContractWatch:
 
     def __call__(self, dims: tuple[Any, ...], *vals: Any) -> None:
         values = dict(zip(self.names, vals, strict=False))
-        if dims is self.again[0] and type(dims) is CachedDims:  # (the check cache's entry of the last call)
+        if torch.compiler.is_compiling():  # (a constant under dynamo: only this branch is traced, so no
+            self.traced(values, dict(zip(self.symbols, dims, strict=True)))  # guard on the eager state below)
+        elif dims is self.again[0] and type(dims) is CachedDims:  # (the check cache's entry of the last call)
             self.repeat(values)
-            return
-        env = dict(zip(self.symbols, dims, strict=True))
-        if torch.compiler.is_compiling():  # (a constant under dynamo: this branch is traced)
-            self.traced(values, env)
         else:
-            self.eager(values, env, dims)
+            self.eager(values, dict(zip(self.symbols, dims, strict=True)), dims)
 
     def repeat(self, values: Mapping[str, Any]) -> None:
         """A call whose every tensor the check cache found with the metadata of the last call's
