@@ -280,7 +280,7 @@ def _check_kernel_runs_here() -> bool:
 
         flag = torch.zeros(watch.FLAG, dtype=torch.float64)
         fused.launch(fused.FusedState(torch.device("cpu"), flag, None),
-                     [fused.slot_of(kc.InRange("i", high=2), {"i": torch.tensor([0, 5])}, {})], 1, 0)
+                     [fused.slot_of(kc.InRange("i", high=2), {"i": torch.tensor([0, 5])}, {})], 1)
         return bool(flag[0])
     except Exception:
         return False

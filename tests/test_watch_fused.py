@@ -29,8 +29,7 @@ def kernel_row(rules, values, dims, *, serial=5, flag=None):
     flag = torch.zeros(7, dtype=torch.float64) if flag is None else flag
     flag = flag.to(DEVICE)
     state = fused.FusedState(DEVICE, flag, None)
-    for base in range(0, len(slots), fused.SLOTS):
-        fused.launch(state, [s for _, s in slots[base:base + fused.SLOTS]], serial, base)
+    fused.launch(state, [s for _, s in slots], serial)  # (one launch per fused.SLOTS rules)
     assert state.scratch[2:2 + fused.ROW].tolist() == fused.FusedState(
         DEVICE, flag, None).scratch[2:2 + fused.ROW].tolist(), "the scratch is left as found"
     return flag.tolist() if flag[0] else None, [i for i, _ in slots]

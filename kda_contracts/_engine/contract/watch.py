@@ -357,15 +357,12 @@ def _launch(w: Watcher, slots: list[Any], serial: int) -> bool:
     kernel cannot run here (it is then off for the process, with a warning; torch probes instead)."""
     try:
         if w.device.type != "cuda":  # (the CPU under the interpreter: the tests)
-            for base in range(0, len(slots), fused.SLOTS):
-                fused.launch(w.fused, slots[base:base + fused.SLOTS], serial, base)
+            fused.launch(w.fused, slots, serial)
         else:
             current = torch.cuda.current_device()
             index = w.device.index if w.device.index is not None else current
             with torch.cuda.device(index) if index != current else contextlib.nullcontext():
-                stream = _raw_stream(index)
-                for base in range(0, len(slots), fused.SLOTS):
-                    fused.launch(w.fused, slots[base:base + fused.SLOTS], serial, base, stream)
+                fused.launch(w.fused, slots, serial, _raw_stream(index))
     except Exception as exc:  # (a missing or broken triton: never silent, never a crash)
         fused.disable(f"{type(exc).__name__}: {exc}")
         return False

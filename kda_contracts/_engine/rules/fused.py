@@ -21,7 +21,7 @@ Example::
 
     state = FusedState(torch.device("cuda"))
     slots, rest = plan(rules, values, dims)          # kernel slots, and rules left to torch probes
-    launch(state, slots, serial=7, base=0)           # one launch, no sync
+    launch(state, [s for _, s in slots], serial=7)   # one launch per 8 rules, no sync
 """
 
 from __future__ import annotations
@@ -213,7 +213,7 @@ class FusedState:
         rows[:, 4:2 + 3 * SLOTS:3] = -BIG
         self.scratch = scratch.to(device)
         self.claim = self.scratch[:1]
-        self.ptrs = (flag.data_ptr(), None, self.claim.data_ptr())  # (device addresses, taken as they are)
+        self.flag_ptr, self.claim_ptr = flag.data_ptr(), self.claim.data_ptr()  # (device addresses)
         self.rows: dict[int, Tensor] = {}
         self.lock = threading.Lock()
 
@@ -261,7 +261,14 @@ def _kernel() -> Any:
     return watch_check_kernel
 
 
-def launch(state: FusedState, slots: Sequence[Slot], serial: int, base: int, stream: int = 0) -> None:
+def launch(state: FusedState, slots: Sequence[Slot], serial: int, stream: int = 0) -> None:
+    """The kernel over ``slots`` on the current device and ``stream`` (its scratch row): one launch
+    per :data:`SLOTS` of them; the flag records the slot's position in ``slots``."""
+    for base in range(0, len(slots), SLOTS):
+        _launch_one(state, slots[base:base + SLOTS], serial, base, stream)
+
+
+def _launch_one(state: FusedState, slots: Sequence[Slot], serial: int, base: int, stream: int) -> None:
     """One launch over at most :data:`SLOTS` slots; the flag records ``base`` + the slot."""
     flag = state.flag
     row = state.row(stream)
@@ -269,7 +276,7 @@ def launch(state: FusedState, slots: Sequence[Slot], serial: int, base: int, str
     # the same arguments with every tensor as its address, for the compiled launcher (an int is taken
     # as the address as is; a tensor costs an attribute call and a driver query per argument)
     # (the host buffer stays a tensor: its device address is the driver's to give, one query)
-    fast: list[Any] = [state.ptrs[0], args[1], state.ptrs[2], row.data_ptr(), serial, base]
+    fast: list[Any] = [state.flag_ptr, args[1], state.claim_ptr, row.data_ptr(), serial, base]
     consts: list[Any] = []
     spec: list[Any] = []
     wide = not (-0x80000000 <= serial <= 0x7FFFFFFF)
@@ -282,7 +289,7 @@ def launch(state: FusedState, slots: Sequence[Slot], serial: int, base: int, str
         wide = wide or max(n, c, s0, lo, hi) > 0x7FFFFFFF or min(lo, s0) < -0x80000000
     for _ in range(SLOTS - len(slots)):
         args += (flag, flag, flag, 0, 0, 0, 0, 0)
-        fast += (state.ptrs[0], state.ptrs[0], state.ptrs[0], 0, 0, 0, 0, 0)
+        fast += (state.flag_ptr, state.flag_ptr, state.flag_ptr, 0, 0, 0, 0, 0)
         consts += (0, 0)
     consts += (BLOCK, DB, state.host is not None)
     grid = (grid_of(slots), max(len(slots), 1), 1)
