@@ -28,10 +28,12 @@ from torch import Tensor
 
 __all__ = [
     "STATE_LAYOUTS",
+    "WATCH_CHECKS",
     "DecodeArgs",
     "DecodeBackend",
     "DecodeDims",
     "RowSlots",
+    "WatchArgs",
     "check_layout",
     "decode_dims",
     "row_slots",
@@ -204,6 +206,40 @@ def scatter_rows(pool: Tensor, indices: Tensor, rows: Tensor) -> None:
     if indices.shape[0] == 0 or pool.shape[0] == 0:
         return
     row_slots(indices, pool.shape[0]).scatter(pool, rows)
+
+
+# --- watch mode in the kernel ---------------------------------------------------------------------
+#: The value checks a decode kernel that takes ``watch=`` makes on the data it reads anyway, in this
+#: order (a check's number is its position): ``indices < N`` (negatives are padding); no index twice
+#: (negatives may repeat); the pool rows the valid indices name finite; ``mixed_qkv``, ``a``, ``b``,
+#: ``A_log``, ``dt_bias`` finite. kda_contracts hands a kernel these only when an op's value rules
+#: are exactly these (its packed decode ops' are).
+WATCH_CHECKS = ("in_range", "distinct", "finite_rows", "finite_mixed_qkv", "finite_a", "finite_b",
+                "finite_A_log", "finite_dt_bias")
+#: int64 words of the scratch a kernel records what it found in (``WatchArgs.scratch``): the claim
+#: (0, or the serial of the call whose findings these are: the first call that finds anything
+#: claims it, others' findings are dropped until the reader clears it), a lock, then per check:
+#: the first finding's key (element * 2, + 1 for a row holding Inf but no NaN; ``WATCH_BIG`` when
+#: none), the count, the largest bad index (``in_range``), the first finding's value and extra
+#: (float64 bits), then a bitmap of the positions a ``finite_rows`` finding counted (so a row found
+#: by several programs counts once; at most ``WATCH_ROWS_MAX`` positions).
+WATCH_CLAIM, WATCH_LOCK, WATCH_FIRST, WATCH_COUNT, WATCH_WORST, WATCH_VALUE, WATCH_EXTRA, WATCH_BITMAP = (
+    0, 1, 2, 10, 18, 26, 34, 42)
+WATCH_ROWS_MAX = 128 * 64
+WATCH_WORDS = WATCH_BITMAP + WATCH_ROWS_MAX // 64
+WATCH_BIG = 1 << 62
+
+
+class WatchArgs(NamedTuple):
+    """What a decode kernel needs to make :data:`WATCH_CHECKS` itself, for one call: the device
+    scratch (int64 ``[WATCH_WORDS]``, laid out as the constants above say, made and cleared by the
+    reader), a host doorbell (a float64 tensor in pinned host memory, or on the CPU: its element 0
+    is set to 1.0 when something is recorded, so the reader notices without a sync) and the call's
+    serial (1 to 2**31 - 1). A kernel writes nothing when the call is clean."""
+
+    scratch: Tensor
+    host: Tensor
+    serial: int
 
 
 # --- the backend signature ------------------------------------------------------------------------

@@ -37,7 +37,7 @@ import warnings
 import torch
 from torch import Tensor
 
-from .interface import DecodeArgs, DecodeBackend
+from .interface import WATCH_CHECKS, DecodeArgs, DecodeBackend, WatchArgs
 from .triton_configs import DecodeConfig, pick_config, picked_configs
 
 try:
@@ -71,7 +71,7 @@ def is_available() -> tuple[bool, str]:
 
 if triton is not None:
 
-    @triton.jit
+    @triton.jit(do_not_specialize=["serial"])
     def _packed_decode_kernel(
         qkv,  # [B, 2*H*K + HV*V]
         a,  # [B, HV*K]
@@ -82,6 +82,9 @@ if triton is not None:
         out,  # [B, 1, HV, V] contiguous
         indices,  # [B]
         oob_counter,  # int32 [1] (only touched when HAS_COUNTER)
+        watch_scratch,  # int64 [WATCH_WORDS] (only touched when WATCH finds something)
+        watch_host,  # float64 doorbell in host memory (ditto)
+        serial,  # the call's serial (WATCH)
         scale,
         lower_bound,
         N,
@@ -120,6 +123,7 @@ if triton is not None:
         KV_FIRST_EVICTION: tl.constexpr,  # chunked KV tile: hint of the first pass's loads
         FUSED_OUTPUT: tl.constexpr,  # the output from the decayed tile: sum(h q) + u (k . q)
         EARLY_LOAD: tl.constexpr,  # one tile, its state load issued before the gate and norm math
+        WATCH: tl.constexpr,  # make interface.WATCH_CHECKS on what the program reads (watch mode)
     ):
         # GRID 0: 1-D, request-major, then value head, then group of V tiles (a request's programs
         # are adjacent, and the grid has no 65535 limit on B). 1: 3-D (V group, head, request).
@@ -169,33 +173,47 @@ if triton is not None:
         else:  # two scalar loads, broadcast (a K-wide load of one address was ~20% slower with bf16 state)
             x0 = tl.load(x_row, eviction_policy=ev).to(tl.float32) + tl.load(bias_row, eviction_policy=ev)
             b_x = tl.zeros([BK], dtype=tl.float32) + x0
-        b_A = tl.exp(tl.load(A_log + i_hv, eviction_policy=ev).to(tl.float32))
+        a_log = tl.load(A_log + i_hv, eviction_policy=ev).to(tl.float32)
+        b_A = tl.exp(a_log)
         b_b = tl.load(b + i_b * stride_b + i_hv, eviction_policy=ev)
         b_beta = tl.sigmoid(b_b.to(tl.float32))
         if ROUND_BETA:
             b_beta = b_beta.to(b_b.dtype).to(tl.float32)
+        # watch mode, the common path: no branch on what is found until the program's work is done.
+        # A probe is NaN when anything it sums is NaN or Inf (x * 0): the inputs this program read
+        # (a non-finite a or dt_bias makes their sum so); the earlier indices' first block is
+        # loaded now, compared at the end (Distinct); what is found is then checked exactly.
+        probe = 0.0
+        lead = (i_hv == 0) & (i_v0 == 0)
+        o_j = tl.arange(0, 64)
+        earlier = o_j
+        if WATCH:
+            probe = tl.sum(b_q * 0.0 + b_k * 0.0 + b_x * 0.0, axis=0) + a_log * 0.0 + b_b.to(tl.float32) * 0.0
+            earlier = tl.load(indices + o_j, mask=o_j < tl.where(lead, i_b, 0), other=-1)
+        rows_bad = tl.zeros([], tl.int32)
+        v_probe = 0.0
         if MASK_GUARD:
             # No branch: the pool is addressed through slot 0 and every pool access is masked off
             # unless the index is valid (a masked-off lane touches no memory).
-            _decode_tiles(
+            rows_bad, v_probe = _decode_tiles(
                 state + tl.where(valid, slot, 0) * stride_state + i_hv * (V * K), tl.where(valid, V, 0),
                 row + 2 * H * K + i_hv * V, out + (i_b * HV + i_hv) * V, i_v0,
                 b_q, b_k, b_x, b_A, b_beta, scale, lower_bound, o_k, mask_k,
                 K, V, BV, STATE_KV, USE_L2NORM, BOUNDED_GATE, TILES, STAGES, STATE_EVICTION,
                 LOAD_CACHE, STORE_CACHE, ACT_EVICTION, STORE_EVICTION, MASK_ROWS, MASK_K,
                 row + i_h * K, row + (H + i_h) * K, x_row, bias_row, KV_CHUNK, V_EVICTION, GATE_STRIDE,
-                KV_FIRST_EVICTION, FUSED_OUTPUT, EARLY_LOAD,
+                KV_FIRST_EVICTION, FUSED_OUTPUT, EARLY_LOAD, WATCH,
             )
         else:
             if valid:
-                _decode_tiles(
+                rows_bad, v_probe = _decode_tiles(
                     state + slot * stride_state + i_hv * (V * K), V,
                     row + 2 * H * K + i_hv * V, out + (i_b * HV + i_hv) * V, i_v0,
                     b_q, b_k, b_x, b_A, b_beta, scale, lower_bound, o_k, mask_k,
                     K, V, BV, STATE_KV, USE_L2NORM, BOUNDED_GATE, TILES, STAGES, STATE_EVICTION,
                     LOAD_CACHE, STORE_CACHE, ACT_EVICTION, STORE_EVICTION, MASK_ROWS, MASK_K,
                     row + i_h * K, row + (H + i_h) * K, x_row, bias_row, KV_CHUNK, V_EVICTION, GATE_STRIDE,
-                    KV_FIRST_EVICTION, FUSED_OUTPUT, EARLY_LOAD,
+                    KV_FIRST_EVICTION, FUSED_OUTPUT, EARLY_LOAD, WATCH,
                 )
             else:
                 # padding (< 0) or out of range (>= N): zero output, no pool access
@@ -206,9 +224,28 @@ if triton is not None:
                         tl.zeros([BV], dtype=out.dtype.element_ty),
                         mask=o_v < V,
                     )
+                    if WATCH:  # (this program's v, unread here otherwise)
+                        b_v = tl.load(row + 2 * H * K + i_hv * V + o_v, mask=o_v < V, other=0.0)
+                        v_probe += tl.sum(b_v.to(tl.float32) * 0.0, axis=0)
         if HAS_COUNTER:
             if (slot >= N) & (i_hv == 0) & (i_v0 == 0):
                 tl.atomic_add(oob_counter, 1)
+        if WATCH:
+            suspect = (probe != probe) | (v_probe != v_probe) | (lead & (slot >= N))
+            if lead & (slot >= 0):  # Distinct: an earlier request on this slot (later blocks loaded now)
+                hit = tl.max(((earlier == slot) & (o_j < i_b)).to(tl.int32), axis=0)
+                for jb in range(1, tl.cdiv(i_b, 64)):
+                    oj = jb * 64 + o_j
+                    xj = tl.load(indices + oj, mask=oj < i_b, other=-1).to(tl.int64)
+                    hit = tl.maximum(hit, tl.max(((xj == slot) & (oj < i_b)).to(tl.int32), axis=0))
+                suspect = suspect | (hit > 0)
+            if suspect:  # (rare: everything this program checks, exactly, and recorded)
+                _watch_inputs(qkv, a, b, A_log, dt_bias, indices, watch_scratch, watch_host, serial, N, slot,
+                              i_b, i_hv, i_h, i_v0, H, HV, K, V, BK, BV, TILES, stride_qkv, stride_a, stride_b,
+                              GATE_STRIDE)
+            if rows_bad > 0:  # (the slot's row: NaN found (2) sorts before Inf only (1))
+                _watch_note(watch_scratch, watch_host, serial, 2, 1, i_b * 2 + (rows_bad == 1),
+                            tl.where(rows_bad == 2, float("nan"), float("inf")), slot)
 
     @triton.jit
     def _decode_tiles(
@@ -251,7 +288,12 @@ if triton is not None:
         KV_FIRST_EVICTION: tl.constexpr,  # hint of the chunked KV tile's first-pass loads
         FUSED_OUTPUT: tl.constexpr,
         EARLY_LOAD: tl.constexpr,  # (TILES == 1)
+        WATCH: tl.constexpr,  # (KV_CHUNK == 0) also say whether a loaded tile holds NaN (2) or Inf (1)
     ):
+        """The slot's tiles of this program; returns, with WATCH, whether they held NaN (2) or Inf (1)
+        and a probe of the v values read (NaN when one is NaN or Inf)."""
+        bad = tl.zeros([], tl.int32)
+        v_probe = 0.0
         if KV_CHUNK > 0:
             # KV in two passes over chunks of KV_CHUNK state rows (K): the full-width V tile gives
             # whole-line reads, and no [K, BV] tile is ever held in registers.
@@ -266,26 +308,30 @@ if triton is not None:
                 STATE_EVICTION, STORE_EVICTION, ACT_EVICTION, V_EVICTION, MASK_ROWS, MASK_K, GATE_STRIDE,
                 KV_FIRST_EVICTION,
             )
-            return
-        if EARLY_LOAD:
+        elif EARLY_LOAD:
             # the state load goes out as soon as the slot is known, so its latency overlaps the
             # activation loads' and the gate and norm math instead of following them
             b_s, b_v = _load_tile(base, v_limit, v_row, i_v0, o_k, mask_k, K, V, BV, STATE_KV,
                                   STATE_EVICTION, LOAD_CACHE, V_EVICTION, MASK_ROWS, MASK_K)
+            if WATCH:
+                v_probe = tl.sum(b_v.to(tl.float32) * 0.0, axis=0)
             b_q, b_k, b_decay, kq = _tile_vectors(b_q, b_k, b_x, b_A, scale, lower_bound, USE_L2NORM,
                                                   BOUNDED_GATE, FUSED_OUTPUT)
-            _update_tile(b_s, b_v, base, v_limit, o_row, i_v0, b_q, b_k, b_decay, b_beta, o_k,
-                         mask_k, K, V, BV, STATE_KV, STORE_CACHE, STORE_EVICTION, MASK_ROWS, MASK_K,
-                         FUSED_OUTPUT, kq)
+            bad = _update_tile(b_s, b_v, base, v_limit, o_row, i_v0, b_q, b_k, b_decay, b_beta, o_k,
+                               mask_k, K, V, BV, STATE_KV, STORE_CACHE, STORE_EVICTION, MASK_ROWS, MASK_K,
+                               FUSED_OUTPUT, kq, WATCH)
         else:
             b_q, b_k, b_decay, kq = _tile_vectors(b_q, b_k, b_x, b_A, scale, lower_bound, USE_L2NORM,
                                                   BOUNDED_GATE, FUSED_OUTPUT)
             for t in tl.range(0, TILES, num_stages=STAGES):
                 b_s, b_v = _load_tile(base, v_limit, v_row, i_v0 + t, o_k, mask_k, K, V, BV, STATE_KV,
                                       STATE_EVICTION, LOAD_CACHE, V_EVICTION, MASK_ROWS, MASK_K)
-                _update_tile(b_s, b_v, base, v_limit, o_row, i_v0 + t, b_q, b_k, b_decay, b_beta, o_k,
-                             mask_k, K, V, BV, STATE_KV, STORE_CACHE, STORE_EVICTION, MASK_ROWS, MASK_K,
-                             FUSED_OUTPUT, kq)
+                if WATCH:
+                    v_probe += tl.sum(b_v.to(tl.float32) * 0.0, axis=0)
+                bad = tl.maximum(bad, _update_tile(b_s, b_v, base, v_limit, o_row, i_v0 + t, b_q, b_k, b_decay,
+                                                   b_beta, o_k, mask_k, K, V, BV, STATE_KV, STORE_CACHE,
+                                                   STORE_EVICTION, MASK_ROWS, MASK_K, FUSED_OUTPUT, kq, WATCH))
+        return bad, v_probe
 
     @triton.jit
     def _tile_vectors(b_q, b_k, b_x, b_A, scale, lower_bound, USE_L2NORM: tl.constexpr,
@@ -418,15 +464,20 @@ if triton is not None:
     def _update_tile(b_s, b_v, base, v_limit, o_row, i_v, b_q, b_k, b_decay, b_beta, o_k, mask_k,
                      K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr, STATE_KV: tl.constexpr,
                      STORE_CACHE: tl.constexpr, STORE_EVICTION: tl.constexpr, MASK_ROWS: tl.constexpr,
-                     MASK_K: tl.constexpr, FUSED_OUTPUT: tl.constexpr, kq):
+                     MASK_K: tl.constexpr, FUSED_OUTPUT: tl.constexpr, kq, WATCH: tl.constexpr):
         """The delta-rule step on one loaded tile: its output rows and the updated tile are stored.
         FUSED_OUTPUT: the output rows from the decayed tile, ``h q + u (k . q)`` with ``kq = k . q``,
-        so both sums read the loaded tile side by side instead of the second waiting for the update."""
+        so both sums read the loaded tile side by side instead of the second waiting for the update.
+        Returns, with WATCH, :func:`_tile_bad` of the loaded tile (else 0)."""
         p_s, o_v = _tile_ptrs(base, i_v, o_k, K, V, BV, STATE_KV)
         mask_s = None
         if MASK_ROWS or MASK_K:
             mask_s = _tile_mask(o_v, v_limit, mask_k, MASK_ROWS, MASK_K)
-        b_s = b_s.to(tl.float32) * b_decay[None, :]
+        b_s = b_s.to(tl.float32)
+        bad = tl.zeros([], tl.int32)
+        if WATCH:  # (on the tile as converted for the step: no second copy of it)
+            bad = _tile_bad(b_s)
+        b_s = b_s * b_decay[None, :]
         if FUSED_OUTPUT:
             b_o = tl.sum(b_s * b_q[None, :], axis=1)
             b_u = b_beta * (b_v.to(tl.float32) - tl.sum(b_s * b_k[None, :], axis=1))
@@ -452,6 +503,7 @@ if triton is not None:
             tl.store(o_row + o_v, b_o.to(o_row.dtype.element_ty))
         if not FUSED_OUTPUT:
             _store_tile(p_s, b_s, mask_s, base, STORE_CACHE, STORE_EVICTION)
+        return bad
 
     @triton.jit
     def _store_tile(p_s, b_s, mask_s, base, STORE_CACHE: tl.constexpr, STORE_EVICTION: tl.constexpr):
@@ -461,8 +513,156 @@ if triton is not None:
             tl.store(p_s, b_s.to(base.dtype.element_ty), mask=mask_s, cache_modifier=STORE_CACHE)
 
 
+    # --- watch mode: interface.WATCH_CHECKS on what the program reads ------------------------------
+    # Every element is checked by exactly one program (so counts are exact): q and k by the first
+    # value head of their group's first V group, a and b by each value head's first V group,
+    # A_log and dt_bias by request 0's, v by the program that owns its rows, the pool tiles by the
+    # program that loads them. Nothing is written unless something is found (interface.py's scratch).
+
+    @triton.jit
+    def _upcast(x):
+        if tl.constexpr(x.dtype != tl.float64):  # (16-bit floats as fp32: exact, NaN and Inf kept)
+            x = x.to(tl.float32)
+        return x
+
+    @triton.jit
+    def _first_bad(x, offs, live, count, first, value):
+        """Fold the non-finite lanes of ``x`` (element numbers ``offs``, lanes ``live``) into
+        (count, first element, its value)."""
+        big: tl.constexpr = 1 << 62
+        x = _upcast(x)
+        offs = offs.to(tl.int64)
+        bad = live & ((x != x) | (tl.abs(x) == float("inf")))
+        n = tl.sum(bad.to(tl.int64), axis=0)
+        at = tl.min(tl.where(bad, offs, big), axis=0)
+        here = tl.sum(tl.where(bad & (offs == at), x, 0.0).to(tl.float64), axis=0)
+        better = (n > 0) & (at < first)
+        return count + n, tl.where(better, at, first), tl.where(better, here, value)
+
+    @triton.jit
+    def _max_nan(a, b):
+        return tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)
+
+    @triton.jit
+    def _tile_bad(b_s):
+        """2 when a loaded pool tile holds NaN, 1 when Inf (and no NaN), else 0: its largest
+        magnitude, NaN kept (one max per element, the absolute value a free operand modifier; no
+        branch, so nothing of the tile is kept for a rare path)."""
+        x = tl.abs(b_s)
+        # (rows first: within each thread; then one reduction across the lanes along K)
+        m = tl.reduce(x, None, _max_nan)
+        return tl.where(m != m, 2, tl.where(m == float("inf"), 1, 0))
+
+    @triton.jit
+    def _watch_note(WS, WH, serial, C: tl.constexpr, count, key, value, extra):
+        """Record ``count`` findings of check C (first: ``key``, ``value``, ``extra``) unless another
+        call holds the claim; under a lock (a rare path: nothing is found in a clean call)."""
+        if count > 0:
+            zero = tl.zeros([], tl.int64)
+            me = zero + serial
+            old = tl.atomic_cas(WS, zero, me)
+            if (old == 0) | (old == me):
+                locked = tl.atomic_cas(WS + 1, zero, zero + 1)
+                while locked != 0:
+                    locked = tl.atomic_cas(WS + 1, zero, zero + 1)
+                n = (zero + count).to(tl.int64)
+                if C == 2:  # a row counts once, however many programs find it
+                    pos = key // 2
+                    bit = (zero + 1) << (pos % 64)
+                    seen = tl.atomic_or(WS + 42 + pos // 64, bit)
+                    n = ((seen & bit) == 0).to(tl.int64)
+                key64 = (zero + key).to(tl.int64)
+                if key64 < tl.atomic_add(WS + 2 + C, zero):
+                    tl.atomic_xchg(WS + 2 + C, key64)
+                    f64 = tl.zeros([], tl.float64)
+                    tl.atomic_xchg(WS + 26 + C, (f64 + value).to(tl.int64, bitcast=True))
+                    tl.atomic_xchg(WS + 34 + C, (f64 + extra).to(tl.int64, bitcast=True))
+                tl.atomic_add(WS + 10 + C, n)
+                if C == 0:
+                    tl.atomic_max(WS + 18, (zero + value).to(tl.int64))
+                tl.atomic_xchg(WS + 1, zero)
+                tl.store(WH, 1.0)
+
+    @triton.jit
+    def _watch_inputs(qkv, a, b, A_log, dt_bias, indices, WS, WH, serial, N, slot, i_b, i_hv, i_h, i_v0,
+                      H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr,
+                      BV: tl.constexpr, TILES: tl.constexpr, stride_qkv: tl.constexpr, stride_a: tl.constexpr,
+                      stride_b: tl.constexpr, GATE_STRIDE: tl.constexpr):
+        """This program's share of the index checks and the inputs' finite checks."""
+        big: tl.constexpr = 1 << 62
+        W: tl.constexpr = 2 * H * K + HV * V  # (mixed_qkv's element numbers: its logical, row-major ones)
+        lead = i_v0 == 0
+        o_k = tl.arange(0, BK)
+        mask_k = o_k < K
+        row = i_b
+        if lead & (i_hv == 0):  # one program per request: the index checks
+            if slot >= N:
+                _watch_note(WS, WH, serial, 0, 1, row * 2, slot, slot)
+            if slot >= 0:
+                earliest = tl.full([], big, tl.int64)
+                for jb in range(0, tl.cdiv(row, 64)):
+                    oj = jb * 64 + tl.arange(0, 64)
+                    mj = oj < row
+                    xj = tl.load(indices + oj, mask=mj, other=-1).to(tl.int64)
+                    earliest = tl.minimum(earliest, tl.min(tl.where(mj & (xj == slot), oj.to(tl.int64), big), axis=0))
+                if earliest < big:
+                    _watch_note(WS, WH, serial, 1, 1, row * 2, slot, earliest)
+        # mixed_qkv: q and k (the group's first value head), v (this program's rows)
+        count = tl.zeros([], tl.int64)
+        first = tl.full([], big, tl.int64)
+        value = tl.zeros([], tl.float64)
+        if lead & (i_hv % (HV // H) == 0):
+            for part in tl.static_range(2):
+                col = (part * H + i_h) * K + o_k
+                x1 = tl.load(qkv + row * stride_qkv + col, mask=mask_k, other=0.0)
+                count, first, value = _first_bad(x1, row * W + col, mask_k, count, first, value)
+        for t in tl.static_range(TILES):
+            o_v = (i_v0 + t) * BV + tl.arange(0, BV)
+            col = 2 * H * K + i_hv * V + o_v
+            x2 = tl.load(qkv + row * stride_qkv + col, mask=o_v < V, other=0.0)
+            count, first, value = _first_bad(x2, row * W + col, o_v < V, count, first, value)
+        _watch_note(WS, WH, serial, 3, count, first * 2, value, 0.0)
+        if lead:  # a, b: each value head's first V group
+            count = tl.zeros([], tl.int64)
+            first = tl.full([], big, tl.int64)
+            value = tl.zeros([], tl.float64)
+            if GATE_STRIDE:
+                x3 = tl.load(a + row * stride_a + i_hv * K + o_k, mask=mask_k, other=0.0)
+                count, first, value = _first_bad(x3, row * (HV * K) + i_hv * K + o_k, mask_k,
+                                                 count, first, value)
+            else:
+                x4 = tl.load(a + row * stride_a + i_hv + o_k * 0, mask=o_k == 0, other=0.0)
+                count, first, value = _first_bad(x4, row * HV + i_hv + o_k, o_k == 0,
+                                                 count, first, value)
+            _watch_note(WS, WH, serial, 4, count, first * 2, value, 0.0)
+            count = tl.zeros([], tl.int64)
+            first = tl.full([], big, tl.int64)
+            value = tl.zeros([], tl.float64)
+            x5 = tl.load(b + row * stride_b + i_hv + o_k * 0, mask=o_k == 0, other=0.0)
+            count, first, value = _first_bad(x5, row * HV + i_hv + o_k, o_k == 0, count, first, value)
+            _watch_note(WS, WH, serial, 5, count, first * 2, value, 0.0)
+            if row == 0:  # A_log, dt_bias: request 0's programs
+                count = tl.zeros([], tl.int64)
+                first = tl.full([], big, tl.int64)
+                value = tl.zeros([], tl.float64)
+                x6 = tl.load(A_log + i_hv + o_k * 0, mask=o_k == 0, other=0.0)
+                count, first, value = _first_bad(x6, i_hv + o_k, o_k == 0, count, first, value)
+                _watch_note(WS, WH, serial, 6, count, first * 2, value, 0.0)
+                count = tl.zeros([], tl.int64)
+                first = tl.full([], big, tl.int64)
+                value = tl.zeros([], tl.float64)
+                if GATE_STRIDE:
+                    x7 = tl.load(dt_bias + i_hv * K + o_k, mask=mask_k, other=0.0)
+                    count, first, value = _first_bad(x7, i_hv * K + o_k, mask_k, count, first, value)
+                else:
+                    x8 = tl.load(dt_bias + i_hv + o_k * 0, mask=o_k == 0, other=0.0)
+                    count, first, value = _first_bad(x8, i_hv + o_k, o_k == 0, count, first, value)
+                _watch_note(WS, WH, serial, 7, count, first * 2, value, 0.0)
+
+
 @DecodeBackend
-def packed_decode(call: DecodeArgs, *, oob_counter: Tensor | None = None, config: DecodeConfig | None = None) -> None:
+def packed_decode(call: DecodeArgs, *, oob_counter: Tensor | None = None, config: DecodeConfig | None = None,
+                  watch: WatchArgs | None = None) -> None:
     """KDA packed decode with Triton; writes ``out`` and the used slots of ``state`` in place.
 
     Signature and semantics: ``kernels/INTERFACE.md`` (:class:`~kda_kernels.interface.DecodeBackend`
@@ -470,19 +670,22 @@ def packed_decode(call: DecodeArgs, *, oob_counter: Tensor | None = None, config
     ``kda_contracts`` (shapes agree, dtypes supported); memory safety is not: any index value is
     safe. ``oob_counter`` (int32 ``[1]`` on the device), when given, gets +1 for every index >= N,
     without a host sync, so a strict mode can read it later. ``config`` overrides the launch
-    shape :func:`pick_config` would choose (for tuning and tests).
+    shape :func:`pick_config` would choose (for tuning and tests). ``watch``: make
+    :data:`~kda_kernels.interface.WATCH_CHECKS` on what the kernel reads and record what it finds
+    there (watch mode; no launch of its own, no sync; the launch shape is auto's without the
+    shared-memory or chunked KV tile).
 
     Example::
 
         packed_decode(mixed_qkv, a, b, A_log, dt_bias, 128 ** -0.5, state, out, indices,
                       num_heads=32, use_qk_l2norm=True, lower_bound=None)
     """
-    _launch(call, gdn=False, oob_counter=oob_counter, config=config)
+    _launch(call, gdn=False, oob_counter=oob_counter, config=config, watch=watch)
 
 
 @DecodeBackend
 def gdn_packed_decode(call: DecodeArgs, *, oob_counter: Tensor | None = None,
-                      config: DecodeConfig | None = None) -> None:
+                      config: DecodeConfig | None = None, watch: WatchArgs | None = None) -> None:
     """GDN (Gated DeltaNet, Qwen3-Next) packed decode with Triton; writes ``out`` and the used slots.
 
     The KDA kernel with GDN's gate: ``a`` is ``[B, HV]`` and ``dt_bias`` ``[HV]`` (one decay per
@@ -497,10 +700,15 @@ def gdn_packed_decode(call: DecodeArgs, *, oob_counter: Tensor | None = None,
     """
     if call.lower_bound is not None:
         raise ValueError("GDN has no bounded gate: lower_bound must be None")
-    _launch(call, gdn=True, oob_counter=oob_counter, config=config)
+    _launch(call, gdn=True, oob_counter=oob_counter, config=config, watch=watch)
 
 
-def _launch(call: DecodeArgs, *, gdn: bool, oob_counter: Tensor | None, config: DecodeConfig | None) -> None:
+#: kernels given ``watch=`` make interface.WATCH_CHECKS themselves (kda_contracts' watch mode reads this)
+packed_decode.watch_checks = gdn_packed_decode.watch_checks = WATCH_CHECKS  # type: ignore[attr-defined]
+
+
+def _launch(call: DecodeArgs, *, gdn: bool, oob_counter: Tensor | None, config: DecodeConfig | None,
+            watch: WatchArgs | None = None) -> None:
     if triton is None:
         raise RuntimeError(f"the triton backend is not available: {_TRITON_IMPORT_ERROR}")
     mixed_qkv, a, b, A_log, dt_bias, scale, state, out, indices = call[:9]
@@ -510,13 +718,7 @@ def _launch(call: DecodeArgs, *, gdn: bool, oob_counter: Tensor | None, config: 
     # (what the shared-memory KV tile can run on is the GPU's) and the config.
     pkey = (dims, mixed_qkv.stride()[0], a.stride()[0], b.stride()[0], state.stride()[0], state.dtype,
             state_layout, gdn, bool(use_qk_l2norm), lower_bound is not None, oob_counter is not None,
-            state.get_device(), config)
-    plan = _plans.get(pkey)
-    if plan is None:
-        plan = _plan(pkey)
-    grid, constexprs, options, plan_id, kernel = plan
-    if plan_id in _copies_tile and state.data_ptr() % 16:  # the shared-memory KV tile needs an aligned pool
-        grid, constexprs, options, plan_id, kernel = _misaligned_plan(pkey, state)
+            state.get_device(), config, watch is not None)
     args = (
         mixed_qkv,
         a,
@@ -527,16 +729,33 @@ def _launch(call: DecodeArgs, *, gdn: bool, oob_counter: Tensor | None, config: 
         out,
         indices,
         oob_counter if oob_counter is not None else indices,
+        watch[0] if watch is not None else indices,  # (scratch, host, serial: a WatchArgs or its fields)
+        watch[1] if watch is not None else indices,
+        watch[2] if watch is not None else 0,
         float(scale),
         float(lower_bound) if lower_bound is not None else 0.0,
         dims[5],  # N
     )
-    key = _launch_key(args, plan_id) if _fast_launch["enabled"] else None
+    plan = _plans.get(pkey)
+    if plan is None:
+        plan = _plan(pkey)
+        if watch is not None and config is None and state.is_cuda:
+            plan = _register_capped(pkey, plan, args)
+    grid, constexprs, options, plan_id, kernel = plan
+    if plan_id in _copies_tile and state.data_ptr() % 16:  # the shared-memory KV tile needs an aligned pool
+        grid, constexprs, options, plan_id, kernel = _misaligned_plan(pkey, state)
+    key = None
+    if _fast_launch["enabled"]:
+        # (the compiled launcher takes an int as a pointer as is: each tensor passed as its address
+        # saves the launcher an attribute call and a driver query; the watch doorbell, pinned host
+        # memory, is at the same address on the device: unified addressing)
+        ptrs = tuple(map(Tensor.data_ptr, args[:11]))
+        key = _launch_key(args, plan_id, ptrs)
     error = None
     if key is not None:
         entry = _fast_launch["cache"].get(key)
         if entry is not None:
-            launched, error = _launch_compiled(entry, key[0], grid, args, constexprs)
+            launched, error = _launch_compiled(entry, key[0], grid, ptrs + args[11:], constexprs)
             if launched:
                 return
     compiled = (kernel or _packed_decode_kernel)[grid](*args, *constexprs, **options)
@@ -546,18 +765,53 @@ def _launch(call: DecodeArgs, *, gdn: bool, oob_counter: Tensor | None, config: 
         _remember(key, compiled, len(constexprs))
 
 
+def _register_capped(pkey: tuple, plan: tuple, args: tuple) -> tuple:
+    """A watched launch's plan, capped at the registers of the same launch without watch (rounded up
+    to the allocation unit, 8) when the checks' rare path (run only when something is found) would
+    otherwise raise the kernel's count so far that a grid the unwatched kernel runs in one wave of
+    resident programs takes more: at B = 8, H = 32, fp32 state on an H100, 4,096 programs, one wave
+    at 64 registers, two at 70 (+1.5-2.2 µs a call; capped, +0.7). Many waves either way (B = 256),
+    the cap only spills: it measured 10 % slower there. Compiles both kernels once (Triton caches
+    them) to read their counts; anything unexpected keeps the plan as it is."""
+    plain = _plans.get((*pkey[:-1], False)) or _plan((*pkey[:-1], False))
+    grid, constexprs, options, _, kernel = plan
+    if kernel is not None or plain[4] is not None or "maxnreg" in options:
+        return plan
+    try:
+        counts = []
+        for g, c, o in ((plain[0], plain[1], plain[2]), (grid, constexprs, options)):
+            compiled = _packed_decode_kernel.warmup(*args, *c, grid=g, **o)
+            compiled._init_handles()
+            counts.append(int(compiled.n_regs))
+        sms = torch.cuda.get_device_properties(args[5].device).multi_processor_count
+    except Exception:
+        return plan
+    programs, warps = grid[0] * grid[1] * grid[2], options.get("num_warps", 4)
+    if not 0 < counts[0] <= 255 or _waves(counts[0], warps, programs, sms) != 1 or _waves(
+            counts[1], warps, programs, sms) == 1:
+        return plan
+    return _keep(pkey, grid, constexprs, {**options, "maxnreg": min(255, -(-counts[0] // 8) * 8)}, kernel)
+
+
+def _waves(registers: int, warps: int, programs: int, sms: int) -> int:
+    """Waves of resident programs a grid takes (a Hopper SM: 64K registers, 64 warps, 32 programs)."""
+    per_warp = -(-registers // 8) * 8 * 32
+    resident = max(1, min(65536 // (per_warp * warps), 64 // warps, 32))
+    return -(-programs // (resident * sms))
+
+
 def _misaligned_plan(pkey: tuple, state: Tensor) -> tuple:
     """The plan of a call whose pool the shared-memory KV tile cannot copy (its base address):
     auto's shape without that tile; an explicit config asking for it is refused."""
     from . import triton_kv_shared
 
-    config = pkey[-1]
+    config = pkey[-2]
     if config is not None:
         raise ValueError(f"{config} cannot run here: {triton_kv_shared.misaligned(state)}")
-    dims, state_dtype, state_layout, gdn, gpu = pkey[0], pkey[5], pkey[6], pkey[7], pkey[-2]
+    dims, state_dtype, state_layout, gdn, gpu = pkey[0], pkey[5], pkey[6], pkey[7], pkey[-3]
     fallback = pick_config(dims[0], dims[2], dims[4], state_dtype, state_layout, gdn=gdn, kv_shared=False,
                            device=_device_name(gpu))
-    key = (*pkey[:-1], fallback)
+    key = (*pkey[:-2], fallback, pkey[-1])
     return _plans.get(key) or _plan(key)
 
 
@@ -586,11 +840,16 @@ _plans: dict[tuple, tuple] = {}
 def _plan(pkey: tuple) -> tuple:
     """The launch of one call shape: grid, the kernel's constexprs in order, the compile options,
     a small id standing for all three in the fast launch's key, and the kernel."""
-    dims, s_qkv, s_a, s_b, s_state, state_dtype, state_layout, gdn, use_qk_l2norm, bounded, counted, gpu, config = pkey
+    (dims, s_qkv, s_a, s_b, s_state, state_dtype, state_layout, gdn, use_qk_l2norm, bounded, counted, gpu, config,
+     watched) = pkey
     batch, num_heads, num_v_heads, head_k_dim, head_v_dim, _ = dims
     device_name = _device_name(gpu)  # the card's table (pick_config's device)
     cfg = config if config is not None else pick_config(batch, num_v_heads, head_v_dim, state_dtype, state_layout,
-                                                        gdn=gdn, device=device_name)
+                                                        gdn=gdn, device=device_name, kv_shared=not watched)
+    if watched and (cfg.kv_shared or cfg.kv_registers):  # (the watch checks are in this kernel only)
+        raise ValueError(f"{cfg} cannot run with watch=: only the Triton kernel's own tiles make the checks")
+    if watched and state_layout == "KV" and cfg.kv_chunk:  # (whole tiles in registers: a narrower one)
+        cfg = cfg._replace(block_v=min(cfg.block_v, 32))
     if cfg.kv_shared and cfg.kv_registers:
         raise ValueError(f"{cfg}: kv_shared and kv_registers exclude each other (the tile is in shared memory "
                          "or in registers)")
@@ -622,6 +881,7 @@ def _plan(pkey: tuple) -> tuple:
     grid = (flat, (groups, num_v_heads, batch), (num_v_heads, groups, batch), flat)[grid_kind]
     wide = _wide(pkey)
     bk = _pow2(head_k_dim)
+    chunked = state_layout == "KV" and cfg.kv_chunk and not watched  # (watch checks whole tiles)
     # The kernel's constexprs in order, after its runtime arguments (the fast launch passes both
     # tuples positionally, as Triton's own launch does).
     constexprs = (
@@ -652,13 +912,14 @@ def _plan(pkey: tuple) -> tuple:
         cfg.guard == "mask" or head_v_dim % span != 0,  # MASK_ROWS
         head_k_dim != bk,  # MASK_K
         # KV_CHUNK: at most BK rows (a chunk past a power-of-two K would run unmasked into the next head)
-        min(cfg.kv_chunk, bk) if state_layout == "KV" else 0,
+        min(cfg.kv_chunk, bk) if chunked else 0,
         cfg.act_eviction if cfg.v_eviction is None else cfg.v_eviction,  # V_EVICTION
         0 if gdn else 1,  # GATE_STRIDE
         gdn,  # ROUND_BETA
         cfg.kv_first_eviction,  # KV_FIRST_EVICTION
-        cfg.fused_output and not (state_layout == "KV" and cfg.kv_chunk),  # FUSED_OUTPUT
-        cfg.early_load and not (state_layout == "KV" and cfg.kv_chunk),  # EARLY_LOAD
+        cfg.fused_output and not chunked,  # FUSED_OUTPUT
+        cfg.early_load and not chunked,  # EARLY_LOAD
+        watched,  # WATCH
     )
     options = {"num_warps": cfg.num_warps}
     if cfg.max_registers is not None:
@@ -670,7 +931,7 @@ def _plan_kv_shared(pkey: tuple, cfg: DecodeConfig) -> tuple:
     """The launch of the shared-memory KV tile (``triton_kv_shared``): same runtime arguments."""
     from . import triton_kv_shared
 
-    dims, s_qkv, s_a, s_b, s_state, state_dtype, _, gdn, use_qk_l2norm, bounded, counted, _, _ = pkey
+    dims, s_qkv, s_a, s_b, s_state, state_dtype, _, gdn, use_qk_l2norm, bounded, counted, _, _, _ = pkey
     batch, num_heads, num_v_heads, head_k_dim, head_v_dim, _ = dims
     grid = (batch * num_v_heads * (head_v_dim // cfg.block_v), 1, 1)
     wide = _wide(pkey)
@@ -726,8 +987,8 @@ _copies_tile: set[int] = set()  # ids of the plans that copy the KV tile to shar
 # read from the environment at launch (TRITON_DEBUG, instrumentation modes): set them before the
 # first call, or set KDA_TRITON_FAST_LAUNCH=0 (read at import) to always launch with kernel[grid].
 
-_N_RUNTIME_ARGS = 12
-_N_CONSTEXPRS = 33  # the Triton kernel's (the shared-memory KV kernel has its own count)
+_N_RUNTIME_ARGS = 15
+_N_CONSTEXPRS = 34  # the Triton kernel's (the shared-memory KV kernel has its own count)
 _fast_launch: dict = {
     "enabled": os.environ.get("KDA_TRITON_FAST_LAUNCH", "1") not in ("", "0") and triton is not None,
     "cache": {},  # key -> (compiled kernel, launcher, function handle, packed metadata)
@@ -755,7 +1016,7 @@ def _int_spec(x: int) -> int:
     return spec
 
 
-def _launch_key(args: tuple, plan_id: int) -> tuple | None:
+def _launch_key(args: tuple, plan_id: int, ptrs: tuple | None = None) -> tuple | None:
     """The specialization key of a launch: the device, the plan (constexprs and options, by
     :func:`_plan`'s id), each pointer's dtype and 16-byte alignment, and each int's
     :func:`_int_spec` (floats are never specialized). None when the fast launch cannot be used."""
@@ -764,20 +1025,17 @@ def _launch_key(args: tuple, plan_id: int) -> tuple | None:
         env = _bind_launch_env()
         if env is None:
             return None
-    q, a, b, A, d, s, o, i, c = args[:9]
+    q, a, b, A, d, s, o, i, c, ws, wh = args[:11]
+    p = ptrs if ptrs is not None else tuple(map(Tensor.data_ptr, args[:11]))
     return (
         env[0](),
         plan_id,
-        q.dtype, a.dtype, b.dtype, A.dtype, d.dtype, s.dtype, o.dtype, i.dtype, c.dtype,
-        (q.data_ptr() | a.data_ptr() | b.data_ptr() | A.data_ptr() | d.data_ptr() | s.data_ptr() | o.data_ptr()
-         | i.data_ptr() | c.data_ptr()) & 15 == 0 or _alignment(args[:9]),
-        _int_spec(args[11]),
+        q.dtype, a.dtype, b.dtype, A.dtype, d.dtype, s.dtype, o.dtype, i.dtype, c.dtype, ws.dtype, wh.dtype,
+        (p[0] | p[1] | p[2] | p[3] | p[4] | p[5] | p[6] | p[7] | p[8] | p[9] | p[10]) & 15 == 0
+        or tuple([(x & 15) == 0 for x in p]),
+        args[11] > 0x7FFFFFFF,  # (the serial: never specialized on its value, but i32 or i64)
+        _int_spec(args[14]),
     )
-
-
-def _alignment(tensors: tuple) -> tuple[bool, ...]:
-    """Which of the pointers are 16-byte aligned (when not all are)."""
-    return tuple([(t.data_ptr() & 15) == 0 for t in tensors])
 
 
 def _bind_launch_env() -> tuple | None:

@@ -54,9 +54,10 @@ def _gluon() -> tuple[Any, str | None]:
 
 
 def _build(gluon: Any, gl: Any, cp: Any, async_load: Any, barrier: Any) -> Any:
-    @gluon.jit
+    @gluon.jit(do_not_specialize=["serial"])
     def kv_shared_kernel(
-        qkv, a, b, A_log, dt_bias, state, out, indices, oob_counter, scale, lower_bound, N,
+        qkv, a, b, A_log, dt_bias, state, out, indices, oob_counter, watch_scratch, watch_host, serial, scale,
+        lower_bound, N,  # (watch_*, serial: the Triton kernel's watch mode arguments, unused here)
         H: gl.constexpr, HV: gl.constexpr, stride_qkv: gl.constexpr, stride_a: gl.constexpr,
         stride_b: gl.constexpr, stride_state: gl.constexpr, K: gl.constexpr, V: gl.constexpr,
         BV: gl.constexpr, CK: gl.constexpr, USE_L2NORM: gl.constexpr, BOUNDED_GATE: gl.constexpr,

@@ -41,7 +41,7 @@ def compile_case(case: dict) -> dict:
     gdn, bounded, counted = (bool(case.get(k, False)) for k in ("gdn", "bounded", "counted"))
     h, k, v = 32, 128, 128
     pkey = ((1024, h, h, k, v, 4096), 2 * h * k + h * v, h if gdn else h * k, h, h * k * v, dtype, "KV", gdn, True,
-            bounded, counted, 0, cfg)
+            bounded, counted, 0, cfg, False)
     if case.get("triton"):  # the Triton kernel, planned for this shape as _launch plans it (batch 1024)
         layout = case.get("layout", "KV")
         pkey = (pkey[0], *pkey[1:6], layout, *pkey[7:])
@@ -51,7 +51,7 @@ def compile_case(case: dict) -> dict:
         constexprs, fn, source = triton_decode._plan_kv_shared(pkey, cfg)[1], triton_kv_shared.kernel(), GluonASTSource
     names = fn.arg_names
     runtime = ["*bf16", "*bf16", "*bf16", "*fp32", "*fp32", f"*{ELEMENT[case['dtype']]}", "*bf16", "*i32", "*i32",
-               "fp32", "fp32", "i32"]
+               "*i64", "*fp64", "i32", "fp32", "fp32", "i32"]  # (... oob counter, watch scratch, host, serial, ...)
     signature = dict(zip(names, runtime, strict=False))  # the runtime arguments come first
     values = {}
     for name, value in zip(names[len(runtime):], constexprs, strict=True):

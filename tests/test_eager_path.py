@@ -269,7 +269,7 @@ def test_the_triton_launch_is_planned_once_per_call_shape() -> None:
     T.packed_decode(*args, num_heads=2, use_qk_l2norm=True, lower_bound=None,
                     config=T.DecodeConfig(block_v=8, num_warps=1))
     assert len(T._plans) == 3
-    ((grid, constexprs, options, _, kernel),) = [p for k, p in T._plans.items() if k[-1] is not None]
+    ((grid, constexprs, options, _, kernel),) = [p for k, p in T._plans.items() if k[-2] is not None]
     assert grid == (2 * 4 * 2, 1, 1) and constexprs[9] == 8 and options == {"num_warps": 1} and kernel is None
 
 

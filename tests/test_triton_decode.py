@@ -152,11 +152,14 @@ def test_early_load_needs_one_tile_per_program() -> None:
 def test_fused_output_and_early_load_are_constexprs_of_the_tile_kernel_only() -> None:
     # the chunked KV tile sums both from the decayed chunk already and has no single tile to load
     # early: the knobs do not recompile it
-    cases = {(layout, ck): triton_decode._plan(
+    cases = {(layout, ck, *((True,) if watched else ())): triton_decode._plan(
         ((2, 1, 1, 16, 16, 8), 64, 16, 1, 256, torch.float32, layout, False, True, False, False, -1,
-         DecodeConfig(block_v=8, num_warps=1, kv_chunk=ck, fused_output=True, early_load=True)))[1][-2:]
-        for layout, ck in (("VK", 0), ("KV", 0), ("KV", 8))}
-    assert cases == {("VK", 0): (True, True), ("KV", 0): (True, True), ("KV", 8): (False, False)}
+         DecodeConfig(block_v=8, num_warps=1, kv_chunk=ck, fused_output=True, early_load=True), watched))[1][-3:]
+        for layout, ck in (("VK", 0), ("KV", 0), ("KV", 8)) for watched in (False, True)}
+    # (watch mode's checks need whole tiles: a chunked shape runs as one tile there)
+    assert cases == {("VK", 0): (True, True, False), ("KV", 0): (True, True, False), ("KV", 8): (False, False, False),
+                     ("VK", 0, True): (True, True, True), ("KV", 0, True): (True, True, True),
+                     ("KV", 8, True): (True, True, True)}
 
 
 @pytest.mark.parametrize(
@@ -416,7 +419,9 @@ def test_fast_launch_reuses_the_compiled_kernel_with_every_argument_in_order(fak
     for launch in launches:
         assert launch[:9] == (*grid, 1234, jit.compiled.function, (1, 2), None, None, None)
         assert len(launch[9:]) == _N_PARAMS
-        assert all(x is y if isinstance(x, torch.Tensor) else x == y for x, y in zip(launch[9:], args, strict=True))
+        # (the tensors as their addresses: the launcher takes an int as a pointer as is)
+        assert all(x == (y.data_ptr() if isinstance(y, torch.Tensor) else y) for x, y in zip(launch[9:], args,
+                                                                                               strict=True))
 
 
 @pytest.mark.parametrize(
@@ -510,3 +515,38 @@ def test_the_interpreter_takes_the_normal_launch(monkeypatch: pytest.MonkeyPatch
     monkeypatch.setitem(triton_decode._fast_launch, "env", None)
     _assert_matches_reference(_case())
     assert not triton_decode._fast_launch["enabled"] and not triton_decode._fast_launch["cache"]
+
+
+def test_a_watched_launch_is_capped_at_the_unwatched_registers_only_where_that_saves_a_wave(monkeypatch) -> None:
+    """Watch mode's checks add a rare path whose registers count for the whole kernel: a grid the
+    unwatched kernel runs in one wave of resident programs keeps its register count (capped); a
+    grid of many waves is left alone (a cap there only spills)."""
+    from types import SimpleNamespace
+
+    assert triton_decode._waves(64, 1, 4096, 132) == 1 and triton_decode._waves(70, 1, 4096, 132) == 2
+
+    def fake(counts: dict[bool, int]) -> None:
+        class Compiled:
+            def __init__(self, watched: bool) -> None:
+                self.n_regs = counts[watched]
+
+            def _init_handles(self) -> None:
+                pass
+
+        monkeypatch.setattr(triton_decode._packed_decode_kernel, "warmup",
+                            lambda *args, grid, **options: Compiled(bool(args[-1])), raising=False)
+        monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: SimpleNamespace(
+            multi_processor_count=132))
+
+    def plan(batch: int, counts: dict[bool, int]) -> dict:
+        fake(counts)
+        triton_decode._plans.clear()
+        pkey = ((batch, 32, 32, 128, 128, 4 * batch), 2 * 32 * 128 + 32 * 128, 32 * 128, 32, 128 * 128 * 32,
+                torch.float32, "VK", False, True, False, False, -1, None, True)
+        watched = triton_decode._plan(pkey)
+        args = (torch.zeros(1),) * 15
+        return triton_decode._register_capped(pkey, watched, args)[2]
+
+    assert plan(8, {False: 64, True: 70}) == {"num_warps": 1, "maxnreg": 64}  # (4,096 programs: 1 wave -> 2)
+    assert "maxnreg" not in plan(8, {False: 64, True: 64})  # (no wave lost)
+    assert "maxnreg" not in plan(1024, {False: 64, True: 70})  # (many waves either way)

@@ -56,7 +56,7 @@ def _plan(batch: int, hv: int, k: int, v: int, dtype: torch.dtype, config: Decod
           gpu: int = -1) -> tuple:
     """The Triton backend's plan of a KV call, its pool on ``gpu`` (-1: the CPU)."""
     pkey = ((batch, hv, hv, k, v, 4 * batch), 2 * hv * k + hv * v, hv * k, hv, hv * k * v, dtype, "KV", False,
-            True, False, False, gpu, config)
+            True, False, False, gpu, config, False)
     return triton_decode._plan(pkey)
 
 
@@ -119,13 +119,13 @@ def test_a_misaligned_pool_takes_autos_other_shape_and_an_explicit_config_is_ref
     # base address is off 16 bytes)
     pool = torch.zeros(4 * 128 * 128 + 1, dtype=torch.bfloat16)[1:]
     pkey = ((64, 32, 32, 128, 128, 4), 2 * 32 * 128 + 32 * 128, 32 * 128, 32, 128 * 128, torch.bfloat16, "KV", False,
-            True, False, False, -1, None)
+            True, False, False, -1, None, False)
     _, constexprs, _, _, kernel = triton_decode._misaligned_plan(pkey, pool)
     assert kernel is None and constexprs[26] == 32  # the chunked Triton tile
     cfg = pick_config(64, 32, 128, torch.bfloat16, "KV")
     why = "the pool's base address is not 16-byte aligned"
     with pytest.raises(ValueError, match=re.escape(f"{cfg} cannot run here: {why}")):
-        triton_decode._misaligned_plan((*pkey[:-1], cfg), pool)
+        triton_decode._misaligned_plan((*pkey[:-2], cfg, False), pool)
 
 
 def _compile_for_sm90(cases: list[dict]) -> list[dict]:

@@ -257,7 +257,7 @@ def test_call_records_are_kept_safely_by_many_threads(monkeypatch):
     def make() -> None:
         try:
             for _ in range(2000):
-                serials.append(watch._record(lambda s: watch.CallRecord("f", s, (), (), {}, None, ())))
+                serials.append(watch._record(("f", (), (), {}, None, ())))
         except BaseException as exc:  # (what the race would raise)
             errors.append(exc)
 
@@ -295,7 +295,7 @@ def test_a_call_the_check_cache_answers_repeats_the_last_calls_slots_and_still_f
     slots with the new tensors; a bad value in it is found as in a first call."""
     repeats: list[int] = []
     real = watch.ContractWatch.repeat
-    monkeypatch.setattr(watch.ContractWatch, "repeat", lambda self, values: (repeats.append(1), real(self, values)))
+    monkeypatch.setattr(watch.ContractWatch, "repeat", lambda self, values: (repeats.append(1), real(self, values))[1])
 
     @kc.contract(value_rules=RULES, register=False)  # (its own check cache: other tests' calls leave it alone)
     def fresh(x: Float[Tensor, "B D"], pool: Annotated[Float[Tensor, "N D"], kc.Spec(mutated=True)],

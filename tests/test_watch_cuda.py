@@ -113,3 +113,46 @@ def test_two_streams_each_report_their_own_call():
             kc.packed_decode(**bad, config=CFG, backend="torch")
         with pytest.raises(kc.ValueRangeError, match=r"ssm_state_indices\[0\] = 50"):
             kc.raise_pending()
+
+
+def test_the_triton_kernel_checks_the_rules_itself_with_no_sync_and_no_check_kernel():
+    """The Triton backend's kernel makes the op's checks itself: one kernel per call, no check
+    kernel, no sync, and a bad slot reported (here at raise_pending)."""
+    good, bad = call(), call()
+    bad["ssm_state_indices"][2] = 77
+    with kc.mode("watch"):
+        kc.packed_decode(**good, config=CFG, backend="triton")  # warm-up: compiles, makes the buffers
+        torch.cuda.synchronize()
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+            torch.cuda.set_sync_debug_mode("error")
+            try:
+                kc.packed_decode(**good, config=CFG, backend="triton")
+                kc.packed_decode(**bad, config=CFG, backend="triton")
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
+            torch.cuda.synchronize()
+        with pytest.raises(kc.ValueRangeError, match=r"ssm_state_indices\[2\] = 77"):
+            kc.raise_pending()
+    names = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    assert not any("watch_check_kernel" in n for n in names), names
+    assert sum("packed_decode_kernel" in n for n in names) == 2, names
+
+
+def test_a_captured_triton_call_checks_on_each_replay():
+    c = call()
+    with kc.mode("watch"):
+        kc.packed_decode(**c, config=CFG, backend="triton")
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            kc.packed_decode(**c, config=CFG, backend="triton")
+        for _ in range(3):
+            graph.replay()
+        kc.raise_pending()  # valid
+        c["initial_state"][int(c["ssm_state_indices"][1])].view(-1)[100] = float("nan")
+        graph.replay()
+        with pytest.raises(kc.ValueRangeError, match=r"NaN or Inf in a used row: 1 row\(s\)"):
+            kc.raise_pending()
+        graph.replay()  # (the state row is NaN still, and now so is the row the replay wrote)
+        with pytest.raises(kc.ValueRangeError, match="used row"):
+            kc.raise_pending()

@@ -30,8 +30,9 @@ def kernel_row(rules, values, dims, *, serial=5, flag=None):
     flag = flag.to(DEVICE)
     state = fused.FusedState(DEVICE, flag, None)
     fused.launch(state, [s for _, s in slots], serial)  # (one launch per fused.SLOTS rules)
-    assert state.scratch[2:2 + fused.ROW].tolist() == fused.FusedState(
-        DEVICE, flag, None).scratch[2:2 + fused.ROW].tolist(), "the scratch is left as found"
+    at = fused.OWN_WORDS  # (the first stream's row)
+    assert state.scratch[at:at + fused.ROW].tolist() == fused.FusedState(
+        DEVICE, flag, None).scratch[at:at + fused.ROW].tolist(), "the scratch is left as found"
     return flag.tolist() if flag[0] else None, [i for i, _ in slots]
 
 

@@ -1,16 +1,18 @@
 """Watch mode (``kc.mode("watch")``): a contract's value rules (``value_rules=``,
 :mod:`kda_contracts._engine.rules.values`) checked on the tensors' device without a host sync.
 
-- CUDA, eager: each rule's probe is enqueued on the call's current stream and folded into a small
-  per-device float64 flag, :data:`FLAG` long, that records the *first* violation only
-  (``torch.where`` on "nothing recorded yet"): the call's serial, the rule, the element, its
-  value; then a non-blocking copy of the flag into pinned host memory and a CUDA event
-  (:class:`CudaChannel`). A recorded violation is raised, as the usual ValueRangeError report
-  naming the call and what it may have written, by the next watched call on that device whose
-  copy has arrived (``event.query()``: never waits), by :func:`raise_pending` (which waits), or
-  when a ``with kc.mode("watch")`` block exits.
-- CUDA-graph capture: the probes and the fold are captured (no copy, no event); read the flag
-  after a replay with :func:`raise_pending`. The captured call's serial is the one reported.
+- CUDA, eager: the built-in rules go to watch mode's fused check kernel
+  (:mod:`kda_contracts._engine.rules.fused`), one launch on the call's stream, or, for an op whose
+  picked backend's kernel checks them itself (the packed decode ops' Triton kernel), to that
+  kernel: the op's dispatcher gets the step's :class:`Pending` and hands it on (its ``watched``
+  runner) or launches it. Other rules are torch probes folded into the device's flag
+  (:mod:`.watch_flag`). The first violation is raised, as the usual ValueRangeError report naming
+  the call and what it may have written, by the next watched call on that device whose pinned
+  doorbell rang (read without a sync), by :func:`raise_pending` (which waits), or when a ``with
+  kc.mode("watch")`` block exits. A call the check cache answers like the last one repeats its
+  slots (:meth:`ContractWatch.repeat`).
+- CUDA-graph capture: the kernels (or probes) are captured; read the flag after a replay with
+  :func:`raise_pending`. The captured call's serial is the one reported.
 - torch.compile (any device): the probes and the fold trace into the graph (the flag is a
   global buffer the graph mutates; no graph break); the call named is the one traced. Read it
   with :func:`raise_pending`, the block's exit or the next eager watched call.
@@ -28,13 +30,11 @@ Example::
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import dataclasses
 import itertools
 import threading
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any, Protocol
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -46,111 +46,22 @@ from ..errors import ContractError, ValueRangeError, Violation, raise_violations
 from ..rules import fused
 from ..rules.memory import skip_value_checks, without_data
 from ..rules.values import ValueRule, probes, read_rules
+from .watch_flag import FLAG, CallRecord, Channel, CudaChannel, HostChannel, Watcher, fold
 
-FLAG = 7  # (recorded, call serial, stacked row, element index, value, count, extra)
+__all__ = ["FLAG", "CallRecord", "Channel", "ContractWatch", "CudaChannel", "HostChannel", "Pending", "Watcher",
+           "fold", "poll", "raise_pending", "watcher"]
+
 RECORDS_MAX = 4096  # the calls whose records are kept (a violation of an older one says so)
-_F64 = torch.float64
 
 
-@dataclass(frozen=True)
-class CallRecord:
-    """What a report says of a watched call: its op, serial, rules (``rows``: the rule of each
-    stacked probe), dims and argument shapes (None under torch.compile) and what it may write."""
-
-    name: str
-    serial: int
-    rules: tuple[ValueRule, ...]
-    rows: tuple[int, ...]
-    dims: dict[str, Any]
-    shapes: dict[str, tuple[int, ...]] | None
-    written: tuple[str, ...]
-
-
-class Channel(Protocol):
-    """How a device's flag reaches the host: :class:`CudaChannel`, or a stand-in in tests."""
-
-    def send(self, flag: Tensor) -> None: ...  # enqueue a copy of the flag (no sync)
-    def arrived(self, flag: Tensor) -> list[float] | None: ...  # the newest copy that has arrived, never waiting
-    def wait(self, flag: Tensor) -> list[float]: ...  # the flag as it is once the device is done (waits)
-    def reset(self) -> None: ...  # forget every copy sent so far (the flag was cleared)
-
-
-class HostChannel:
-    """The flag of a CPU tensor (code compiled on the CPU): already in host memory."""
-
-    def send(self, flag: Tensor) -> None:
-        pass
-
-    def arrived(self, flag: Tensor) -> list[float] | None:
-        return flag.tolist()  # type: ignore[no-any-return]
-
-    def wait(self, flag: Tensor) -> list[float]:
-        return flag.tolist()  # type: ignore[no-any-return]
-
-    def reset(self) -> None:
-        pass
-
-
-class CudaChannel:
-    """The flag's pinned host copy, written by the fused check kernel itself when it records a
-    violation (and by :meth:`send`, a non-blocking copy, after probes folded with torch ops).
-    :meth:`arrived` reads it without waiting; a recorded row may be caught mid-write, so it is
-    then read again from the device after a sync (only on the way to an error)."""
-
-    def __init__(self, device: torch.device) -> None:
-        self.device = device
-        self.host = torch.zeros(FLAG, dtype=_F64, pin_memory=True)
-        self.recorded = ctypes.c_double.from_address(self.host.data_ptr())  # (its first element, read in ~0.1 µs)
-
-    def send(self, flag: Tensor) -> None:
-        self.host.copy_(flag, non_blocking=True)
-
-    def arrived(self, flag: Tensor) -> list[float] | None:
-        if not self.recorded.value:
-            return None
-        return self.wait(flag)
-
-    def wait(self, flag: Tensor) -> list[float]:
-        torch.cuda.synchronize(flag.device)
-        return flag.cpu().tolist()  # type: ignore[no-any-return]
-
-    def reset(self) -> None:
-        self.host.zero_()
-
-
-class Watcher:
-    """One device's flag and the channel that brings it to the host."""
-
-    def __init__(self, device: torch.device, channel: Channel) -> None:
-        self.device = device
-        self.flag = torch.zeros(FLAG, dtype=_F64, device=device)
-        self.channel = channel
-        # the fused check kernel's buffers (made with the flag, never during a capture); on CUDA the
-        # kernel copies a recorded flag into the channel's pinned buffer itself
-        self.fused = fused.FusedState(device, self.flag, channel.host if isinstance(channel, CudaChannel) else None)
-
-    def clear(self) -> None:
-        self.flag.zero_()
-        self.channel.reset()
-        if self.fused is not None:
-            self.fused.clear()
-
-
-def fold(flag: Tensor, found: Tensor, serial: int, base: int = 0) -> None:
-    """Record in ``flag`` the first bad probe of ``found`` (``[rows, 4]``) for call ``serial`` (its
-    row as ``base`` + the row), unless the flag already holds a violation. Device ops only (no
-    sync, nothing copied from the host: capturable and traceable)."""
-    bad = found[:, 0] >= 0
-    r = bad.to(torch.uint8).argmax()
-    row = found.index_select(0, r.reshape(1)).reshape(4)
-    head = torch.full((2,), float(serial), dtype=_F64, device=flag.device)
-    head.narrow(0, 0, 1).fill_(1.0)
-    new = torch.cat([head, (r.reshape(1) + base).to(_F64), row])
-    flag.copy_(torch.where((flag[0] == 0) & bad.any(), new, flag))
+def _own_order(serial: int) -> Sequence[int]:
+    """The kernel check numbers of a call's record in its rules' order (an op kernel's record)."""
+    fields = RECORDS.get(serial)
+    return fields[6] if fields is not None and len(fields) > 6 and fields[6] else range(fused.CHECKS)
 
 
 WATCHERS: dict[str, Watcher] = {}
-RECORDS: dict[int, CallRecord] = {}
+RECORDS: dict[int, tuple[Any, ...]] = {}  # (serial: a CallRecord's fields but the serial)
 _serials = itertools.count(1)
 _LOCK = threading.Lock()  # (serials, records and watchers are shared by every thread)
 
@@ -176,15 +87,22 @@ def watcher(device: torch.device) -> Watcher:
     return w
 
 
-def _record(make: Callable[[int], CallRecord]) -> int:
-    """A new call serial and its record (``make(serial)``), the oldest record dropped past
-    :data:`RECORDS_MAX`; thread-safe."""
+def _record(fields: tuple[Any, ...]) -> int:
+    """A new call serial and its record (``fields``: :class:`CallRecord`'s but the serial, made into
+    one only when a report needs it), the oldest record dropped past :data:`RECORDS_MAX`; thread-safe."""
     with _LOCK:
-        serial = next(_serials)
-        RECORDS[serial] = make(serial)
-        while len(RECORDS) > RECORDS_MAX:
+        serial = next(_serials) % 0x7FFFFFFE + 1  # (1 .. 2**31 - 1: a kernel's int32 argument)
+        RECORDS[serial] = fields
+        RECORDS.pop(serial - RECORDS_MAX, None)  # (serials are consecutive: the oldest, at once)
+        while len(RECORDS) > RECORDS_MAX:  # (after a wrap, or RECORDS_MAX lowered)
             RECORDS.pop(next(iter(RECORDS)), None)
     return serial
+
+
+def record_of(serial: int) -> CallRecord | None:
+    """The record of call ``serial`` (None when it is gone)."""
+    fields = RECORDS.get(serial)
+    return None if fields is None else CallRecord(fields[0], serial, *fields[1:])
 
 
 _CUDA: list[bool] = []  # (whether CUDA is available, asked once: a watched call asks twice)
@@ -199,7 +117,7 @@ def _capturing() -> bool:
 def report(w: Watcher, row: Sequence[float]) -> None:
     """Raise the violation a flag recorded (and clear the flag)."""
     serial, r, found = int(row[1]), int(row[2]), list(row[3:7])
-    rec = RECORDS.get(serial)
+    rec = record_of(serial)
     w.clear()  # (the row is read: the flag may record the next violation)
     if rec is None:
         v = Violation(ValueRangeError, "(an earlier call)", "the call's value rules",
@@ -217,13 +135,13 @@ def report(w: Watcher, row: Sequence[float]) -> None:
 
 
 def poll() -> None:
-    """Raise a violation whose flag copy has arrived on the host (never waits)."""
-    if _capturing():
-        return
-    for w in list(WATCHERS.values()):
-        row = w.channel.arrived(w.flag)
-        if row is not None and row[0]:
-            report(w, row)
+    """Raise a violation whose flag copy has arrived on the host (never waits; not during a
+    CUDA-graph capture, whose calls report at :func:`raise_pending`)."""
+    for w in tuple(WATCHERS.values()):
+        if w.rung() and not _capturing():
+            row = w.read(False, _own_order)
+            if row is not None:
+                report(w, row)
 
 
 def raise_pending() -> None:
@@ -236,8 +154,8 @@ def raise_pending() -> None:
         kc.raise_pending()
     """
     for w in list(WATCHERS.values()):
-        row = w.channel.wait(w.flag)
-        if row[0]:
+        row = w.read(True, _own_order)
+        if row is not None:
             report(w, row)
 
 
@@ -254,27 +172,52 @@ class ContractWatch:
         # the last eager call's slots, kept when the check cache answered it (its dims object) and
         # compares the metadata of every argument a rule reads: a call answered by the same entry repeats them
         self.again: tuple[Any, ...] = _NOT_AGAIN
+        self._own: dict[int, tuple[Any, Any]] = {}  # (own_order's answers)
+        self.own_last: tuple[Any, Any] = (None, None)  # (the last kernel's checks and own_order's answer)
 
         def note(device: str, rows: tuple[int, ...]) -> int:
             return self._note(device, rows)
 
         self.note = mark_constant_result(note)
 
+    def own_order(self, checks: Sequence[ValueRule]) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
+        """Where each of this contract's rules is among the rules a kernel checks itself (``checks``,
+        by check number), and the rule of each check; None when one is not there."""
+        hit = self._own.get(id(checks))
+        if hit is None or hit[0] is not checks:
+            order = tuple(checks.index(r) if r in checks else -1 for r in self.rules)
+            by_check = [0] * fused.CHECKS
+            for i, c in enumerate(order):
+                by_check[c] = i
+            ok = -1 not in order and len(set(order)) == len(order) and len(checks) <= fused.CHECKS
+            hit = self._own[id(checks)] = (checks, (order, tuple(by_check)) if ok else None)
+        return hit[1]
+
     def _note(self, device: str, rows: tuple[int, ...]) -> int:
         """A new call record (at trace time under torch.compile: the traced call's); its serial."""
         watcher(torch.device(device))
-        return _record(lambda serial: CallRecord(self.name, serial, self.rules, rows, {}, None, self.written))
+        return _record((self.name, self.rules, rows, {}, None, self.written))
 
     def __call__(self, dims: tuple[Any, ...], *vals: Any) -> None:
-        values = dict(zip(self.names, vals, strict=False))
-        if torch.compiler.is_compiling():  # (a constant under dynamo: only this branch is traced, so no
-            self.traced(values, dict(zip(self.symbols, dims, strict=True)))  # guard on the eager state below)
-        elif dims is self.again[0] and type(dims) is CachedDims:  # (the check cache's entry of the last call)
-            self.repeat(values)
-        else:
-            self.eager(values, dict(zip(self.symbols, dims, strict=True)), dims)
+        """A contract's watch step, all of it now (the generated wrapper calls it)."""
+        pending = self.deferred(dims, *vals)
+        if pending is not None:
+            pending.launch()
 
-    def repeat(self, values: Mapping[str, Any]) -> None:
+    def deferred(self, dims: tuple[Any, ...], *vals: Any) -> Pending | None:
+        """The watch step of an op's call (its dispatcher calls it): everything but the check
+        kernel's launch when a kernel launch is all that is left, returned as a :class:`Pending`
+        that the dispatcher hands to the backend it picks (whose kernel may check the rules itself)
+        or launches."""
+        if torch.compiler.is_compiling():  # (a constant under dynamo: only this branch is traced, so no
+            self.traced(dict(zip(self.names, vals, strict=False)),  # guard on the eager state below)
+                        dict(zip(self.symbols, dims, strict=True)))
+            return None
+        if dims is self.again[0] and type(dims) is CachedDims:  # (the check cache's entry of the last call)
+            return self.repeat(vals)
+        return self.eager(dict(zip(self.names, vals, strict=False)), dict(zip(self.symbols, dims, strict=True)), dims)
+
+    def repeat(self, vals: tuple[Any, ...]) -> Pending | None:
         """A call whose every tensor the check cache found with the metadata of the last call's
         (sizes, strides, dtype, device, type) and whose dims are the same: that call's slots, with
         this call's tensors (and its own serial); no plan, no data check, no probes."""
@@ -283,14 +226,8 @@ class ContractWatch:
         w = WATCHERS.get(key)
         if w is None:  # (the watchers were dropped: the full path makes one again)
             self.again = _NOT_AGAIN
-            self.eager(values, dict(env), None)
-            return
-        slots = [(kind, flags, values[x], values[y], values[z], n, c, s0, lo, hi)
-                 for kind, flags, x, y, z, n, c, s0, lo, hi in plan]
-        serial = _record(lambda serial: CallRecord(self.name, serial, self.rules, rows, env, shapes, self.written))
-        if not _launch(w, slots, serial):  # (the kernel is off now: this call's rules as torch probes)
-            self.again = _NOT_AGAIN
-            self.eager(values, dict(env), None)
+            return self.eager(dict(zip(self.names, vals, strict=False)), dict(env), None)
+        return Pending(self, w, plan, rows, env, shapes, vals, None, True, True)
 
     def traced(self, values: Mapping[str, Any], env: Mapping[str, Any]) -> None:
         found = probes(self.rules, values, env)
@@ -301,14 +238,14 @@ class ContractWatch:
             flag = WATCHERS[str(device)].flag
             fold(flag, torch.stack([p.to(device) for _, p in found]), serial)
 
-    def eager(self, values: Mapping[str, Any], env: dict[str, Any], dims: Any = None) -> None:
+    def eager(self, values: Mapping[str, Any], env: dict[str, Any], dims: Any = None) -> Pending | None:
         self.again = _NOT_AGAIN
         poll()
         read = {a: values.get(a) for a in self.reads}
         blind = without_data(read)
         if blind:
             skip_value_checks(self.name, blind)
-            return
+            return None
         on_cuda = [_on_cuda(values, r) for r in self.rules]
         if not all(on_cuda):  # not CUDA: read at once, raised before the function runs
             violations, _ = read_rules([r for r, c in zip(self.rules, on_cuda, strict=True) if not c], values, env)
@@ -317,27 +254,34 @@ class ContractWatch:
                 raise_violations(self.name, violations, env, self.c.provenance(self.c._config_for(values)))
         later = [i for i, c in enumerate(on_cuda) if c]
         if later:
-            self.enqueue(later, values, env, read, dims)
+            return self.enqueue(later, values, env, read, dims)
+        return None
 
     def enqueue(self, later: list[int], values: Mapping[str, Any], env: dict[str, Any],
-                read: Mapping[str, Any], dims: Any = None) -> None:
+                read: Mapping[str, Any], dims: Any = None) -> Pending | None:
         """The CUDA rules of an eager call: built-in rules in the fused check kernel (one launch per
         device and :data:`~kda_contracts._engine.rules.fused.SLOTS` rules), any other as torch
-        probes folded into the flag; a record per device, no sync."""
+        probes folded into the flag; a record per device, no sync. When every rule of the call takes
+        a kernel slot on one device, the launch is left to the returned :class:`Pending`."""
         rules = self.rules if len(later) == len(self.rules) else tuple(self.rules[i] for i in later)
         slots, rest = fused.plan(rules, values, env) if fused.usable() else ([], list(range(len(rules))))
+        shapes = {a: tuple(t.shape) for a, t in read.items() if isinstance(t, Tensor)}
+        if slots and not rest and len({s[2].device for _, s in slots}) == 1:
+            w = watcher(slots[0][1][2].device)
+            keep = (len(later) == len(self.rules) and type(dims) is CachedDims
+                    and set(self.reads) <= compared_arguments(self.c._check))
+            return Pending(self, w, [s for _, s in slots], tuple(later[i] for i, _ in slots), env, shapes, values,
+                           dims if keep else None, complete=len(later) == len(self.rules))
         found = probes([rules[i] for i in rest], values, env) if rest else []
         by_device: dict[torch.device, tuple[list[tuple[int, Any]], list[tuple[int, Tensor]]]] = {}
         for i, slot in slots:
             by_device.setdefault(slot[2].device, ([], []))[0].append((later[i], slot))
         for k, p in found:
             by_device.setdefault(p.device, ([], []))[1].append((later[rest[k]], p))
-        shapes = {a: tuple(t.shape) for a, t in read.items() if isinstance(t, Tensor)}
         capturing = _capturing()
         for device, (kernel, probed) in by_device.items():  # (one device, nearly always; a serial each)
             rows = tuple(i for i, _ in kernel) + tuple(i for i, _ in probed)
-            serial = _record(lambda serial: CallRecord(self.name, serial, self.rules, rows, env, shapes,  # noqa: B023
-                                                       self.written))
+            serial = _record((self.name, self.rules, rows, env, shapes, self.written))
             w = watcher(device)
             if kernel and not _launch(w, [s for _, s in kernel], serial):
                 probed += [(i, p) for i, p in probes([self.rules[i] for i, _ in kernel], values, env)]
@@ -346,10 +290,76 @@ class ContractWatch:
                 fold(w.flag, torch.stack([p for _, p in probed]), serial, base=len(kernel))
                 if not capturing:
                     w.channel.send(w.flag)
-            elif len(by_device) == 1 and len(later) == len(self.rules) and type(dims) is CachedDims \
-                    and set(self.reads) <= compared_arguments(self.c._check):  # (all in the kernel: kept)
-                self.again = (dims, str(device), [(s[0], s[1], *_names(self.rules[i], s), *s[5:]) for i, s in kernel],
-                              rows, env, shapes)
+        return None
+
+
+class Pending:
+    """A watched call's rules, every one in a check-kernel slot on one device, not launched yet: the
+    op's dispatcher hands them to the backend it picked (:meth:`hand`) or launches them (:meth:`launch`)."""
+
+    __slots__ = ("complete", "dims", "env", "named", "rows", "shapes", "slots", "values", "w", "watch")
+
+    def __init__(self, watch: ContractWatch, w: Watcher, slots: list[Any], rows: tuple[int, ...],
+                 env: dict[str, Any], shapes: dict[str, tuple[int, ...]], values: Any,
+                 dims: Any, named: bool = False, complete: bool = True) -> None:
+        self.watch, self.w, self.slots, self.rows, self.env, self.shapes = watch, w, slots, rows, env, shapes
+        self.values, self.dims = values, dims  # (dims: the check cache's entry, when the call may be repeated)
+        # named: a repeated call's slots, naming their tensors, and its values as the wrapper passed
+        # them (made into slots and a mapping at launch)
+        self.named = named
+        self.complete = complete  # (every rule of the call is here: a kernel may take them all)
+
+    def launch(self) -> None:
+        """The fused check kernel over the slots, with a new call record; if it cannot run, the
+        rules as torch probes (folded into the flag)."""
+        watch = self.watch
+        serial = _record((watch.name, watch.rules, self.rows, self.env, self.shapes, watch.written))
+        w = self.w
+        if self.named:
+            values = self.values = dict(zip(watch.names, self.values, strict=False))
+            slots = [(kind, flags, values[x], values[y], values[z], n, c, s0, lo, hi)
+                     for kind, flags, x, y, z, n, c, s0, lo, hi in self.slots]
+        else:
+            slots = self.slots
+        if _launch(w, slots, serial):
+            if self.dims is not None:  # (the next call the check cache answers from this entry repeats it)
+                self.keep()
+            return
+        watch.again = _NOT_AGAIN
+        probed = probes([watch.rules[i] for i in self.rows], self.values, self.env)
+        if probed:
+            fold(w.flag, torch.stack([p for _, p in probed]), serial)
+            if not _capturing():
+                w.channel.send(w.flag)
+
+    def hand(self, watched: Any) -> fused.OwnChecks | None:
+        """Give the rules to the backend's kernel when it checks them itself (``watched``: its watched
+        runner, whose ``rules`` are the rules its kernel checks, by check number) and the call's
+        rules are all among them: returns what that kernel records into (with a new call record).
+        Otherwise launch the check kernel and return None."""
+        watch = self.watch
+        if watched is not None and self.complete:
+            hit = watch.own_last
+            if hit[0] is not watched.rules:
+                hit = watch.own_last = (watched.rules, watch.own_order(watched.rules))
+            own = hit[1]
+            ok = fused._usable["ok"]
+            if own is not None and (ok or (ok is None and fused.usable())):
+                serial = _record((watch.name, watch.rules, own[1], self.env, self.shapes, watch.written, own[0]))
+                if self.dims is not None:
+                    self.keep()
+                state = self.w.fused
+                return fused.OwnChecks(state.own, state.doorbell, serial)
+        self.launch()
+        return None
+
+    def keep(self) -> None:
+        """Keep the slots (naming their tensors) for the next call the check cache answers from this
+        call's entry (:meth:`ContractWatch.repeat`)."""
+        watch = self.watch
+        watch.again = (self.dims, str(self.w.device), [(s[0], s[1], *_names(watch.rules[i], s), *s[5:])
+                                                       for i, s in zip(self.rows, self.slots, strict=True)],
+                       self.rows, self.env, self.shapes)
 
 
 def _launch(w: Watcher, slots: list[Any], serial: int) -> bool:

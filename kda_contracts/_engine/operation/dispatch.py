@@ -184,8 +184,8 @@ def _check_lines(o: OpParts, n: Names, ns: dict[str, Any], fixed: int | None, pl
             lines += [f"        if {mode} == 2:",
                       f"            {n('memo')} = {n('stricts')}[{v}]({dims}, {plain}{sep}{cfg})"]
         if any(vc._watch is not None for vc in cs.values()):
-            ns[n("watches")] = {k: vc._watch or _no_watch for k, vc in cs.items()}
-            lines += [f"        if {mode} == 3:", f"            {n('watches')}[{v}]({dims}{sep}{plain})"]
+            ns[n("watches")] = {k: vc._watch.deferred if vc._watch else _no_watch for k, vc in cs.items()}
+            lines += [f"        if {mode} == 3:", f"            {n('wp')} = {n('watches')}[{v}]({dims}{sep}{plain})"]
     else:
         ns.update({
             n("enter"): modes.counting_mode(c, fixed),
@@ -204,8 +204,8 @@ def _check_lines(o: OpParts, n: Names, ns: dict[str, Any], fixed: int | None, pl
         if _strict_values(c):
             lines += [f"        if {mode} == 2:", f"            {n('memo')} = {n('strict')}({dims}, {plain}{sep}{cfg})"]
         if c._watch is not None:
-            ns[n("watch")] = c._watch
-            lines += [f"        if {mode} == 3:", f"            {n('watch')}({dims}{sep}{plain})"]
+            ns[n("watch")] = c._watch.deferred
+            lines += [f"        if {mode} == 3:", f"            {n('wp')} = {n('watch')}({dims}{sep}{plain})"]
     return lines
 
 
@@ -217,6 +217,12 @@ def _run_lines(o: OpParts, n: Names, ns: dict[str, Any], call: list[str], plain:
     memo = n("memo") if any(_strict_values(vc) for vc in o.contracts.values()) else "None"
     direct = f"{chosen}.run({', '.join(call)})"
     extras = f"{chosen}.run({dims}, {v}{', ' if call else ''}{', '.join(call)})"
+    # watch mode: the step's pending check kernel goes to the backend's kernel, when it checks the
+    # rules itself (its watched runner), or is launched before the backend runs
+    wp = n("wp")
+    own = n("own")
+    watched = (f"{chosen}.watched({own}, {dims}, {v}{', ' if call else ''}{', '.join(call)})"
+               if any(vc._watch is not None for vc in o.contracts.values()) else None)
     ns.update({n("transact"): o._transact, n("ContractError"): ContractError, n("failed"): outside_compile(o._failed)})
     # strict mode: snapshot what the op writes, run, check after, roll back on failure (eager only)
     # (no closure here: a lambda over the arguments would turn every one into a cell, on every call)
@@ -227,7 +233,11 @@ def _run_lines(o: OpParts, n: Names, ns: dict[str, Any], call: list[str], plain:
             f"        {res} = {n('transact')}({chosen}, {dims}, {v}, ({plain}{',' if plain else ''}), {cfg}, "
             f"({', '.join(pos)}{',' if pos else ''}), {{{', '.join(kws)}}}, {memo})",
             "    else:", "        try:",
-            f"            if {chosen}.direct:", f"                {res} = {direct}", "            else:",
+            *([f"            if {mode} == 3 and {wp} is not None and "
+               f"({own} := {wp}.hand({chosen}.watched)) is not None:",
+               f"                {res} = {watched}", f"            elif {chosen}.direct:"] if watched else
+              [f"            if {chosen}.direct:"]),
+            f"                {res} = {direct}", "            else:",
             f"                {res} = {extras}",
             f"        except {n('ContractError')}:", "            raise",
             f"        except Exception as {n('exc')}:",
@@ -378,7 +388,7 @@ def make_select(o: OpParts) -> Callable[[tuple[Any, ...], str], Chosen]:
             hit = lookup(key)  # (no closure over key here: that would make it a cell on every call)
         except TypeError:  # an unhashable backend= (or key part): chosen, refused with the reason, not cached
             b = table.choose(backend, info_of(key))
-            return Chosen(b.name, table.runner(b), b.name in table.direct)
+            return Chosen.of(b.name, table.runner(b), b.name in table.direct)
         return hit if hit is not None else miss(key, backend)
 
     def static(key: tuple[Any, ...], backend: str) -> str:  # (the key without its dims)
@@ -397,7 +407,7 @@ def make_select(o: OpParts) -> Callable[[tuple[Any, ...], str], Chosen]:
 
     def traced(key: tuple[Any, ...], backend: str) -> Chosen:
         name = static_outside(key[:-1], backend)  # the dims (maybe symbolic) would be specialised
-        return Chosen(name, table.runners[name], name in table.direct)
+        return Chosen.of(name, table.runners[name], name in table.direct)
 
     select._torchdynamo_inline = traced  # type: ignore[attr-defined]
     return select

@@ -287,7 +287,7 @@ class BackendTable:
         if hit is not None:
             return hit
         b = self.choose(backend, make_info())
-        chosen = Chosen(b.name, self.runner(b), b.name in self.direct)
+        chosen = Chosen.of(b.name, self.runner(b), b.name in self.direct)
         if len(self.selected) >= self.SELECTED_MAX:
             self.selected.clear()
             self.last[0] = NO_LAST
@@ -304,6 +304,13 @@ class Chosen:
     name: str
     run: Callable[..., Any]
     direct: bool = False
+    #: watch mode: the runner that hands the backend's kernel the rules to check itself (its
+    #: ``rules``, by the kernel's check number), when the runner has one (``run.watched``)
+    watched: Callable[..., Any] | None = None
+
+    @classmethod
+    def of(cls, name: str, run: Callable[..., Any], direct: bool) -> Chosen:
+        return cls(name, run, direct, getattr(run, "watched", None))
 
 
 #: the empty ``BackendTable.last`` (no dims object is None: a cached call's dims are a CachedDims)

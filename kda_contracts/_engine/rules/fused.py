@@ -29,8 +29,8 @@ from __future__ import annotations
 import os
 import threading
 import warnings
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor
@@ -38,6 +38,16 @@ from torch import Tensor
 from .values import Distinct, EndsAt, Finite, FiniteRows, InRange, NonDecreasing, StartsAt, ValueRule
 
 SLOTS = 8  # rule slots per launch (more rules: more launches)
+# The record of a kernel that checks a call's rules itself (an op's own kernel, handed the scratch
+# below and the call's serial; ``kda_kernels.interface`` states the same layout): int64 words, the
+# claim (0 or the serial whose findings these are; shared with this module's kernel, which claims
+# with its serial too), a lock, then per check (at most CHECKS) the first finding's key (element * 2
+# + a tie-break), the count, the largest bad value, the first finding's value and extra (float64
+# bits), then a bitmap of the row positions counted (at most OWN_ROWS_MAX). At the scratch's start.
+CHECKS = 8
+OWN_CLAIM, OWN_LOCK, OWN_FIRST, OWN_COUNT, OWN_WORST, OWN_VALUE, OWN_EXTRA, OWN_BITMAP = 0, 1, 2, 10, 18, 26, 34, 42
+OWN_ROWS_MAX = 128 * 64
+OWN_WORDS = OWN_BITMAP + OWN_ROWS_MAX // 64
 STREAMS = 16  # scratch rows per device: one per stream that runs watched calls (more share the last)
 ROW = 2 + 3 * 8 + 128 * 8  # int64 per scratch row: ticket, dirty, 3 per slot, a 128-word bitmap per slot
 ROWS_MAX = 128 * 64  # positions FiniteRows takes in the kernel (its bitmap); more: a torch probe
@@ -201,21 +211,63 @@ def grid_of(slots: Sequence[Slot]) -> int:
     return min(units, GRID_MAX)
 
 
+class OwnChecks(NamedTuple):
+    """What an op's kernel that checks a call's rules itself records into: the scratch (its first
+    :data:`OWN_WORDS`), a doorbell (a float64 tensor in host memory, pinned for CUDA: element 0 set
+    to 1.0 on a finding) and the call's serial."""
+
+    scratch: Tensor
+    host: Tensor
+    serial: int
+
+
+def _fresh_own() -> Tensor:
+    own = torch.zeros(OWN_WORDS, dtype=torch.int64)
+    own[OWN_FIRST:OWN_FIRST + CHECKS] = BIG
+    own[OWN_WORST:OWN_WORST + CHECKS] = -BIG
+    return own
+
+
 class FusedState:
-    """One device's buffers for the kernel: the claim and the per-stream scratch rows (made
-    eagerly, before any capture), and the host buffer the kernel copies a recorded flag into."""
+    """One device's buffers for the kernel: the claim and the record of a kernel that checks rules
+    itself (:data:`OWN_WORDS`, first), the per-stream scratch rows (made eagerly, before any
+    capture), and the host buffer the kernel copies a recorded flag into (on the CPU: a doorbell
+    of its own, for an op's kernel run under the interpreter)."""
 
     def __init__(self, device: torch.device, flag: Tensor, host: Tensor | None) -> None:
         self.device, self.flag, self.host = device, flag, host
-        scratch = torch.zeros(2 + STREAMS * ROW, dtype=torch.int64)
-        rows = scratch[2:].view(STREAMS, ROW)
+        scratch = torch.zeros(OWN_WORDS + STREAMS * ROW, dtype=torch.int64)
+        scratch[:OWN_WORDS] = _fresh_own()
+        rows = scratch[OWN_WORDS:].view(STREAMS, ROW)
         rows[:, 2:2 + 3 * SLOTS:3] = BIG
         rows[:, 4:2 + 3 * SLOTS:3] = -BIG
         self.scratch = scratch.to(device)
         self.claim = self.scratch[:1]
+        self.own = self.scratch[:OWN_WORDS]  # (an op kernel's record)
+        self.own_fresh = _fresh_own().to(device)
+        self.doorbell = host if host is not None else torch.zeros(1, dtype=torch.float64)
         self.flag_ptr, self.claim_ptr = flag.data_ptr(), self.claim.data_ptr()  # (device addresses)
         self.rows: dict[int, Tensor] = {}
         self.lock = threading.Lock()
+
+    def own_row(self, order_of: Callable[[int], Sequence[int]]) -> list[float] | None:
+        """The flag row (``[1, serial, check, element, value, count, extra]``) of what an op's kernel
+        recorded, its check the first of ``order_of(serial)`` (the kernel's check numbers in the
+        record's rule order) that found something; None when nothing is recorded. Reads the device:
+        after a sync (an error's way)."""
+        own = self.own.cpu()
+        serial = int(own[OWN_CLAIM])
+        if not serial:
+            return None
+        counts = own[OWN_COUNT:OWN_COUNT + CHECKS].tolist()
+        found = [c for c in order_of(serial) if counts[c] > 0]
+        if not found:
+            return None
+        c = found[0]
+        value, extra = own[OWN_VALUE:OWN_EXTRA + CHECKS].view(torch.float64).tolist()[c::CHECKS]
+        worst = int(own[OWN_WORST + c])  # (set by a range check only: its extra is the largest bad value)
+        return [1.0, float(serial), float(c), float(int(own[OWN_FIRST + c]) // 2), value, float(counts[c]),
+                float(worst) if worst > -BIG else extra]
 
     def row(self, stream: int) -> Tensor:
         """The scratch row of a stream (a new stream takes the next; past :data:`STREAMS`, the last is shared)."""
@@ -223,11 +275,13 @@ class FusedState:
         if r is None:
             with self.lock:
                 k = min(len(self.rows), STREAMS - 1)
-                r = self.rows.setdefault(stream, self.scratch[2 + k * ROW:2 + (k + 1) * ROW])
+                r = self.rows.setdefault(stream, self.scratch[OWN_WORDS + k * ROW:OWN_WORDS + (k + 1) * ROW])
         return r
 
     def clear(self) -> None:
-        self.claim.zero_()
+        self.own.copy_(self.own_fresh)  # (the claim with it)
+        if self.host is None:
+            self.doorbell.zero_()
 
 
 _usable: dict[str, Any] = {"ok": None}

@@ -315,7 +315,8 @@ def _record(FLAG, HOST, CLAIM, serial, base, r_slot, r_at, r_value, r_count, r_e
     recorded = tl.load(FLAG) != 0
     won = tl.zeros([], tl.int32)
     if (taken > 0) & (recorded == 0):  # the device's first violation: claim it (other streams race)
-        won = (tl.atomic_cas(CLAIM, tl.zeros([], tl.int64), tl.full([], 1, tl.int64)) == 0).to(tl.int32)
+        # (claimed with the serial, as an op's own kernel claims it: each sees whose the claim is)
+        won = (tl.atomic_cas(CLAIM, tl.zeros([], tl.int64), tl.zeros([], tl.int64) + serial) == 0).to(tl.int32)
     if won > 0:
         tl.store(FLAG + 1, serial.to(tl.float64))
         tl.store(FLAG + 2, (r_slot + base).to(tl.float64))

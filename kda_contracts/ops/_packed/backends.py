@@ -27,7 +27,13 @@ from typing import Any
 import torch
 
 from ..._engine import Backend, CallInfo
+from .checks import VALUE_RULES
 from .layouts import SYMBOLS
+
+#: the names of the checks a packed decode kernel makes itself in watch mode, in its order
+#: (``kda_kernels.interface.WATCH_CHECKS``): :data:`~.checks.VALUE_RULES`, rule for rule
+WATCH_CHECKS = ("in_range", "distinct", "finite_rows", "finite_mixed_qkv", "finite_a", "finite_b",
+                "finite_A_log", "finite_dt_bias")
 
 _INTERFACE_ARGS = 9  # mixed_qkv ... indices, then the keywords below
 _INTERFACE_KEYWORDS = ("num_heads", "use_qk_l2norm", "lower_bound", "state_layout")
@@ -77,7 +83,10 @@ class InterfaceBackend(Backend):
 
         launch = kernel.launch if isinstance(kernel, DecodeBackend) else None
         if launch is not None and all(t._fields == SYMBOLS for t in dims_types.values()):  # type: ignore[attr-defined]
-            return _launcher(launch, gated="lower_bound" in {p.name for p in params})
+            run = _launcher(launch, gated="lower_bound" in {p.name for p in params})
+            if getattr(kernel, "watch_checks", None) == WATCH_CHECKS:  # (its kernel makes watch mode's checks)
+                run.watched = _watched(launch, gated="lower_bound" in {p.name for p in params})  # type: ignore[attr-defined]
+            return run
         heads = {v: t._fields.index("H") for v, t in dims_types.items()}  # type: ignore[attr-defined]
         return _interface_caller(kernel, heads, gated="lower_bound" in {p.name for p in params})
 
@@ -101,6 +110,21 @@ def _launcher(launch: Callable[..., None], *, gated: bool) -> Callable[..., Any]
                use_qk_l2norm_in_kernel, None, layout)
 
     return run_softplus
+
+
+def _watched(launch: Callable[..., None], *, gated: bool) -> Callable[..., Any]:
+    """Watch mode's runner of a kernel that makes :data:`~kda_kernels.interface.WATCH_CHECKS` itself:
+    as :func:`_launcher`'s, handed what the engine gives it to record into (``own``: the fields of a
+    ``kda_kernels.interface.WatchArgs``); ``rules``: the op's value rules in the kernel's check order."""
+    def run_watched(own: Any, d: tuple[int, ...], layout: str, mixed_qkv: Any, a: Any, b: Any, A_log: Any,
+                    dt_bias: Any, scale: float, initial_state: Any, out: Any, ssm_state_indices: Any,
+                    use_qk_l2norm_in_kernel: bool = False, lower_bound: float | None = None, *, config: Any,
+                    state_layout: Any) -> None:
+        launch(d, mixed_qkv, a, b, A_log, dt_bias, scale, initial_state, out, ssm_state_indices,
+               use_qk_l2norm_in_kernel, lower_bound if gated else None, layout, watch=own)
+
+    run_watched.rules = VALUE_RULES  # type: ignore[attr-defined]
+    return run_watched
 
 
 def _interface_caller(kernel: Callable[..., Any], heads: Mapping[str | None, int], *,
