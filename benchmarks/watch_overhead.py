@@ -1,9 +1,11 @@
 """Watch mode's cost on a CUDA device (issue 30): eager packed decode (KDA, H = HV = 32, K = V = 128,
 fp32 VK pool, the default backend) in watch mode against check mode at B = 1 and 8 (per-call host
-time, the same call repeated), and CUDA-graph replay with and without watch mode's check kernel
-captured, B in {1, 8, 64, 256}. "watch -rows" is watch mode with ``FiniteRows`` left out (the one
-rule that reads the state rows the call uses: as many bytes as the decode kernel reads), to show
-what the other rules cost. Prints a table; on a machine without CUDA it says so.
+time, the same call repeated; the modes alternate round by round), and CUDA-graph replay of a call
+captured in each mode, B in {1, 8, 64, 256}. "watch": the Triton decode kernel checks the op's
+rules itself (what the op does);
+"fused": watch mode's own check kernel does (what an op whose kernel cannot pays); "fused -rows",
+that kernel without ``FiniteRows`` (the one rule that reads the state rows the call uses: as many
+bytes as the decode kernel reads). Prints a table; on a machine without CUDA it says so.
 
     python benchmarks/watch_overhead.py [--iters 2000]
 """
@@ -42,19 +44,49 @@ def without_rows() -> object:
     return ctx()
 
 
-def eager_us(call: dict, mode: str, iters: int) -> float:
-    """Median µs per eager call over 5 rounds (each round synchronised at its end only)."""
-    rounds = []
-    with kc.mode(mode):
-        for _ in range(5):
+def fused_only() -> object:
+    """A context in which no backend's kernel is handed the rules: watch mode's own check kernel
+    makes them (the "fused" columns: what an op whose kernel does not check pays)."""
+    import contextlib
+
+    from kda_contracts._engine.contract import watch
+
+    @contextlib.contextmanager
+    def ctx():  # type: ignore[no-untyped-def]
+        real = watch.Pending.hand
+        watch.Pending.hand = lambda self, watched: real(self, None)  # type: ignore[method-assign]
+        try:
+            yield
+        finally:
+            watch.Pending.hand = real  # type: ignore[method-assign]
+
+    return ctx()
+
+
+def eager_us(call: dict, iters: int, rounds: int = 9) -> dict[str, float]:
+    """Median µs per eager call in check mode, watch mode and watch mode with the fused check kernel,
+    the three alternating round by round (a host's drift hits each alike); each round synchronised
+    at its end only."""
+    times: dict[str, list[float]] = {"check": [], "watch": [], "fused": []}
+
+    def run(mode: str) -> float:
+        with kc.mode(mode):
+            kc.packed_decode(**call, config=CFG)
             torch.cuda.synchronize()
             t0 = time.perf_counter()
             for _ in range(iters):
                 kc.packed_decode(**call, config=CFG)
             torch.cuda.synchronize()
-            rounds.append((time.perf_counter() - t0) / iters * 1e6)
-        kc.raise_pending()
-    return statistics.median(rounds)
+            took = (time.perf_counter() - t0) / iters * 1e6
+            kc.raise_pending()
+        return took
+
+    for _ in range(rounds):
+        times["check"].append(run("check"))
+        times["watch"].append(run("watch"))
+        with fused_only():
+            times["fused"].append(run("watch"))
+    return {k: statistics.median(v) for k, v in times.items()}
 
 
 def replay_us(call: dict, mode: str, iters: int) -> float:
@@ -85,21 +117,28 @@ def main() -> None:
         print("watch_overhead.py needs CUDA: nothing measured")
         return
     print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}")
-    print("eager (µs per call): B   check   watch   watch/check")
+    print("'watch': the decode kernel checks the rules itself; 'fused': watch mode's check kernel does")
+    print("eager (µs per call): B   check   watch   watch/check   fused   fused/check")
     for b in (1, 8):
         call = make_decode_call(CFG, b, 64, device="cuda")
-        check, watched = eager_us(call, "check", args.iters), eager_us(call, "watch", args.iters)
-        check2 = eager_us(call, "check", args.iters)  # (again: the median of the two check runs' rounds)
-        check = min(check, check2)
-        print(f"                   {b:4d} {check:7.1f} {watched:7.1f}   {watched / check:.3f}x")
-    print("graph replay (µs):  B   check   watch   watch -rows   watch - check   (-rows) - check")
+        t = eager_us(call, args.iters)
+        check, watched, checked = t["check"], t["watch"], t["fused"]
+        print(f"                   {b:4d} {check:7.1f} {watched:7.1f}   {watched / check:.3f}x   {checked:7.1f}   "
+              f"{checked / check:.3f}x")
+    print("graph replay (µs):  B   check   watch   watch - check     fused   fused - check   fused -rows - check")
     for b in (1, 8, 64, 256):
         call = make_decode_call(CFG, b, max(2 * b, 64), device="cuda")
-        plain, probed = replay_us(call, "check", args.iters), replay_us(call, "watch", args.iters)
-        with without_rows():
-            lean = replay_us(call, "watch", args.iters)
-        print(f"                  {b:4d} {plain:7.1f} {probed:7.1f} {lean:9.1f}   {probed - plain:+7.2f} "
-              f"({100 * (probed / plain - 1):+.1f} %)   {lean - plain:+7.2f} ({100 * (lean / plain - 1):+.1f} %)")
+        plain, own = replay_us(call, "check", args.iters), replay_us(call, "watch", args.iters)
+        with fused_only():
+            probed = replay_us(call, "watch", args.iters)
+            with without_rows():
+                lean = replay_us(call, "watch", args.iters)
+        plain2 = replay_us(call, "check", args.iters)  # (again, after: the check graph's drift)
+        plain = min(plain, plain2)
+        print(f"                  {b:4d} {plain:7.1f} {own:7.1f} {own - plain:+7.2f} "
+              f"({100 * (own / plain - 1):+.1f} %) "
+              f"{probed:7.1f} {probed - plain:+7.2f} ({100 * (probed / plain - 1):+.1f} %) "
+              f"{lean - plain:+7.2f} ({100 * (lean / plain - 1):+.1f} %)")
 
 
 if __name__ == "__main__":

@@ -35,3 +35,15 @@ def test_prefill_smoke_runs_both_ops_bare_and_looped():
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the message is for machines without CUDA")
 def test_prefill_without_cuda_says_so_and_exits_0():
     assert "needs CUDA" in _run()
+
+
+def test_layer_prefill_smoke_times_both_layers_packed_and_looped():
+    """benchmarks/layer_prefill.py at tiny sizes on the CPU: every row of both layers is there."""
+    got = subprocess.run([sys.executable, str(SCRIPT.parent / "layer_prefill.py"), "--smoke"], capture_output=True,
+                         text=True, timeout=600, env=dict(os.environ, TRITON_INTERPRET="1"))
+    assert got.returncode == 0, got.stderr[-3000:]
+    rows = [ln.split(" | ") for ln in got.stdout.splitlines() if ln.startswith(("| Kimi", "| Qwen"))]
+    assert [(r[0][2:], r[1]) for r in rows] == [
+        (f"{m} (smoke sizes)", p) for m in ("Kimi-Linear-48B TP1", "Qwen3-Next-80B TP2")
+        for p in ("token loop (padded)", "packed", "packed")]
+    assert all(float(r[3]) > 0 for r in rows)
