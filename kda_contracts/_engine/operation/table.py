@@ -305,12 +305,13 @@ class Chosen:
     run: Callable[..., Any]
     direct: bool = False
     #: watch mode: the runner that hands the backend's kernel the rules to check itself (its
-    #: ``rules``, by the kernel's check number), when the runner has one (``run.watched``)
+    #: ``rules``, by the kernel's check number), when the runner has one (``run.kda_watched``: a name
+    #: no user's kernel function carries by chance; a direct backend's runner is the user's kernel)
     watched: Callable[..., Any] | None = None
 
     @classmethod
     def of(cls, name: str, run: Callable[..., Any], direct: bool) -> Chosen:
-        return cls(name, run, direct, getattr(run, "watched", None))
+        return cls(name, run, direct, getattr(run, "kda_watched", None))
 
 
 #: the empty ``BackendTable.last`` (no dims object is None: a cached call's dims are a CachedDims)

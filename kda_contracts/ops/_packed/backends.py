@@ -85,7 +85,7 @@ class InterfaceBackend(Backend):
         if launch is not None and all(t._fields == SYMBOLS for t in dims_types.values()):  # type: ignore[attr-defined]
             run = _launcher(launch, gated="lower_bound" in {p.name for p in params})
             if getattr(kernel, "watch_checks", None) == WATCH_CHECKS:  # (its kernel makes watch mode's checks)
-                run.watched = _watched(launch, gated="lower_bound" in {p.name for p in params})  # type: ignore[attr-defined]
+                run.kda_watched = _watched(launch, gated="lower_bound" in {p.name for p in params})  # type: ignore[attr-defined]
             return run
         heads = {v: t._fields.index("H") for v, t in dims_types.items()}  # type: ignore[attr-defined]
         return _interface_caller(kernel, heads, gated="lower_bound" in {p.name for p in params})
