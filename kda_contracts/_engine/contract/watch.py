@@ -172,7 +172,6 @@ class ContractWatch:
         # the last eager call's slots, kept when the check cache answered it (its dims object) and
         # compares the metadata of every argument a rule reads: a call answered by the same entry repeats them
         self.again: tuple[Any, ...] = _NOT_AGAIN
-        self._own: dict[int, tuple[Any, Any]] = {}  # (own_order's answers)
         self.own_last: tuple[Any, Any] = (None, None)  # (the last kernel's checks and own_order's answer)
 
         def note(device: str, rows: tuple[int, ...]) -> int:
@@ -182,16 +181,15 @@ class ContractWatch:
 
     def own_order(self, checks: Sequence[ValueRule]) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
         """Where each of this contract's rules is among the rules a kernel checks itself (``checks``,
-        by check number), and the rule of each check; None when one is not there."""
-        hit = self._own.get(id(checks))
-        if hit is None or hit[0] is not checks:
-            order = tuple(checks.index(r) if r in checks else -1 for r in self.rules)
-            by_check = [0] * fused.CHECKS
-            for i, c in enumerate(order):
-                by_check[c] = i
-            ok = -1 not in order and len(set(order)) == len(order) and len(checks) <= fused.CHECKS
-            hit = self._own[id(checks)] = (checks, (order, tuple(by_check)) if ok else None)
-        return hit[1]
+        by check number), and the rule of each check; None when one is not there (:meth:`Pending.hand`
+        keeps the last answer)."""
+        order = tuple(checks.index(r) if r in checks else -1 for r in self.rules)
+        if -1 in order or len(set(order)) != len(order) or len(checks) > fused.CHECKS:
+            return None
+        by_check = [0] * fused.CHECKS
+        for i, c in enumerate(order):
+            by_check[c] = i
+        return order, tuple(by_check)
 
     def _note(self, device: str, rows: tuple[int, ...]) -> int:
         """A new call record (at trace time under torch.compile: the traced call's); its serial."""
