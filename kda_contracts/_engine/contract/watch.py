@@ -326,6 +326,9 @@ class Pending:
         watch.again = _NOT_AGAIN
         probed = probes([watch.rules[i] for i in self.rows], self.values, self.env)
         if probed:
+            if len(probed) != len(self.rows):  # (the flag's row is the probe's place: a record of those probed)
+                serial = _record((watch.name, watch.rules, tuple(self.rows[k] for k, _ in probed), self.env,
+                                  self.shapes, watch.written))
             fold(w.flag, torch.stack([p for _, p in probed]), serial)
             if not _capturing():
                 w.channel.send(w.flag)
