@@ -4,7 +4,16 @@ and the chunked prefill against the token loop.
 For each op, KDA (``kc.packed_prefill``, Kimi-Linear-48B-A3B at TP1) and GDN
 (``kc.gdn_packed_prefill``, Qwen3-Next-80B-A3B at TP2), sizes from ``KDAConfig.preset`` /
 ``GDNConfig.preset``, and T tokens split into equal sequences (bf16 activations, fp32 VK pool,
-half the sequences continuing from their slot), CUDA events time, as medians of ``--repeats``:
+half the sequences continuing from their slot), in check mode. Each row times its calls in
+``--repeats`` rounds, the calls in a shuffled order each round, 10 calls issued back to back per call
+and round (as a forward issues its layers: a call then takes whichever is longer, the host's work for
+it or the device's), CUDA events around them; ``ms`` is the median over the rounds, ``op ÷ planned``
+the median (and quartiles) of the two's ratio within each round. ``device`` is the device's time per
+call, its kernels' durations summed from the profiler (what a call costs when the host keeps ahead,
+as under a CUDA graph or behind a slower device). At T = 4096 fla's chunk call is host-bound: its
+Python and launches take longer than its kernels. The heap is frozen after the warm-up calls
+(``gc.freeze()``, as a server does after start-up), so that the garbage collector's passes over the
+long-lived objects of torch, Triton and fla do not land in the timed calls.
 
 - ``op``: ``kc.*packed_prefill(..., backend="fla")`` in check mode (the contract's checks, the slots
   gathered into a dense initial state, fla's kernel with its fused gate and beta, ``out`` written,
@@ -13,16 +22,19 @@ half the sequences continuing from their slot), CUDA events time, as medians of 
   ``mixed_qkv`` (fla's input guard copies them), the raw gate logits with ``use_gate_in_kernel``
   (``A_log``, ``dt_bias``, ``lower_bound``), KDA's raw beta with ``use_beta_sigmoid_in_kernel``,
   GDN's ``b.sigmoid()``, ``cu_seqlens.long()``; only the dense initial state (fla's input, the
-  gathered slots) is prepared beforehand. ``overhead`` = op / bare - 1 (target: at most 5 % at
-  T >= 4096). Where FlashQLA may take GDN (``flash_qla`` installed), both use the torch gate instead,
-  which FlashQLA needs (``kda_kernels.fla_prefill.gdn_gate_in_kernel``);
+  gathered slots) is prepared beforehand. fla then plans its chunks from ``cu_seqlens`` read on the
+  host (a sync each call). Where FlashQLA may take GDN (``flash_qla`` installed), both use the torch
+  gate instead, which FlashQLA needs (``kda_kernels.fla_prefill.gdn_gate_in_kernel``);
+- ``planned``: the same direct call given the chunk plan the op's backend makes on the device (KDA:
+  ``use_graph=True, max_num_seqs=B``; GDN: ``chunk_indices=chunk_plan(...)``), so that neither syncs:
+  the baseline of ``overhead`` = op / planned - 1 (issue 31's target: at most 5 % at T >= 4096);
 - ``prepared``: fla's kernel alone with q/k/v made contiguous, the gate and beta computed in torch and
-  ``cu_seqlens`` int64 all beforehand, the same tensors every call (so fla's chunk plan, cached by
-  the identity of ``cu_seqlens``, is reused): a floor, not a call anyone makes per batch;
+  ``cu_seqlens`` int64 all beforehand, the same tensors every call (so what fla derives from
+  ``cu_seqlens``, cached by the tensor's identity, is reused): a floor, not a call anyone makes;
 - ``loop``: ``backend="loop"`` (decode's reference once per token), at the smallest T only.
 
-``|Δo|`` is the largest output difference between the op and the bare call (the same kernel on the
-same inputs: expect 0), ``vs loop`` the op's against the token loop (bf16 rounding).
+``|Δo|`` is the largest output difference between the op and the bare or planned call (the same kernel
+on the same inputs: expect 0), ``vs loop`` the op's against the token loop (bf16 rounding).
 
 Usage::
 
@@ -36,8 +48,10 @@ Without CUDA and without ``--smoke`` it prints "needs CUDA" and exits 0.
 from __future__ import annotations
 
 import argparse
+import gc
 import importlib.util
 import os
+import random
 import statistics
 import sys
 import time
@@ -103,9 +117,11 @@ def _dense_h0(call: dict[str, Any]) -> torch.Tensor:
     return torch.where(keep, call["initial_state"][call["ssm_state_indices"].long()], 0.0).contiguous()
 
 
-def bare_kernel(c: Case, call: dict[str, Any]) -> Callable[[], tuple[torch.Tensor, torch.Tensor]]:
-    """The direct fla call on the raw inputs (see the module), as a no-argument callable."""
-    from kda_kernels.fla_prefill import gdn_gate_in_kernel
+def bare_kernel(c: Case, call: dict[str, Any], device_plan: bool = False
+                ) -> Callable[[], tuple[torch.Tensor, torch.Tensor]]:
+    """The direct fla call on the raw inputs (see the module), as a no-argument callable; with
+    ``device_plan``, given the chunk plan the op's backend makes on the device (no host sync)."""
+    from kda_kernels.fla_prefill import gdn_gate_in_kernel, gdn_plan, kda_plan
     from kda_kernels.gdn_reference import gdn_gate
     from kda_kernels.interface import split_qkv
 
@@ -126,9 +142,12 @@ def bare_kernel(c: Case, call: dict[str, Any]) -> Callable[[], tuple[torch.Tenso
             gate.update(lower_bound=c.lower_bound, use_beta_sigmoid_in_kernel=True)
         else:
             g, beta = (a if fused else gdn_gate(a, dt_bias, A_log)), b.sigmoid()
+        cu = call["cu_seqlens"].long()
+        if device_plan:
+            gate.update((kda_plan if c.op == "kda" else gdn_plan)(cu, x.shape[0], cu.shape[0] - 1))
         o, ht = kernel(q=q, k=k, v=v, g=g.unsqueeze(0), beta=beta.unsqueeze(0), scale=c.scale, initial_state=h0,
-                       output_final_state=True, use_qk_l2norm_in_kernel=True, state_v_first=True,
-                       cu_seqlens=call["cu_seqlens"].long(), **gate)
+                       output_final_state=True, use_qk_l2norm_in_kernel=True, state_v_first=True, cu_seqlens=cu,
+                       **gate)
         return o[0], ht
 
     return _interpreted(c, call_kernel)
@@ -182,31 +201,103 @@ def time_ms(fn: Callable[[], Any], device: torch.device, warmup: int, repeats: i
     return statistics.median(times)
 
 
+def interleaved_ms(fns: dict[str, Callable[[], Any]], device: torch.device, calls: int, rounds: int,
+                   seed: int = 0) -> dict[str, list[float]]:
+    """Milliseconds per call of each of ``fns`` in every round: ``calls`` calls issued back to back (as
+    a forward issues its layers; the host's work for one call overlaps the device's for the ones
+    before, and the call's time is whichever of the two is longer), the functions in a shuffled order
+    each round, so that a host that drifts from minute to minute moves all of them alike."""
+    rng = random.Random(seed)
+    got: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(rounds):
+        order = list(fns)
+        rng.shuffle(order)
+        for name in order:
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                for _ in range(calls):
+                    fns[name]()
+                end.record()
+                torch.cuda.synchronize(device)
+                got[name].append(start.elapsed_time(end) / calls)
+            else:
+                t0 = time.perf_counter()
+                for _ in range(calls):
+                    fns[name]()
+                got[name].append(1e3 * (time.perf_counter() - t0) / calls)
+    return got
+
+
+def device_ms(fn: Callable[[], Any], calls: int = 5) -> float | None:
+    """The device's time per call of ``fn``: the durations of its kernels (and copies) summed, from
+    the profiler (CUDA only; None elsewhere): what the call costs once the host is off the path."""
+    if not torch.cuda.is_available():
+        return None
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+    return sum(e.device_time for e in prof.events() if e.device_type.name == "CUDA") / calls / 1e3
+
+
+def quartiles(xs: list[float]) -> tuple[float, float, float]:
+    """(first quartile, median, third quartile) of ``xs``."""
+    if len(xs) < 2:
+        return xs[0], xs[0], xs[0]
+    q1, q2, q3 = statistics.quantiles(xs, n=4)
+    return q1, q2, q3
+
+
 def op_call(c: Case, call: dict[str, Any], backend: str) -> Callable[[], tuple[torch.Tensor, torch.Tensor]]:
     import kda_contracts as kc
 
     op = kc.packed_prefill if c.op == "kda" else kc.gdn_packed_prefill
 
     def run() -> tuple[torch.Tensor, torch.Tensor]:
-        with kc.mode("check"):
-            return op(**call, state_layout="VK", backend=backend)
+        return op(**call, state_layout="VK", backend=backend)  # (the mode: check, set around the row)
 
     return run
 
 
 def measure(c: Case, warmup: int, repeats: int, loop: bool) -> dict[str, Any]:
-    """One row: the op, the bare kernel and (``loop``) the token loop on the same inputs."""
+    """One row: the op, the bare kernel and (``loop``) the token loop on the same inputs, in check
+    mode (set around the row, as a serving loop sets it, not per call)."""
+    import kda_contracts as kc
+
+    with kc.mode("check"):
+        return _measure(c, warmup, repeats, loop)
+
+
+def _measure(c: Case, warmup: int, repeats: int, loop: bool) -> dict[str, Any]:
     call = make_call(c)
     fresh = call["initial_state"].clone()
     bare, prepared = bare_kernel(c, call), prepared_kernel(c, call)
+    planned = bare_kernel(c, call, device_plan=True)
     o_bare = bare()[0].clone()
     fla = op_call(c, call, "fla")
     o_op = fla()[0].clone()  # (from the same pool as the bare kernel: the first call)
+    o_planned = planned()[0]
     row: dict[str, Any] = {"op": c.op, "T": c.T, "seqs": c.seqs,
-                           "diff": (o_op.float() - o_bare.float()).abs().max().item()}
-    row["op_ms"] = time_ms(fla, c.device, warmup, repeats)
-    row["bare_ms"] = time_ms(bare, c.device, warmup, repeats)
-    row["prepared_ms"] = time_ms(prepared, c.device, warmup, repeats)
+                           "diff": max((o_op.float() - o.float()).abs().max().item() for o in (o_bare, o_planned))}
+    fns = {"op": fla, "planned": planned, "bare": bare, "prepared": prepared}
+    for fn in fns.values():
+        for _ in range(warmup):
+            fn()
+    gc.collect()
+    gc.freeze()  # (as a server does after start-up: no full collection of the long-lived heap in a call's time)
+    try:
+        got = interleaved_ms(fns, c.device, calls=10 if c.device.type == "cuda" else 1, rounds=repeats)
+    finally:
+        gc.unfreeze()
+    for name, times in got.items():
+        row[f"{name}_ms"] = statistics.median(times)
+    row["ratio"] = quartiles([o / p for o, p in zip(got["op"], got["planned"], strict=True)])
+    row["op_dev_ms"], row["planned_dev_ms"] = device_ms(fla), device_ms(planned)
     if loop:
         call["initial_state"].copy_(fresh)
         loop_call, got = op_call(c, call, "loop"), []
@@ -216,14 +307,19 @@ def measure(c: Case, warmup: int, repeats: int, loop: bool) -> dict[str, Any]:
 
 
 def table(rows: list[dict[str, Any]], header: list[str]) -> str:
-    out = [*header, "", "| op | T | seqs | op fla (ms) | bare fla (ms) | overhead | prepared (ms) | op tokens/s "
-           "| loop (ms) | loop tokens/s | loop / op | \\|Δo\\| op-bare | \\|Δo\\| vs loop |", "|" + "---|" * 13]
+    out = [*header, "", "| op | T | seqs | op (ms) | planned (ms) | op ÷ planned (IQR) | bare (ms) | op, device (ms) "
+           "| planned, device (ms) | op ÷ planned, device | prepared (ms) | op tokens/s | loop (ms) | loop ÷ op "
+           "| \\|Δo\\| op-bare | \\|Δo\\| vs loop |", "|" + "---|" * 16]
     for r in rows:
         tps = r["T"] / (r["op_ms"] / 1e3)
         loop = r.get("loop_ms")
-        cells = [r["op"], r["T"], r["seqs"], f"{r['op_ms']:.3f}", f"{r['bare_ms']:.3f}",
-                 f"{100 * (r['op_ms'] / r['bare_ms'] - 1):+.1f} %", f"{r['prepared_ms']:.3f}", f"{tps:,.0f}",
-                 f"{loop:.1f}" if loop else "—", f"{r['T'] / (loop / 1e3):,.0f}" if loop else "—",
+        q1, q2, q3 = r["ratio"]
+        dev = r["op_dev_ms"] is not None
+        cells = [r["op"], r["T"], r["seqs"], f"{r['op_ms']:.3f}", f"{r['planned_ms']:.3f}",
+                 f"{100 * (q2 - 1):+.1f} % ({100 * (q1 - 1):+.1f} to {100 * (q3 - 1):+.1f})", f"{r['bare_ms']:.3f}",
+                 f"{r['op_dev_ms']:.3f}" if dev else "—", f"{r['planned_dev_ms']:.3f}" if dev else "—",
+                 f"{100 * (r['op_dev_ms'] / r['planned_dev_ms'] - 1):+.1f} %" if dev else "—",
+                 f"{r['prepared_ms']:.3f}", f"{tps:,.0f}", f"{loop:.1f}" if loop else "—",
                  f"{loop / r['op_ms']:,.1f}×" if loop else "—", f"{r['diff']:.1e}",
                  f"{r['vs_loop']:.1e}" if loop else "—"]
         out.append("| " + " | ".join(str(x) for x in cells) + " |")
@@ -253,7 +349,8 @@ def header(args: argparse.Namespace, device: torch.device, argv: list[str]) -> l
     card = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU (Triton interpreter)"
     lines = [f"card: {card}", f"command: `python benchmarks/prefill.py {' '.join(argv)}`".replace("  ", " "),
              f"torch {torch.__version__}, triton {triton.__version__}, fla-core {fla.__version__}; "
-             f"medians of {args.repeats} after {args.warmup} warm-up; VK fp32 pool; check mode"]
+             f"{args.repeats} rounds of 10 calls each, interleaved, after {args.warmup} warm-up calls; VK fp32 pool; "
+             "check mode"]
     for op, (name, tp) in PRESETS.items():
         if op in args.ops:
             lines.append(f"{op}: {name} TP{tp}" + (" (smoke: H=1 HV=2 K=V=16)" if args.smoke else ""))
@@ -295,8 +392,10 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for c in cases(args, device):
         rows.append(measure(c, args.warmup, args.repeats, loop=not args.no_loop and c.T == min(args.T)))
-        print(f"{c.op} T={c.T} seqs={c.seqs}: op {rows[-1]['op_ms']:.3f} ms, bare {rows[-1]['bare_ms']:.3f} ms",
-              file=sys.stderr, flush=True)
+        r = rows[-1]
+        print(f"{c.op} T={c.T} seqs={c.seqs}: op {r['op_ms']:.3f} ms, planned {r['planned_ms']:.3f} ms (op / planned "
+              f"{r['ratio'][1]:.3f}), bare {r['bare_ms']:.3f} ms; device op {r['op_dev_ms']}, planned "
+              f"{r['planned_dev_ms']}", file=sys.stderr, flush=True)
     text = table(rows, header(args, device, argv))
     print(text)
     if args.out:

@@ -8,8 +8,15 @@ a dense initial state of one row per sequence (``[B, HV, K, V]``, or ``[B, HV, V
 would, gathers each sequence's slot (zero where ``has_initial_state`` is False or the slot is
 padding), runs the kernel, writes ``out`` in one pass (the padding sequences' rows zero) and scatters
 the final states back to the valid slots, each in one small Triton kernel that moves every byte
-once (:mod:`kda_kernels.prefill_slots`), with no host sync of its own. fla itself reads
-``cu_seqlens`` on the host to plan its chunks.
+once (:mod:`kda_kernels.prefill_slots`). Nothing reads ``cu_seqlens`` on the host: fla's default
+chunk plan (which 64-token chunk of which sequence each program takes) does, a sync that drains the
+device queue on every call; here the plan is built on the device instead, with a row count that
+follows from the shapes alone (``ceil(T / 64) + B - 1``, the most chunks ``B`` sequences of ``T``
+tokens can have), the rows past the real chunks left to do nothing. KDA takes it through fla's own
+fixed-shape plan (``use_graph=True``, ``max_num_seqs=B``: every KDA chunk kernel returns at once on a
+row whose sequence is ``-1``); GDN through ``chunk_indices`` (:func:`chunk_plan`, whose spare rows name
+a chunk past the end of sequence 0, which every GDN chunk kernel masks or returns on, as it does for
+the tail of a short sequence).
 
 What fla-core 0.6.0 computes for us, checked against its source and, under the interpreter, against
 the token loop (``tests/test_prefill.py``):
@@ -36,8 +43,8 @@ GDN calls with K = V = 128 on SM90+ to FlashQLA, which takes only a precomputed 
 our torch gate (one fp32 value per token and head) so that FlashQLA still gets the call
 (:func:`gdn_gate_in_kernel`; ``FLA_FLASH_QLA=0`` keeps fla's Triton kernels and the fused gate).
 Zero-length sequences in ``cu_seqlens`` get no chunk, their final state is their initial one. fla
-caches its chunk plan by the identity of ``cu_seqlens``; the int64 copy made here is new each call,
-so a caller's int32 buffer updated in place never meets a stale plan.
+caches what it derives from ``cu_seqlens`` by the tensor's identity; the int64 copy made here is new
+each call, so a caller's int32 buffer updated in place never meets a stale plan.
 
 CUDA; also the CPU under the Triton interpreter (``TRITON_INTERPRET=1``, for tests), with two
 shims while the kernel runs (:func:`launch_context`): Triton's autotuner benchmarks its configs
@@ -68,8 +75,11 @@ from .fla_decode import is_available as _fla_available
 from .gdn_reference import gdn_gate
 from .interface import split_qkv
 
-__all__ = ["gdn_gate_in_kernel", "gdn_is_available", "gdn_packed_prefill", "is_available", "launch_context",
-           "packed_prefill"]
+__all__ = ["CHUNK", "chunk_plan", "gdn_gate_in_kernel", "gdn_is_available", "gdn_packed_prefill", "gdn_plan",
+           "is_available", "kda_plan", "launch_context", "packed_prefill"]
+
+CHUNK = 64
+"""fla's chunk length (its ``chunk_size`` default, which both chunk kernels are called with)."""
 
 
 def is_available() -> tuple[bool, str]:
@@ -110,14 +120,22 @@ def _loop_index_transformer() -> Any:
     return _LOOP_INDEX[0]
 
 
-@contextlib.contextmanager
-def launch_context(device: torch.device) -> Iterator[None]:
-    """On CUDA, ``device`` current (fla launches on the current one); on the CPU (the Triton
-    interpreter) the module's two shims, undone afterwards."""
+_NOTHING = contextlib.nullcontext()
+
+
+def launch_context(device: torch.device) -> contextlib.AbstractContextManager[Any]:
+    """On CUDA, ``device`` current (fla launches on the current one; nothing to do where it already
+    is, the usual case, which costs no context switch); on the CPU (the Triton interpreter) the
+    module's two shims, undone afterwards."""
     if device.type == "cuda":
-        with torch.cuda.device(device):
-            yield
-        return
+        if device.index is None or device.index == torch.cuda.current_device():
+            return _NOTHING
+        return torch.cuda.device(device)
+    return _interpreter_shims()
+
+
+@contextlib.contextmanager
+def _interpreter_shims() -> Iterator[None]:
     from triton.runtime import interpreter
     from triton.runtime.autotuner import Autotuner
 
@@ -150,12 +168,37 @@ def _flash_qla_absent(index: int | None, setting: str | None) -> bool:
     return not (FlashQLABackend.is_available() and FlashQLABackend().is_enabled())
 
 
+def chunk_plan(cu_seqlens: Tensor, T: int, chunk: int = CHUNK) -> Tensor:
+    """fla's ``chunk_indices`` for ``cu_seqlens`` (int64, ``[B+1]``) built on the device without a sync:
+    ``[ceil(T / chunk) + B - 1, 2]`` int64 rows ``(sequence, chunk within it)``, the real chunks first in
+    order, then spare rows ``(0, rows)``: a chunk past the end of every sequence, which the kernels
+    skip. The row count is an upper bound from the shapes alone (each sequence boundary can split at
+    most one chunk), so it never depends on the offsets' values.
+
+    Example::
+
+        >>> chunk_plan(torch.tensor([0, 3, 3, 70]), 70).tolist()
+        [[0, 0], [2, 0], [2, 1], [0, 4]]
+    """
+    B = cu_seqlens.shape[0] - 1
+    rows = -(-T // chunk) + max(B - 1, 0)
+    chunks = (cu_seqlens[1:] - cu_seqlens[:-1] + (chunk - 1)).div(chunk, rounding_mode="floor")
+    ends = chunks.cumsum(0)  # chunks up to and including each sequence
+    r = torch.arange(rows, device=cu_seqlens.device, dtype=ends.dtype)
+    seq = torch.searchsorted(ends, r, right=True)  # the first sequence whose chunks reach past r
+    live = seq < B
+    seq = seq.clamp(max=max(B - 1, 0))
+    pos = r - (ends[seq] - chunks[seq])
+    return torch.stack([torch.where(live, seq, 0), torch.where(live, pos, rows)], 1)
+
+
 def _run(kernel: Callable[..., Any], mixed_qkv: Tensor, g: Tensor, beta: Tensor, scale: float,
          initial_state: Tensor, out: Tensor, cu_seqlens: Tensor, ssm_state_indices: Tensor,
          has_initial_state: Tensor, *, num_heads: int, use_qk_l2norm: bool, state_layout: str,
-         **fused: Any) -> None:
+         plan: Callable[[Tensor, int, int], dict[str, Any]], **fused: Any) -> None:
     """``kernel`` on the call: ``g [T, HV(, K)]`` and ``beta [T, HV]`` as fla takes them with the
-    ``fused`` flags (the raw logits with ``use_gate_in_kernel`` / ``use_beta_sigmoid_in_kernel``)."""
+    ``fused`` flags (the raw logits with ``use_gate_in_kernel`` / ``use_beta_sigmoid_in_kernel``) and
+    ``plan(cu_seqlens, T, B)``'s keywords for a chunk plan made on the device."""
     from .prefill_slots import gather_slots, scatter_slots, write_output
 
     T = mixed_qkv.shape[0]
@@ -175,12 +218,22 @@ def _run(kernel: Callable[..., Any], mixed_qkv: Tensor, g: Tensor, beta: Tensor,
         # here first, the copies run on the device while the host launches the slot gather
         q, k, v = (x.unsqueeze(0).contiguous() for x in split_qkv(mixed_qkv, num_heads, HV, K, V))
         h0 = gather_slots(initial_state, ssm_state_indices, has_initial_state)
-        cu = cu_seqlens.long()  # new each call: fla's chunk plan, cached by identity, is never stale
+        cu = cu_seqlens.long()  # new each call: what fla caches by identity is never stale
         o, ht = kernel(q=q, k=k, v=v, g=g.unsqueeze(0), beta=beta.unsqueeze(0), scale=scale, initial_state=h0,
                        output_final_state=True, use_qk_l2norm_in_kernel=use_qk_l2norm,
-                       state_v_first=state_layout == "VK", cu_seqlens=cu, **fused)
+                       state_v_first=state_layout == "VK", cu_seqlens=cu, **plan(cu, T, B), **fused)
         write_output(out, o, cu, ssm_state_indices, N)  # zero for the padding sequences' tokens
         scatter_slots(initial_state, ht, ssm_state_indices)
+
+
+def kda_plan(cu_seqlens: Tensor, T: int, B: int) -> dict[str, Any]:
+    """``chunk_kda``'s keywords for its own fixed-shape plan, made on the device (``B`` sequences)."""
+    return {"use_graph": True, "max_num_seqs": B}
+
+
+def gdn_plan(cu_seqlens: Tensor, T: int, B: int) -> dict[str, Any]:
+    """``chunk_gated_delta_rule``'s keywords for :func:`chunk_plan` (it has no fixed-shape plan of its own)."""
+    return {"chunk_indices": chunk_plan(cu_seqlens, T)}
 
 
 def packed_prefill(mixed_qkv: Tensor, a: Tensor, b: Tensor, A_log: Tensor, dt_bias: Tensor, scale: float,
@@ -193,7 +246,8 @@ def packed_prefill(mixed_qkv: Tensor, a: Tensor, b: Tensor, A_log: Tensor, dt_bi
     HV = A_log.shape[0]
     g = a.unflatten(-1, (HV, a.shape[-1] // HV))  # [T, HV, K] raw logits, a view
     _run(chunk_kda, mixed_qkv, g, b, scale, initial_state, out, cu_seqlens, ssm_state_indices, has_initial_state,
-         num_heads=num_heads, use_qk_l2norm=use_qk_l2norm, state_layout=state_layout, use_gate_in_kernel=True,
+         num_heads=num_heads, use_qk_l2norm=use_qk_l2norm, state_layout=state_layout, plan=kda_plan,
+         use_gate_in_kernel=True,
          A_log=A_log, dt_bias=dt_bias, lower_bound=lower_bound, use_beta_sigmoid_in_kernel=True)
 
 
@@ -211,4 +265,5 @@ def gdn_packed_prefill(mixed_qkv: Tensor, a: Tensor, b: Tensor, A_log: Tensor, d
     else:
         g, fused = gdn_gate(a, dt_bias, A_log), {}  # [T, HV] fp32, log space
     _run(chunk_gated_delta_rule, mixed_qkv, g, beta, scale, initial_state, out, cu_seqlens, ssm_state_indices,
-         has_initial_state, num_heads=num_heads, use_qk_l2norm=use_qk_l2norm, state_layout=state_layout, **fused)
+         has_initial_state, num_heads=num_heads, use_qk_l2norm=use_qk_l2norm, state_layout=state_layout,
+         plan=gdn_plan, **fused)

@@ -353,3 +353,41 @@ def test_the_slot_kernels_fast_launch_writes_what_the_normal_launch_wrote():
     assert all(k.cache for k in (prefill_slots._GATHER, prefill_slots._SCATTER, prefill_slots._OUTPUT))
     for o, s in runs[1:]:
         assert torch.equal(o, runs[0][0]) and torch.equal(s, runs[0][1])
+
+
+def test_the_device_chunk_plan_lists_every_chunk_in_order_then_rows_past_every_sequence():
+    # every split of up to 4 sequences over lengths around fla's 64-token chunk, empty ones included:
+    # the real chunks first, each (sequence, chunk) once and in order, then spare rows no kernel runs
+    import itertools
+
+    from kda_kernels.fla_prefill import CHUNK, chunk_plan
+
+    seen = 0
+    for B in range(1, 5):
+        for lengths in itertools.product((0, 1, 63, 64, 65, 129), repeat=B):
+            T = sum(lengths)
+            plan = chunk_plan(_cu(lengths).long(), T).tolist()
+            real = [[n, c] for n, n_tokens in enumerate(lengths) for c in range(-(-n_tokens // CHUNK))]
+            assert len(plan) == -(-T // CHUNK) + B - 1  # from the shapes alone
+            assert plan[:len(real)] == real
+            assert all(n == 0 and c * CHUNK >= max(lengths) for n, c in plan[len(real):])
+            seen += 1
+    assert seen == 6 + 36 + 216 + 1296
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="fla's chunk kernels need a CUDA device")
+@pytest.mark.parametrize("gdn", [False, True], ids=["kda", "gdn"])
+def test_the_fla_backend_never_syncs_with_the_host(gdn):
+    # fla's own chunk plan reads cu_seqlens on the host; the backend's plan is made on the device, so a
+    # call in check mode (after a first one has compiled and autotuned) never waits for the device
+    cpu = _call(gdn, "VK", dtype=torch.bfloat16)
+    call = {k: v.cuda() if isinstance(v, torch.Tensor) else v for k, v in cpu.items()}
+    expected = _op(gdn, call, backend="fla")
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        with kc.mode("check"):
+            got = _op(gdn, call, backend="fla")
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert torch.equal(got[0], expected[0]) and torch.equal(got[1], expected[1])
