@@ -8,15 +8,17 @@ a dense initial state of one row per sequence (``[B, HV, K, V]``, or ``[B, HV, V
 would, gathers each sequence's slot (zero where ``has_initial_state`` is False or the slot is
 padding), runs the kernel, writes ``out`` in one pass (the padding sequences' rows zero) and scatters
 the final states back to the valid slots, each in one small Triton kernel that moves every byte
-once (:mod:`kda_kernels.prefill_slots`). Nothing reads ``cu_seqlens`` on the host: fla's default
-chunk plan (which 64-token chunk of which sequence each program takes) does, a sync that drains the
-device queue on every call; here the plan is built on the device instead, with a row count that
-follows from the shapes alone (``ceil(T / 64) + B - 1``, the most chunks ``B`` sequences of ``T``
-tokens can have), the rows past the real chunks left to do nothing. KDA takes it through fla's own
-fixed-shape plan (``use_graph=True``, ``max_num_seqs=B``: every KDA chunk kernel returns at once on a
-row whose sequence is ``-1``); GDN through ``chunk_indices`` (:func:`chunk_plan`, whose spare rows name
-a chunk past the end of sequence 0, which every GDN chunk kernel masks or returns on, as it does for
-the tail of a short sequence).
+once (:mod:`kda_kernels.prefill_slots`). Nothing reads ``cu_seqlens`` on the host (on fla's Triton
+kernels, see below): fla's default chunk plan (which 64-token chunk of which sequence each program
+takes) does, a sync that drains the device queue on every call; here the plan is built on the device
+instead, with a row count that follows from the shapes alone (``ceil(T / 64) + B - 1``, the most chunks
+``B`` sequences of ``T`` tokens can have), the rows past the real chunks left to do nothing. KDA takes
+it through fla's own fixed-shape plan (``use_graph=True``, ``max_num_seqs=B``: every KDA chunk kernel
+returns at once on a row whose sequence is ``-1``); GDN through ``chunk_indices`` (:func:`chunk_plan`,
+whose spare rows name a chunk past the end of sequence 0, which every GDN chunk kernel masks or returns
+on, as it does for the tail of a short sequence), on fla's Triton kernels only: where FlashQLA may take
+a GDN call, or with fla's intra-card context parallelism on (``FLA_INTRACARD_CP``), fla plans for
+itself and reads ``cu_seqlens`` on the host (:func:`gdn_plan_taken`).
 
 What fla-core 0.6.0 computes for us, checked against its source and, under the interpreter, against
 the token loop (``tests/test_prefill.py``):
@@ -76,7 +78,7 @@ from .gdn_reference import gdn_gate
 from .interface import split_qkv
 
 __all__ = ["CHUNK", "chunk_plan", "gdn_gate_in_kernel", "gdn_is_available", "gdn_packed_prefill", "gdn_plan",
-           "is_available", "kda_plan", "launch_context", "packed_prefill"]
+           "gdn_plan_taken", "is_available", "kda_plan", "launch_context", "packed_prefill"]
 
 CHUNK = 64
 """fla's chunk length (its ``chunk_size`` default, which both chunk kernels are called with)."""
@@ -232,8 +234,20 @@ def kda_plan(cu_seqlens: Tensor, T: int, B: int) -> dict[str, Any]:
 
 
 def gdn_plan(cu_seqlens: Tensor, T: int, B: int) -> dict[str, Any]:
-    """``chunk_gated_delta_rule``'s keywords for :func:`chunk_plan` (it has no fixed-shape plan of its own)."""
-    return {"chunk_indices": chunk_plan(cu_seqlens, T)}
+    """``chunk_gated_delta_rule``'s keywords for :func:`chunk_plan` (it has no fixed-shape plan of its own),
+    where fla's Triton kernels run the call (:func:`gdn_plan_taken`); none elsewhere (fla's own plan)."""
+    return {"chunk_indices": chunk_plan(cu_seqlens, T)} if gdn_plan_taken(cu_seqlens.device) else {}
+
+
+def gdn_plan_taken(device: torch.device) -> bool:
+    """Whether a GDN call on ``device`` runs on fla's Triton chunk kernels, which take :func:`chunk_plan`:
+    not where FlashQLA may take it (:func:`gdn_gate_in_kernel`; it plans for itself) nor with fla's
+    intra-card context parallelism on (``FLA_INTRACARD_CP``, off by default), which splits long
+    sequences with a plan of its own sized from the real chunks, so a spare row would read past the
+    states it made. Both read ``cu_seqlens`` on the host."""
+    if os.environ.get("FLA_DISABLE_BACKEND_DISPATCH") == "1":
+        return True
+    return os.environ.get("FLA_INTRACARD_CP", "0") in ("", "0") and gdn_gate_in_kernel(device)
 
 
 def packed_prefill(mixed_qkv: Tensor, a: Tensor, b: Tensor, A_log: Tensor, dt_bias: Tensor, scale: float,

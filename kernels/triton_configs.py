@@ -120,7 +120,9 @@ DEVICE_TABLES: dict[str, tuple[TableRule, ...]] = {
     "h200": (),
     "default": (),
     # BEGIN GENERATED TABLES (benchmarks/device_table.py --write)
-    "h100": (  # benchmarks/device_table.py on NVIDIA H100 80GB HBM3, 2026-12-06: 11 rules
+    # (a --write for this card replaces the whole entry: the rules after "added" below, and the upper bound
+    # of the H=4 float32 B=64 rule, cut to B=255 by hand, would have to be put back)
+    "h100": (  # benchmarks/device_table.py on NVIDIA H100 80GB HBM3, 2026-12-06: 11 rules, then 4 added by hand
         # H=32 bfloat16 B=1: triton:m 1.076 / 1.345
         TableRule(False, (23, 65536), (1, 2), DecodeConfig(block_v=4, num_warps=1, guard='mask')),
         # H=32 bfloat16 B=8: triton:el 1.004 / 1.082
@@ -144,18 +146,22 @@ DEVICE_TABLES: dict[str, tuple[TableRule, ...]] = {
                   DecodeConfig(block_v=2, num_warps=1, guard='mask', grid='v_fastest', fused_output=True)),
         # H=4 float32 B=8: triton:flat 1.111 / 1.233
         TableRule(True, (1, 8), (3, 22), DecodeConfig(block_v=4, num_warps=1, guard='mask', fused_output=True)),
-        # H=4 float32 B=64: triton:el 1.163 / 1.001
+        # H=4 float32 B=64: triton:el 1.163 / 1.001 (up to B=255 by hand; --write gave it every larger B)
         TableRule(True, (1, 8), (23, 255),
                   DecodeConfig(block_v=8, num_warps=1, fused_output=True, early_load=True)),
         # added 2026-12-06 from one-row sweeps on the same card (not --write: they keep the rules above)
         # H=16 bfloat16 B=64: triton:m-cg 0.985 / 1.002 (the pick: 0.979 / 1.018);
         # device_table.py --warm 14 --heads 16 --batches 64 --states bfloat16
         TableRule(False, (9, 22), (23, 128), DecodeConfig(block_v=16, num_warps=1, guard='mask', load_cache='.cg')),
-        # H=4 float32 B=256: triton:m 0.998 / 0.998 (the pick, el from B=64 up: 0.993 / 0.990); from B=1024 no
-        # rule: the regime table's shape, 0.997 / 0.999 (el: 0.983 / 0.983); session 4, decode.py --candidates
-        # --warm 14 --heads 4 --batches 256,1024 --states float32 --no-kv --no-eager
+        # H=4 float32 B=256: triton:m 0.998 / 0.998 (the pick, el from B=64 up: 0.993 / 0.990); B=1024:
+        # triton:base, the regime table's shape at H=4, 0.997 / 0.999 (el: 0.983 / 0.983), taken for every
+        # HV <= 8 (the regime table's own pick varies with B*HV; only H=4 was measured); session 4,
+        # decode.py --candidates --warm 14 --heads 4 --batches 256,1024 --states float32 --no-kv --no-eager
         TableRule(True, (1, 8), (256, 1023),
                   DecodeConfig(block_v=8, num_warps=1, guard='mask', fused_output=True, early_load=True)),
+        TableRule(True, (1, 8), (1024, 1073741824),
+                  DecodeConfig(block_v=8, num_warps=1, state_eviction='', guard='mask', act_eviction='evict_last',
+                               fused_output=True)),
         # GDN, float32, B >= 256 (H=16 and 8, HV=2H): triton:r32 1.000-1.005 / sglang-triton on all 8 rows
         # (the pick: 0.991-1.001); decode.py --op gdn --candidates --heads 16,8 --batches 256,1024 --states float32
         TableRule(True, (1, 1073741824), (129, 1073741824),

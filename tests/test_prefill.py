@@ -391,3 +391,24 @@ def test_the_fla_backend_never_syncs_with_the_host(gdn):
     finally:
         torch.cuda.set_sync_debug_mode("default")
     assert torch.equal(got[0], expected[0]) and torch.equal(got[1], expected[1])
+
+
+def test_gdn_hands_fla_the_device_plan_only_where_its_triton_kernels_take_the_call(monkeypatch):
+    # FlashQLA plans for itself; fla's intra-card context parallelism (FLA_INTRACARD_CP) splits long
+    # sequences with a plan sized from the real chunks, past which a spare row would read: fla's own plan
+    import kda_kernels.fla_prefill as fla_prefill
+
+    cu, cpu = _cu((64, 64)).long(), torch.device("cpu")
+    monkeypatch.delenv("FLA_INTRACARD_CP", raising=False)
+    monkeypatch.delenv("FLA_DISABLE_BACKEND_DISPATCH", raising=False)
+    assert fla_prefill.gdn_plan_taken(cpu)
+    assert fla_prefill.gdn_plan(cu, 128, 2)["chunk_indices"].tolist() == [[0, 0], [1, 0], [0, 3]]
+    monkeypatch.setenv("FLA_INTRACARD_CP", "1")
+    assert not fla_prefill.gdn_plan_taken(cpu) and fla_prefill.gdn_plan(cu, 128, 2) == {}
+    monkeypatch.setenv("FLA_DISABLE_BACKEND_DISPATCH", "1")  # (no backend of fla's runs: its Triton kernels do)
+    assert fla_prefill.gdn_plan_taken(cpu)
+    monkeypatch.delenv("FLA_DISABLE_BACKEND_DISPATCH")
+    monkeypatch.setenv("FLA_INTRACARD_CP", "0")
+    monkeypatch.setattr(fla_prefill, "gdn_gate_in_kernel", lambda device: False)  # FlashQLA may take it
+    assert fla_prefill.gdn_plan(cu, 128, 2) == {}
+    assert fla_prefill.kda_plan(cu, 128, 2) == {"use_graph": True, "max_num_seqs": 2}
