@@ -105,3 +105,84 @@ def test_a_packed_call_is_checked(kind):
         layer.prefill(torch.randn(1, 5, D), ssm, conv, slots, cu_seqlens=_cu([2, 3]))
     with pytest.raises(kc.ShapeError, match="has_initial_state"):
         layer.prefill(torch.randn(2, 5, D), ssm, conv, slots, has_initial_state=torch.ones(2, dtype=torch.bool))
+
+
+BAD_OFFSETS = {
+    "not from 0": (1, 6, 7, 16, 19),
+    "decreasing": (0, 5, 3, 15, 18),
+    "ending early": (0, 5, 6, 15, 16),
+    "ending late": (0, 5, 6, 15, 30),
+}
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("bad", [*BAD_OFFSETS, "NaN in x"])
+def test_a_call_strict_mode_rejects_leaves_both_pools_as_they_were(kind, bad):
+    # the conv state is written after the op accepted the call (the op's own transaction puts its slots
+    # back); offsets that break the value rules never index past the conv's buffer (was a raw IndexError)
+    layer = _layer(kind)
+    torch.manual_seed(3)
+    x, slots = torch.randn(sum(LENS), D), torch.tensor(SLOTS, dtype=torch.int32)
+    cu = torch.tensor(BAD_OFFSETS[bad], dtype=torch.int32) if bad in BAD_OFFSETS else _cu(LENS)
+    if bad == "NaN in x":
+        x[2, 3] = float("nan")
+    ssm, conv = layer.new_state_pools(6)
+    ssm.normal_(), conv.normal_()
+    before = (ssm.clone(), conv.clone())
+    with kc.mode("strict"), pytest.raises(kc.ValueRangeError):
+        layer.prefill(x, ssm, conv, slots, cu_seqlens=cu, has_initial_state=torch.tensor([True, False, True, True]))
+    assert torch.equal(ssm, before[0]) and torch.equal(conv, before[1])
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("path", ["decode", "padded prefill"])
+def test_strict_mode_refuses_a_nan_hidden_state_before_any_write(kind, path):
+    # the padded prefill runs the reference step itself (no op to refuse the NaN): the layer checks x
+    layer = _layer(kind)
+    torch.manual_seed(4)
+    slots = torch.tensor((4, 0, 2), dtype=torch.int32)
+    x = torch.randn(3, D) if path == "decode" else torch.randn(3, 5, D)
+    x.view(-1)[7] = float("inf")
+    ssm, conv = layer.new_state_pools(6)
+    ssm.normal_(), conv.normal_()
+    before = (ssm.clone(), conv.clone())
+    name = type(layer).__name__ + (".decode" if path == "decode" else ".prefill")
+    with kc.mode("strict"), pytest.raises(kc.ValueRangeError, match=rf"(?s){name}\(\).*\[1\] x: ValueRangeError\n"
+                                          r"      expected finite values\n      got      1 NaN or Inf"):
+        (layer.decode if path == "decode" else layer.prefill)(x, ssm, conv, slots)
+    assert torch.equal(ssm, before[0]) and torch.equal(conv, before[1])
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_check_mode_offsets_ending_early_are_a_contract_error_and_write_no_slot(kind):
+    # check mode trusts the offsets' values; the conv still never indexes past its buffer, and the
+    # op's backend failure is a BackendError saying what may hold partial writes (the conv state not)
+    layer = _layer(kind)
+    x, slots = torch.randn(sum(LENS), D), torch.tensor(SLOTS, dtype=torch.int32)
+    ssm, conv = layer.new_state_pools(6)
+    conv.normal_()
+    before = conv.clone()
+    with kc.mode("check"), pytest.raises(kc.ContractError, match="may hold partial writes"):
+        layer.prefill(x, ssm, conv, slots, cu_seqlens=torch.tensor(BAD_OFFSETS["ending early"], dtype=torch.int32))
+    assert torch.equal(conv, before)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_rejected_padded_prefill_step_puts_the_reset_slots_back(kind, monkeypatch):
+    # the padded prefill resets its slots, then steps; a step the kernel rejects undoes all of it
+    layer = _layer(kind)
+    ssm, conv = layer.new_state_pools(6)
+    ssm.normal_(), conv.normal_()
+    before = (ssm.clone(), conv.clone())
+    calls = []
+
+    def failing(*args):
+        calls.append(1)
+        if len(calls) == 3:
+            raise kc.BackendError("the third step's kernel failed")
+        return layer._reference_decode(*args)
+
+    monkeypatch.setattr(layer, "_reference_decode", failing)
+    with pytest.raises(kc.BackendError, match="third step"):
+        layer.prefill(torch.randn(2, 5, D), ssm, conv, torch.tensor([4, 0], dtype=torch.int32))
+    assert len(calls) == 3 and torch.equal(ssm, before[0]) and torch.equal(conv, before[1])

@@ -136,13 +136,19 @@ HAS_SLOTS = (Where("N >= 1", hint="the state pools have no slots"),)
 
 
 def slot_value_checks(ctx: CallContext) -> list[Violation]:
-    """Strict mode, before anything is written: slots in range and distinct."""
+    """Strict mode, before anything is written: slots in range and distinct, and the hidden states
+    ``x`` finite (the padded prefill runs the reference step directly, not through the op that would
+    refuse a NaN in its inputs)."""
     idx: Tensor = ctx.values["state_indices"]
     n = ctx.dims["N"]
     if idx.is_cuda and torch.cuda.is_current_stream_capturing():
         torch._assert_async((idx < n).all(), "state_indices has an index >= N (the pool size)")
         return []
     out: list[Violation] = []
+    x = ctx.values.get("x")
+    if isinstance(x, Tensor) and x.numel() and not bool(torch.isfinite(x).all()):
+        out.append(Violation(ValueRangeError, "x", "finite values", f"{int((~torch.isfinite(x)).sum())} NaN or Inf",
+                             hint="find the layer that produced it (check the previous layer's output)"))
     if idx.numel() and int(idx.max()) >= n:
         out.append(Violation(ValueRangeError, "state_indices", f"< N={n} (or < 0 for padding)",
                              f"{int((idx >= n).sum())} index(es) >= {n}",

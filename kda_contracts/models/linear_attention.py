@@ -209,22 +209,28 @@ class LinearAttentionDecode(nn.Module):
     def _conv_step(self, mixed_qkv: Tensor, conv_states: Tensor, state_indices: Tensor) -> Tensor:
         """``SiLU(sum_j window[:, :, j] * conv1d[:, j])`` over each slot's last W inputs and this one;
         the slot then keeps the last W inputs. Padding rows give zeros and write no slot."""
-        idx = state_indices.long()
-        rows = row_slots(idx, conv_states.shape[0])  # padding rows read a live slot harmlessly, write nothing
+        y, kept = self._conv_window(mixed_qkv, conv_states, state_indices)
+        scatter_rows(conv_states, state_indices.long(), kept)
+        return y
+
+    def _conv_window(self, mixed_qkv: Tensor, conv_states: Tensor, state_indices: Tensor) -> tuple[Tensor, Tensor]:
+        """:meth:`_conv_step` without the write: the output and what each slot is to keep (``[B, C, W]``)."""
+        rows = row_slots(state_indices.long(), conv_states.shape[0])  # padding rows read a live slot harmlessly
         window = torch.cat([rows.gather(conv_states), mixed_qkv.unsqueeze(-1).to(conv_states.dtype)],
                            dim=-1)  # [B, C, W+1], oldest input first
         y = F.silu((window.float() * self.conv1d.float()).sum(-1))
-        scatter_rows(conv_states, idx, window[..., 1:])
-        return y.masked_fill(~rows.valid.unsqueeze(-1), 0.0).to(mixed_qkv.dtype)
+        return y.masked_fill(~rows.valid.unsqueeze(-1), 0.0).to(mixed_qkv.dtype), window[..., 1:]
 
     def _step(self, x: Tensor, ssm_states: Tensor, conv_states: Tensor, state_indices: Tensor,
               kernel: StepKernel) -> Tensor:
-        """One token for B requests (``x [B, D]``): this rank's partial output ``[B, D]``."""
+        """One token for B requests (``x [B, D]``): this rank's partial output ``[B, D]``. The conv
+        state is written after the kernel: a call the kernel's op rejects leaves it as it was."""
         d = self._dims
         mixed_qkv, a, b, extra = self._inputs(x)
-        mixed_qkv = self._conv_step(mixed_qkv, conv_states, state_indices)
+        mixed_qkv, kept = self._conv_window(mixed_qkv, conv_states, state_indices)
         out = x.new_empty(x.shape[0], 1, d["HV"], d["V"])
         kernel(mixed_qkv, a, b, self.A_log, self.dt_bias, self.config.scale, ssm_states, out, state_indices)
+        scatter_rows(conv_states, state_indices.long(), kept)
         return self._outputs(x, out, extra)
 
     def _decode(self, x: Tensor, ssm_states: Tensor, conv_states: Tensor, state_indices: Tensor,
@@ -236,23 +242,35 @@ class LinearAttentionDecode(nn.Module):
 
     def _prefill(self, x: Tensor, ssm_states: Tensor, conv_states: Tensor, state_indices: Tensor,
                  kernel: StepKernel) -> Tensor:
-        """Reset the slots, then run the T tokens of ``x [B, T, D]`` one at a time; all-reduced."""
+        """Reset the slots, then run the T tokens of ``x [B, T, D]`` one at a time; all-reduced. A step
+        the kernel's op rejects puts the used slots of both pools back as they were before the call
+        (the reset and the earlier steps undone: one copy of the B slots, beside a token loop)."""
         d = self._dims
         B = x.shape[0]
         if B == 0:
             return x.new_zeros(0, x.shape[1], d["D"])
+        rows = row_slots(state_indices.long(), ssm_states.shape[0])
+        saved = [(pool, rows.gather(pool).clone()) for pool in (ssm_states, conv_states)]
         scatter_rows(ssm_states, state_indices, ssm_states.new_zeros(B, d["HV"], d["V"], d["K"]))
         scatter_rows(conv_states, state_indices, conv_states.new_zeros(B, d["C"], d["W"]))
-        ys = [self._step(x[:, t], ssm_states, conv_states, state_indices, kernel) for t in range(x.shape[1])]
+        try:
+            ys = [self._step(x[:, t], ssm_states, conv_states, state_indices, kernel) for t in range(x.shape[1])]
+        except BaseException:
+            for pool, old in saved:
+                scatter_rows(pool, state_indices, old)
+            raise
         y = torch.stack(ys, dim=1) if ys else x.new_zeros(B, 0, d["D"])
         return self._all_reduce(y)
 
     def _conv_varlen(self, mixed_qkv: Tensor, conv_states: Tensor, state_indices: Tensor, cu_seqlens: Tensor,
-                     has_initial_state: Tensor) -> Tensor:
+                     has_initial_state: Tensor) -> tuple[Tensor, Tensor]:
         """The short causal conv over packed sequences (``mixed_qkv [T, C]``): each token's window is
         the W inputs before it in its own sequence, reaching back into the slot's cached inputs when
-        ``has_initial_state`` (else zeros) and never into another sequence; each valid slot then
-        keeps its sequence's last W inputs. Padding sequences give zeros and write no slot."""
+        ``has_initial_state`` (else zeros) and never into another sequence. Returns the output and
+        what each slot is to keep (``[B, C, W]``, its sequence's last W inputs; the caller writes the
+        valid slots). Padding sequences, and tokens past ``cu_seqlens[B]``, give zeros. Offsets that
+        break the value rules (checked in strict and watch mode, not here) give wrong values, never an
+        index past the buffer."""
         from kda_kernels.prefill_reference import token_sequences
 
         T, W, B = mixed_qkv.shape[0], self._dims["W"], state_indices.shape[0]
@@ -264,18 +282,22 @@ class LinearAttentionDecode(nn.Module):
                          conv_states.new_zeros(1, conv_states.shape[1])])
         cu = cu_seqlens.long()
         seq = token_sequences(cu, T)
+        past = seq >= B  # a token past cu_seqlens[B]: no sequence's
+        seq = seq.clamp(max=max(B - 1, 0))
+        zero_row = T + B * W
 
         def window(s: Tensor, t: Tensor, lags: Tensor) -> Tensor:  # buf rows of token t (at sequence s) - lag
             pos = (t - cu.index_select(0, s)).unsqueeze(1) - lags  # position inside the sequence
-            return torch.where(pos >= 0, t.unsqueeze(1) - lags, T + s.unsqueeze(1) * W + W + pos)
+            row = torch.where(pos >= 0, t.unsqueeze(1) - lags, T + s.unsqueeze(1) * W + W + pos)
+            return torch.where((row >= 0) & (row <= zero_row), row, zero_row)  # (offsets out of order)
 
         lags = torch.arange(W, -1, -1, device=cu.device)  # oldest input first, the token itself last
         win = buf[window(seq, torch.arange(T, device=cu.device), lags)]  # [T, W+1, C]
         y = F.silu((win.transpose(1, 2).float() * self.conv1d.float()).sum(-1))
         ends = torch.arange(B, device=cu.device)
-        scatter_rows(conv_states, state_indices, buf[window(ends, cu[1:], lags[:-1])].transpose(1, 2))
-        live = rows.valid.index_select(0, seq).unsqueeze(-1)
-        return y.masked_fill(~live, 0.0).to(mixed_qkv.dtype)
+        kept = buf[window(ends, cu[1:], lags[:-1])].transpose(1, 2)
+        live = (rows.valid.index_select(0, seq) & ~past).unsqueeze(-1)
+        return y.masked_fill(~live, 0.0).to(mixed_qkv.dtype), kept
 
     def _prefill_either(self, x: Tensor, ssm_states: Tensor, conv_states: Tensor, state_indices: Tensor,
                         cu_seqlens: Tensor | None, has_initial_state: Tensor | None, step: StepKernel,
@@ -302,10 +324,11 @@ class LinearAttentionDecode(nn.Module):
         d = self._dims
         T = x.shape[0]
         mixed_qkv, a, b, extra = self._inputs(x)
-        mixed_qkv = self._conv_varlen(mixed_qkv, conv_states, state_indices, cu_seqlens, has_initial_state)
+        mixed_qkv, kept = self._conv_varlen(mixed_qkv, conv_states, state_indices, cu_seqlens, has_initial_state)
         out = x.new_empty(T, d["HV"], d["V"])
         kernel(mixed_qkv, a, b, self.A_log, self.dt_bias, self.config.scale, ssm_states, out, cu_seqlens,
                state_indices, has_initial_state)
+        scatter_rows(conv_states, state_indices, kept)  # after the kernel: a rejected call leaves it as it was
         return self._all_reduce(self._outputs(x, out, extra))
 
     def _inputs(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor, Any]:
