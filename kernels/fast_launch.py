@@ -1,9 +1,9 @@
 """A Triton kernel launched straight through its compiled launcher after the first launch of each
 specialization: ``kernel[grid](...)`` spends 15-25 µs of host time per call in Triton's
 ``JITFunction.run`` (binding, the specialization key, the cache lookup), which is most of a small
-kernel's cost and, after a host sync (fla's chunk plan), all of it. The key holds what Triton
-specializes a kernel on: each tensor's dtype and 16-byte alignment, each int's class (== 1, a
-multiple of 16, i32 or i64), the constexprs. Anything unexpected turns the fast path off for the
+kernel's cost and, where the device has caught up (after a host sync), all of it. The key holds
+what Triton specializes a kernel on: each tensor's dtype and 16-byte alignment, each int's class
+(== 1, a multiple of 16, i32 or i64), the constexprs. Anything unexpected turns the fast path off for the
 process with a warning (every launch then takes ``kernel[grid]``); so does
 ``KDA_TRITON_FAST_LAUNCH=0``. Under ``TRITON_INTERPRET`` there is no compiled kernel: always the
 normal launch. (``triton_decode`` has its own, with its plan cache.)
