@@ -250,14 +250,14 @@ class LinearAttentionDecode(nn.Module):
         if B == 0:
             return x.new_zeros(0, x.shape[1], d["D"])
         rows = row_slots(state_indices.long(), ssm_states.shape[0])
-        saved = [(pool, rows.gather(pool).clone()) for pool in (ssm_states, conv_states)]
+        saved = [(pool, rows.gather(pool)) for pool in (ssm_states, conv_states)]  # (index_select: a copy)
         scatter_rows(ssm_states, state_indices, ssm_states.new_zeros(B, d["HV"], d["V"], d["K"]))
         scatter_rows(conv_states, state_indices, conv_states.new_zeros(B, d["C"], d["W"]))
         try:
             ys = [self._step(x[:, t], ssm_states, conv_states, state_indices, kernel) for t in range(x.shape[1])]
         except BaseException:
             for pool, old in saved:
-                scatter_rows(pool, state_indices, old)
+                rows.scatter(pool, old)
             raise
         y = torch.stack(ys, dim=1) if ys else x.new_zeros(B, 0, d["D"])
         return self._all_reduce(y)
