@@ -1,24 +1,23 @@
 """flash-linear-attention's chunk kernels behind the packed-prefill call (peers): ``chunk_kda`` for
 KDA, ``chunk_gated_delta_rule`` for GDN (fla-core 0.6.0, ``fla.ops.kda`` / ``fla.ops.gated_delta_rule``).
 
-fla takes q/k/v as ``[1, T, H, K]`` tensors with ``cu_seqlens`` (int64, ``[B+1]``) for varlen input,
-a dense initial state of one row per sequence (``[B, HV, K, V]``, or ``[B, HV, V, K]`` with
-``state_v_first=True``) and returns the output and the final states out of place
-(``output_final_state=True``). This wrapper hands fla the raw inputs, as a direct caller of fla
-would, gathers each sequence's slot (zero where ``has_initial_state`` is False or the slot is
-padding), runs the kernel, writes ``out`` in one pass (the padding sequences' rows zero) and scatters
-the final states back to the valid slots, each in one small Triton kernel that moves every byte
-once (:mod:`kda_kernels.prefill_slots`). Nothing reads ``cu_seqlens`` on the host (on fla's Triton
-kernels, see below): fla's default chunk plan (which 64-token chunk of which sequence each program
-takes) does, a sync that drains the device queue on every call; here the plan is built on the device
-instead, with a row count that follows from the shapes alone (``ceil(T / 64) + B - 1``, the most chunks
-``B`` sequences of ``T`` tokens can have), the rows past the real chunks left to do nothing. KDA takes
-it through fla's own fixed-shape plan (``use_graph=True``, ``max_num_seqs=B``: every KDA chunk kernel
-returns at once on a row whose sequence is ``-1``); GDN through ``chunk_indices`` (:func:`chunk_plan`,
-whose spare rows name a chunk past the end of sequence 0, which every GDN chunk kernel masks or returns
-on, as it does for the tail of a short sequence), on fla's Triton kernels only: where FlashQLA may take
-a GDN call, or with fla's intra-card context parallelism on (``FLA_INTRACARD_CP``), fla plans for
-itself and reads ``cu_seqlens`` on the host (:func:`gdn_plan_taken`).
+fla takes q/k/v as ``[1, T, H, K]`` tensors with ``cu_seqlens`` (int64, ``[B+1]``) for varlen input, a dense
+initial state of one row per sequence (``[B, HV, K, V]``, or ``[B, HV, V, K]`` with ``state_v_first=True``) and
+returns the output and the final states out of place (``output_final_state=True``). This wrapper hands fla the
+raw inputs, as a direct caller of fla would, gathers each sequence's slot (zero where ``has_initial_state`` is
+False or the slot is padding), runs the kernel, writes ``out`` in one pass (the padding sequences' rows zero)
+and scatters the final states back to the valid slots: one Triton launch before fla's call (with q/k/v copied
+out of ``mixed_qkv``) and one after it, every byte moved once (:mod:`kda_kernels.prefill_slots`). Nothing reads
+``cu_seqlens`` on the host (on fla's Triton kernels, see below): fla's default chunk plan (which 64-token chunk
+of which sequence each program takes) does, a sync that drains the device queue on every call; here the plan is
+built on the device instead, with a row count that follows from the shapes alone (``ceil(T / 64) + B - 1``, the
+most chunks ``B`` sequences of ``T`` tokens can have), the rows past the real chunks left to do nothing. KDA
+takes it through fla's own fixed-shape plan (``use_graph=True``, ``max_num_seqs=B``: every KDA chunk kernel
+returns at once on a row whose sequence is ``-1``); GDN through ``chunk_indices`` (:func:`chunk_plan`, whose
+spare rows name a chunk past the end of sequence 0, which every GDN chunk kernel masks or returns on, as it does
+for the tail of a short sequence), on fla's Triton kernels only: where FlashQLA may take a GDN call, or with
+fla's intra-card context parallelism on (``FLA_INTRACARD_CP``), fla plans for itself and reads ``cu_seqlens`` on
+the host (:func:`gdn_plan_taken`).
 
 What fla-core 0.6.0 computes for us, checked against its source and, under the interpreter, against
 the token loop (``tests/test_prefill.py``):
@@ -38,15 +37,15 @@ the token loop (``tests/test_prefill.py``):
   caller passes it.
 - the q/k l2norm (``use_qk_l2norm_in_kernel``; eps 1e-6 under the square root, ours).
 
-fla's forward makes every input contiguous (``input_guard``), so q/k/v, views of ``mixed_qkv``, are
-copied inside any call of it; this wrapper makes that copy itself first, so that the small launches
-of the slot gather run while the device copies. With ``flash_qla`` installed (CUDA), fla hands bf16
-GDN calls with K = V = 128 on SM90+ to FlashQLA, which takes only a precomputed gate: GDN then keeps
-our torch gate (one fp32 value per token and head) so that FlashQLA still gets the call
-(:func:`gdn_gate_in_kernel`; ``FLA_FLASH_QLA=0`` keeps fla's Triton kernels and the fused gate).
-Zero-length sequences in ``cu_seqlens`` get no chunk, their final state is their initial one. fla
-caches what it derives from ``cu_seqlens`` by the tensor's identity; the int64 copy made here is new
-each call, so a caller's int32 buffer updated in place never meets a stale plan.
+fla's forward makes every input contiguous (``input_guard``), so q/k/v, views of ``mixed_qkv``, are copied
+inside any call of it, one launch each; this wrapper makes that copy itself, in the launch that gathers the
+slots (a launch is host time, and at T = 4,096 fla's call is host-bound). With ``flash_qla`` installed (CUDA),
+fla hands bf16 GDN calls with K = V = 128 on SM90+ to FlashQLA, which takes only a precomputed gate: GDN then
+keeps our torch gate (one fp32 value per token and head) so that FlashQLA still gets the call
+(:func:`gdn_gate_in_kernel`; ``FLA_FLASH_QLA=0`` keeps fla's Triton kernels and the fused gate). Zero-length
+sequences in ``cu_seqlens`` get no chunk, their final state is their initial one. fla caches what it derives
+from ``cu_seqlens`` by the tensor's identity; the int64 copy made here is new each call, so a caller's int32
+buffer updated in place never meets a stale plan.
 
 CUDA; also the CPU under the Triton interpreter (``TRITON_INTERPRET=1``, for tests), with two
 shims while the kernel runs (:func:`launch_context`): Triton's autotuner benchmarks its configs
@@ -75,7 +74,6 @@ from torch import Tensor
 
 from .fla_decode import is_available as _fla_available
 from .gdn_reference import gdn_gate
-from .interface import split_qkv
 
 __all__ = ["CHUNK", "chunk_plan", "gdn_gate_in_kernel", "gdn_is_available", "gdn_packed_prefill", "gdn_plan",
            "gdn_plan_taken", "is_available", "kda_plan", "launch_context", "packed_prefill"]
@@ -201,10 +199,10 @@ def _run(kernel: Callable[..., Any], mixed_qkv: Tensor, g: Tensor, beta: Tensor,
     """``kernel`` on the call: ``g [T, HV(, K)]`` and ``beta [T, HV]`` as fla takes them with the
     ``fused`` flags (the raw logits with ``use_gate_in_kernel`` / ``use_beta_sigmoid_in_kernel``) and
     ``plan(cu_seqlens, T, B)``'s keywords for a chunk plan made on the device."""
-    from .prefill_slots import gather_slots, scatter_slots, write_output
+    from .prefill_slots import finish, prepare
 
     T = mixed_qkv.shape[0]
-    N, HV = initial_state.shape[:2]
+    HV = initial_state.shape[1]
     V = out.shape[-1]
     K = (mixed_qkv.shape[1] - HV * V) // (2 * num_heads)
     B = ssm_state_indices.shape[0]
@@ -212,20 +210,18 @@ def _run(kernel: Callable[..., Any], mixed_qkv: Tensor, g: Tensor, beta: Tensor,
         out.zero_()
         return
     with launch_context(mixed_qkv.device):
-        if T == 0:  # sequences without tokens: their final state is their initial one (or zero)
-            scatter_slots(initial_state, gather_slots(initial_state, ssm_state_indices, has_initial_state),
-                          ssm_state_indices)
-            return
-        # fla's input guard copies q/k/v (views of mixed_qkv) to contiguous tensors in any case: made
-        # here first, the copies run on the device while the host launches the slot gather
-        q, k, v = (x.unsqueeze(0).contiguous() for x in split_qkv(mixed_qkv, num_heads, HV, K, V))
-        h0 = gather_slots(initial_state, ssm_state_indices, has_initial_state)
+        # one launch: q/k/v copied out of mixed_qkv (fla's input guard would copy each view in a launch of
+        # its own) and each sequence's slot gathered (zero where it starts fresh or is padding)
+        q, k, v, h0 = prepare(mixed_qkv, num_heads, HV, K, V, initial_state, ssm_state_indices, has_initial_state)
         cu = cu_seqlens.long()  # new each call: what fla caches by identity is never stale
+        if T == 0:  # sequences without tokens: their final state is their initial one (or zero)
+            finish(out, None, h0, cu, initial_state, ssm_state_indices)
+            return
         o, ht = kernel(q=q, k=k, v=v, g=g.unsqueeze(0), beta=beta.unsqueeze(0), scale=scale, initial_state=h0,
                        output_final_state=True, use_qk_l2norm_in_kernel=use_qk_l2norm,
                        state_v_first=state_layout == "VK", cu_seqlens=cu, **plan(cu, T, B), **fused)
-        write_output(out, o, cu, ssm_state_indices, N)  # zero for the padding sequences' tokens
-        scatter_slots(initial_state, ht, ssm_state_indices)
+        # one launch: out (zero for the padding sequences' tokens) and the final states into the valid slots
+        finish(out, o, ht, cu, initial_state, ssm_state_indices)
 
 
 def kda_plan(cu_seqlens: Tensor, T: int, B: int) -> dict[str, Any]:
