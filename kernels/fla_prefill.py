@@ -82,6 +82,14 @@ CHUNK = 64
 """fla's chunk length (its ``chunk_size`` default, which both chunk kernels are called with)."""
 
 
+def chunk_plan(cu_seqlens: Tensor, T: int) -> Tensor:
+    """fla's ``chunk_indices`` for ``cu_seqlens`` made on the device in one launch, without a sync
+    (:func:`kda_kernels.prefill_slots.chunk_plan`)."""
+    from .prefill_slots import chunk_plan as plan
+
+    return plan(cu_seqlens, T)
+
+
 def is_available() -> tuple[bool, str]:
     """Whether fla's ``chunk_kda`` can run here, and why not."""
     return _fla_available("fla.ops.kda.chunk")
@@ -168,37 +176,13 @@ def _flash_qla_absent(index: int | None, setting: str | None) -> bool:
     return not (FlashQLABackend.is_available() and FlashQLABackend().is_enabled())
 
 
-def chunk_plan(cu_seqlens: Tensor, T: int, chunk: int = CHUNK) -> Tensor:
-    """fla's ``chunk_indices`` for ``cu_seqlens`` (int64, ``[B+1]``) built on the device without a sync:
-    ``[ceil(T / chunk) + B - 1, 2]`` int64 rows ``(sequence, chunk within it)``, the real chunks first in
-    order, then spare rows ``(0, rows)``: a chunk past the end of every sequence, which the kernels
-    skip. The row count is an upper bound from the shapes alone (each sequence boundary can split at
-    most one chunk), so it never depends on the offsets' values.
-
-    Example::
-
-        >>> chunk_plan(torch.tensor([0, 3, 3, 70]), 70).tolist()
-        [[0, 0], [2, 0], [2, 1], [0, 4]]
-    """
-    B = cu_seqlens.shape[0] - 1
-    rows = -(-T // chunk) + max(B - 1, 0)
-    chunks = (cu_seqlens[1:] - cu_seqlens[:-1] + (chunk - 1)).div(chunk, rounding_mode="floor")
-    ends = chunks.cumsum(0)  # chunks up to and including each sequence
-    r = torch.arange(rows, device=cu_seqlens.device, dtype=ends.dtype)
-    seq = torch.searchsorted(ends, r, right=True)  # the first sequence whose chunks reach past r
-    live = seq < B
-    seq = seq.clamp(max=max(B - 1, 0))
-    pos = r - (ends[seq] - chunks[seq])
-    return torch.stack([torch.where(live, seq, 0), torch.where(live, pos, rows)], 1)
-
-
 def _run(kernel: Callable[..., Any], mixed_qkv: Tensor, g: Tensor, beta: Tensor, scale: float,
          initial_state: Tensor, out: Tensor, cu_seqlens: Tensor, ssm_state_indices: Tensor,
-         has_initial_state: Tensor, *, num_heads: int, use_qk_l2norm: bool, state_layout: str,
-         plan: Callable[[Tensor, int, int], dict[str, Any]], **fused: Any) -> None:
+         has_initial_state: Tensor, *, num_heads: int, use_qk_l2norm: bool, state_layout: str, gdn: bool,
+         **fused: Any) -> None:
     """``kernel`` on the call: ``g [T, HV(, K)]`` and ``beta [T, HV]`` as fla takes them with the
-    ``fused`` flags (the raw logits with ``use_gate_in_kernel`` / ``use_beta_sigmoid_in_kernel``) and
-    ``plan(cu_seqlens, T, B)``'s keywords for a chunk plan made on the device."""
+    ``fused`` flags (the raw logits with ``use_gate_in_kernel`` / ``use_beta_sigmoid_in_kernel``), with
+    a chunk plan made on the device (:func:`kda_plan`, or GDN's :func:`chunk_plan` where it is taken)."""
     from .prefill_slots import finish, prepare
 
     T = mixed_qkv.shape[0]
@@ -211,15 +195,18 @@ def _run(kernel: Callable[..., Any], mixed_qkv: Tensor, g: Tensor, beta: Tensor,
         return
     with launch_context(mixed_qkv.device):
         # one launch: q/k/v copied out of mixed_qkv (fla's input guard would copy each view in a launch of
-        # its own) and each sequence's slot gathered (zero where it starts fresh or is padding)
-        q, k, v, h0 = prepare(mixed_qkv, num_heads, HV, K, V, initial_state, ssm_state_indices, has_initial_state)
-        cu = cu_seqlens.long()  # new each call: what fla caches by identity is never stale
+        # its own), each sequence's slot gathered (zero where it starts fresh or is padding), cu_seqlens as
+        # int64 (new each call: what fla caches by identity is never stale) and GDN's chunk plan
+        planned = gdn and T > 0 and gdn_plan_taken(mixed_qkv.device)
+        q, k, v, h0, cu, chunk_indices = prepare(mixed_qkv, num_heads, HV, K, V, initial_state, ssm_state_indices,
+                                                 has_initial_state, cu_seqlens, plan=planned)
         if T == 0:  # sequences without tokens: their final state is their initial one (or zero)
             finish(out, None, h0, cu, initial_state, ssm_state_indices)
             return
+        plan = {"chunk_indices": chunk_indices} if planned else {} if gdn else kda_plan(cu, T, B)
         o, ht = kernel(q=q, k=k, v=v, g=g.unsqueeze(0), beta=beta.unsqueeze(0), scale=scale, initial_state=h0,
                        output_final_state=True, use_qk_l2norm_in_kernel=use_qk_l2norm,
-                       state_v_first=state_layout == "VK", cu_seqlens=cu, **plan(cu, T, B), **fused)
+                       state_v_first=state_layout == "VK", cu_seqlens=cu, **plan, **fused)
         # one launch: out (zero for the padding sequences' tokens) and the final states into the valid slots
         finish(out, o, ht, cu, initial_state, ssm_state_indices)
 
@@ -231,7 +218,8 @@ def kda_plan(cu_seqlens: Tensor, T: int, B: int) -> dict[str, Any]:
 
 def gdn_plan(cu_seqlens: Tensor, T: int, B: int) -> dict[str, Any]:
     """``chunk_gated_delta_rule``'s keywords for :func:`chunk_plan` (it has no fixed-shape plan of its own),
-    where fla's Triton kernels run the call (:func:`gdn_plan_taken`); none elsewhere (fla's own plan)."""
+    where fla's Triton kernels run the call (:func:`gdn_plan_taken`); none elsewhere (fla's own plan). (The
+    backend makes the plan in the launch that prepares the call; this is the plan on its own, one launch.)"""
     return {"chunk_indices": chunk_plan(cu_seqlens, T)} if gdn_plan_taken(cu_seqlens.device) else {}
 
 
@@ -256,7 +244,7 @@ def packed_prefill(mixed_qkv: Tensor, a: Tensor, b: Tensor, A_log: Tensor, dt_bi
     HV = A_log.shape[0]
     g = a.unflatten(-1, (HV, a.shape[-1] // HV))  # [T, HV, K] raw logits, a view
     _run(chunk_kda, mixed_qkv, g, b, scale, initial_state, out, cu_seqlens, ssm_state_indices, has_initial_state,
-         num_heads=num_heads, use_qk_l2norm=use_qk_l2norm, state_layout=state_layout, plan=kda_plan,
+         num_heads=num_heads, use_qk_l2norm=use_qk_l2norm, state_layout=state_layout, gdn=False,
          use_gate_in_kernel=True,
          A_log=A_log, dt_bias=dt_bias, lower_bound=lower_bound, use_beta_sigmoid_in_kernel=True)
 
@@ -276,4 +264,4 @@ def gdn_packed_prefill(mixed_qkv: Tensor, a: Tensor, b: Tensor, A_log: Tensor, d
         g, fused = gdn_gate(a, dt_bias, A_log), {}  # [T, HV] fp32, log space
     _run(chunk_gated_delta_rule, mixed_qkv, g, beta, scale, initial_state, out, cu_seqlens, ssm_state_indices,
          has_initial_state, num_heads=num_heads, use_qk_l2norm=use_qk_l2norm, state_layout=state_layout,
-         plan=gdn_plan, **fused)
+         gdn=True, **fused)

@@ -31,36 +31,39 @@ Example::
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 import triton
 import triton.language as tl
 from torch import Tensor
 
 from .fast_launch import FastLaunch
+from .fla_prefill import CHUNK
 
-__all__ = ["finish", "prepare"]
+__all__ = ["Prepared", "chunk_plan", "finish", "prepare"]
 
 _ROW_BLOCK = 4096  # state elements per program
 _TOKENS, _WIDTH, _SEQS = 16, 512, 64  # a token tile: tokens x channels, and sequences per step of the search
+_PLAN_ROWS = 64  # chunk-plan rows per program
 
 
-@triton.jit(do_not_specialize=["T", "k_at", "v_at", "B", "n_copy"])
-def _prepare_kernel(x, qkv, pool, h0, slots, has_init, T, k_at, v_at, x_stride, HK, W, N, row_stride, S, B, n_copy,
-                    n_w, n_s,
-                    BT: tl.constexpr, BW: tl.constexpr, BLOCK: tl.constexpr):
+@triton.jit(do_not_specialize=["T", "k_at", "B", "n_copy", "n_gather", "n_plan", "rows"])
+def _prepare_kernel(x, qk, vbuf, pool, h0, slots, has_init, cu, cu64, plan, T, k_at, x_stride, HK, W, N, row_stride,
+                    S, B, n_copy, n_gather, n_plan, rows, n_w, n_s, BT: tl.constexpr, BW: tl.constexpr,
+                    BLOCK: tl.constexpr, BR: tl.constexpr, BB: tl.constexpr, CHUNK: tl.constexpr):
     pid = tl.program_id(0).to(tl.int64)
-    # (Triton merges the names assigned in both branches of an if: each branch names its own)
-    if pid < n_copy:  # a [BT, BW] tile of x's q | k | v channels into the q, k and v blocks of qkv
+    # (Triton merges the names assigned in both branches of an if: each part names its own)
+    if pid < n_copy:  # a [BT, BW] tile of x's q | k | v channels into q and k (one buffer) and v
         t = (pid // n_w) * BT + tl.arange(0, BT)
         c = (pid % n_w) * BW + tl.arange(0, BW)
         m = (t < T)[:, None] & (c < W)[None, :]
         val = tl.load(x + t[:, None] * x_stride + c[None, :], mask=m)
         tt, cc = t[:, None], c[None, :]
-        # q: [T, HK] at 0, k: [T, HK] at k_at = T*HK, v: [T, W - 2*HK] at v_at = 2*T*HK (host ints: no i32 product)
-        dst = tl.where(cc < HK, tt * HK + cc,
-                       tl.where(cc < 2 * HK, k_at + tt * HK + (cc - HK), v_at + tt * (W - 2 * HK) + (cc - 2 * HK)))
-        tl.store(qkv + dst, val, mask=m)
-    else:  # one block of one sequence's initial state
+        # q: [T, HK] at 0 of qk, k: [T, HK] at k_at = T*HK (a host int: no i32 product), v: [T, W - 2*HK]
+        tl.store(qk + tl.where(cc < HK, tt * HK + cc, k_at + tt * HK + (cc - HK)), val, mask=m & (cc < 2 * HK))
+        tl.store(vbuf + tt * (W - 2 * HK) + (cc - 2 * HK), val, mask=m & (cc >= 2 * HK))
+    elif pid < n_copy + n_gather:  # one block of one sequence's initial state
         r = pid - n_copy
         b = r // n_s
         offs = (r % n_s) * BLOCK + tl.arange(0, BLOCK)
@@ -70,6 +73,28 @@ def _prepare_kernel(x, qkv, pool, h0, slots, has_init, T, k_at, v_at, x_stride, 
         row = tl.load(pool + tl.where(take, row_slot, 0) * row_stride + offs, mask=offs < tl.where(take, S, 0),
                       other=0.0)
         tl.store(h0 + b * S + offs, row.to(tl.float32), mask=offs < S)
+    elif pid < n_copy + n_gather + n_plan:  # BR rows of the chunk plan (see chunk_plan)
+        p = (pid - n_copy - n_gather) * BR + tl.arange(0, BR)
+        seq = tl.zeros([BR], dtype=tl.int64)  # sequences whose chunks end at or before the row
+        before = tl.zeros([BR], dtype=tl.int64)  # their chunks
+        carry = tl.zeros([1], dtype=tl.int64)
+        for j0 in range(0, B, BB):
+            j = j0 + tl.arange(0, BB)
+            lo = tl.load(cu + j, mask=j < B, other=0).to(tl.int64)
+            hi = tl.load(cu + 1 + j, mask=j < B, other=0).to(tl.int64)
+            ch = tl.where(j < B, (hi - lo + (CHUNK - 1)) // CHUNK, 0)
+            ends = carry + tl.cumsum(ch, 0)
+            done = (ends[None, :] <= p[:, None]) & (j < B)[None, :]
+            seq += tl.sum(done.to(tl.int64), axis=1)
+            before += tl.sum(tl.where(done, ch[None, :], 0), axis=1)
+            carry += tl.sum(ch, 0)
+        live = seq < B
+        pm = p < rows
+        tl.store(plan + 2 * p, tl.where(live, seq, 0), mask=pm)
+        tl.store(plan + 2 * p + 1, tl.where(live, p - before, rows), mask=pm)
+    else:  # BR entries of cu_seqlens as int64
+        e = (pid - n_copy - n_gather - n_plan) * BR + tl.arange(0, BR)
+        tl.store(cu64 + e, tl.load(cu + e, mask=e <= B).to(tl.int64), mask=e <= B)
 
 
 @triton.jit(do_not_specialize=["T", "B", "n_out"])
@@ -116,11 +141,23 @@ def _row(pool: Tensor) -> tuple[int, int]:
     return pool.stride(0), size
 
 
+class Prepared(NamedTuple):
+    """What :func:`prepare` makes for fla's call."""
+
+    q: Tensor  # [1, T, H, K], contiguous
+    k: Tensor  # [1, T, H, K], contiguous
+    v: Tensor  # [1, T, HV, V], contiguous
+    h0: Tensor  # [B, *pool.shape[1:]] fp32: each sequence's slot where it is valid and continues, else zero
+    cu_seqlens: Tensor  # [B + 1] int64, new each call
+    chunk_indices: Tensor | None  # chunk_plan(cu_seqlens, T) where asked for
+
+
 def prepare(mixed_qkv: Tensor, num_heads: int, num_v_heads: int, K: int, V: int, pool: Tensor, slots: Tensor,
-            has_initial_state: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """``(q, k, v, h0)``: contiguous ``[1, T, H, K]``, ``[1, T, H, K]``, ``[1, T, HV, V]`` copies of
-    ``mixed_qkv``'s channels (``[T, 2*H*K + HV*V]``, last dim contiguous) and ``h0 [B, *pool.shape[1:]]``
-    fp32, each sequence's slot where it is valid and continues, else zero; one launch."""
+            has_initial_state: Tensor, cu_seqlens: Tensor, *, plan: bool = False) -> Prepared:
+    """Everything fla's call takes besides the gate and beta, in one launch: contiguous copies of
+    ``mixed_qkv``'s q/k/v channels (``[T, 2*H*K + HV*V]``, last dim contiguous, any row stride), the
+    slots gathered into a dense fp32 initial state, ``cu_seqlens`` as int64 and, with ``plan``, the
+    chunk plan (:func:`chunk_plan`)."""
     row_stride, S = _row(pool)
     T, B = mixed_qkv.shape[0], slots.shape[0]
     HK, HVV = num_heads * K, num_v_heads * V
@@ -128,20 +165,52 @@ def prepare(mixed_qkv: Tensor, num_heads: int, num_v_heads: int, K: int, V: int,
     if mixed_qkv.shape[-1] < W or (T > 1 and W > 1 and mixed_qkv.stride(-1) != 1):
         raise ValueError(f"mixed_qkv needs {W} channels, the last dim contiguous: got shape {tuple(mixed_qkv.shape)}, "
                          f"strides {mixed_qkv.stride()}")
-    qkv = torch.empty(T * W, dtype=mixed_qkv.dtype, device=mixed_qkv.device)
-    h0 = torch.empty(B, *pool.shape[1:], dtype=torch.float32, device=pool.device)
+    device = mixed_qkv.device
+    qk = torch.empty(2, 1, T, num_heads, K, dtype=mixed_qkv.dtype, device=device)
+    v = torch.empty(1, T, num_v_heads, V, dtype=mixed_qkv.dtype, device=device)
+    h0 = torch.empty(B, *pool.shape[1:], dtype=torch.float32, device=device)
+    cu64 = torch.empty(B + 1, dtype=torch.long, device=device)
+    rows = _rows(T, B)
+    chunk_indices = torch.empty(rows, 2, dtype=torch.long, device=device) if plan else None
     n_w, n_s = triton.cdiv(W, _WIDTH), triton.cdiv(S, _ROW_BLOCK)
     n_copy = triton.cdiv(T, _TOKENS) * n_w if T * W else 0
     n_gather = B * n_s if S else 0
-    if n_copy + n_gather:
-        x = mixed_qkv if n_copy else h0  # (never read without a copy part: any tensor of the device)
-        _PREPARE((n_copy + n_gather,), x, qkv if n_copy else h0, pool, h0, slots, has_initial_state, T,
-                 T * HK, 2 * T * HK, mixed_qkv.stride(0), HK, W, pool.shape[0], row_stride, S, B, n_copy, n_w, n_s,
-                 BT=_TOKENS, BW=_WIDTH, BLOCK=_ROW_BLOCK)
-    q = qkv[: T * HK].view(1, T, num_heads, K)
-    k = qkv[T * HK : 2 * T * HK].view(1, T, num_heads, K)
-    v = qkv[2 * T * HK :].view(1, T, num_v_heads, V)
-    return q, k, v, h0
+    n_plan = triton.cdiv(rows, _PLAN_ROWS) if plan else 0
+    grid = n_copy + n_gather + n_plan + triton.cdiv(B + 1, _PLAN_ROWS)  # (the last part: cu_seqlens as int64)
+    _PREPARE((grid,), mixed_qkv if n_copy else h0, qk if n_copy else h0, v if n_copy else h0, pool, h0, slots,
+             has_initial_state, cu_seqlens, cu64, cu64 if chunk_indices is None else chunk_indices, T, T * HK,
+             mixed_qkv.stride(0), HK, W, pool.shape[0], row_stride, S, B, n_copy, n_gather, n_plan, rows, n_w, n_s,
+             BT=_TOKENS, BW=_WIDTH, BLOCK=_ROW_BLOCK, BR=_PLAN_ROWS, BB=_SEQS, CHUNK=CHUNK)
+    return Prepared(qk[0], qk[1], v, h0, cu64, chunk_indices)
+
+
+def chunk_plan(cu_seqlens: Tensor, T: int) -> Tensor:
+    """fla's ``chunk_indices`` for ``cu_seqlens`` (``[B+1]``, int32 or int64) built on the device in one
+    launch, without a sync: ``[ceil(T / 64) + B - 1, 2]`` int64 rows ``(sequence, chunk within it)``,
+    the real 64-token chunks first in order, then spare rows ``(0, rows)``: a chunk past the end of
+    every sequence, which the kernels skip. The row count is an upper bound from the shapes alone
+    (each sequence boundary can split at most one chunk), so it never depends on the offsets' values.
+
+    Example::
+
+        >>> chunk_plan(torch.tensor([0, 3, 3, 70]), 70).tolist()
+        [[0, 0], [2, 0], [2, 1], [0, 4]]
+    """
+    B, device = cu_seqlens.shape[0] - 1, cu_seqlens.device
+    rows = _rows(T, B)
+    chunk_indices = torch.empty(rows, 2, dtype=torch.long, device=device)
+    if rows:
+        # (the plan part alone: no copy, gather or int64 part in the grid; the other tensors never read)
+        n_plan = triton.cdiv(rows, _PLAN_ROWS)
+        _PREPARE((n_plan,), chunk_indices, chunk_indices, chunk_indices, chunk_indices, chunk_indices, cu_seqlens,
+                 cu_seqlens, cu_seqlens, chunk_indices, chunk_indices, T, 0, 0, 0, 0, 0, 0, 0, B, 0, 0, n_plan, rows,
+                 1, 1, BT=_TOKENS, BW=_WIDTH, BLOCK=_ROW_BLOCK, BR=_PLAN_ROWS, BB=_SEQS, CHUNK=CHUNK)
+    return chunk_indices
+
+
+def _rows(T: int, B: int) -> int:
+    """The chunk plan's row count: the most 64-token chunks ``B`` sequences of ``T`` tokens can have."""
+    return -(-T // CHUNK) + max(B - 1, 0)
 
 
 def finish(out: Tensor, o: Tensor | None, ht: Tensor, cu_seqlens: Tensor, pool: Tensor, slots: Tensor) -> None:

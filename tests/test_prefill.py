@@ -299,14 +299,15 @@ def test_fla_slots_a_strided_bf16_pool_and_an_out_of_range_slot_on_the_cpu_under
                     reason="the slot kernels run on CUDA, or on the CPU under TRITON_INTERPRET=1")
 def test_the_two_slot_launches_copy_qkv_gather_write_out_and_scatter_as_torch_does():
     # the launches around fla's call on their own: 70 sequences (more than one step of the token's
-    # sequence search), q/k/v from a row-padded buffer with H != HV and K != V, a bf16 pool every other
+    # sequence search and of the chunk plan's), q/k/v from a row-padded buffer with H != HV and K != V, a bf16 pool every other
     # row of a larger one, padding (-1) and out-of-range (N) slots, has_initial_state mixed
     from kda_kernels.interface import split_qkv
-    from kda_kernels.prefill_slots import finish, prepare
+    from kda_kernels.prefill_slots import chunk_plan, finish, prepare
 
     g = torch.Generator().manual_seed(3)
     Hq, Hv, Kd, Vd, n, B = 2, 3, 16, 8, 90, 70
     lengths = torch.randint(0, 4, (B,), generator=g)
+    lengths[5], lengths[66] = 130, 65  # sequences of three and two chunks, one past the plan's first 64
     T = int(lengths.sum())
     cu = torch.cat([torch.zeros(1, dtype=torch.long), lengths.cumsum(0)])
     width = 2 * Hq * Kd + Hv * Vd
@@ -317,7 +318,12 @@ def test_the_two_slot_launches_copy_qkv_gather_write_out_and_scatter_as_torch_do
     big = torch.randn(2 * n, Hv, Vd, Kd, generator=g).to(torch.bfloat16)
     pool = big[::2]
     dev = "cuda" if torch.cuda.is_available() else "cpu"
-    q, k, v, h0 = (t.cpu() for t in prepare(x.to(dev), Hq, Hv, Kd, Vd, pool.to(dev), slots.to(dev), has.to(dev)))
+    got = prepare(x.to(dev), Hq, Hv, Kd, Vd, pool.to(dev), slots.to(dev), has.to(dev), cu.int().to(dev), plan=True)
+    q, k, v, h0, cu64, plan = (t.cpu() for t in got)
+    assert cu64.dtype == torch.long and torch.equal(cu64, cu)
+    assert torch.equal(plan, chunk_plan(cu.to(dev), T).cpu()) and plan.shape == (-(-T // 64) + B - 1, 2)
+    real = [[n, c] for n, n_tokens in enumerate(lengths.tolist()) for c in range(-(-n_tokens // 64))]
+    assert plan[: len(real)].tolist() == real and (plan[len(real):, 0] == 0).all() and (plan[len(real):, 1] >= 3).all()
     for got, want in zip((q, k, v), split_qkv(x, Hq, Hv, Kd, Vd), strict=True):
         assert got.is_contiguous() and torch.equal(got[0], want)
     valid = (slots >= 0) & (slots < n)
