@@ -131,6 +131,12 @@ def _finish_kernel(out, o, cu_seqlens, slots, pool, ht, T, B, N, W, row_stride, 
 _PREPARE, _FINISH = FastLaunch(_prepare_kernel), FastLaunch(_finish_kernel)
 
 
+def _cdiv(a: int, b: int) -> int:
+    """``ceil(a / b)`` in plain Python (``triton.cdiv`` is a ConstexprFunction: several µs of host time
+    a call, which at T = 4,096 is the op's overhead)."""
+    return -(-a // b)
+
+
 def _row(pool: Tensor) -> tuple[int, int]:
     """``(row stride, elements per row)`` of a pool whose rows are contiguous; ValueError otherwise."""
     size = 1
@@ -172,11 +178,11 @@ def prepare(mixed_qkv: Tensor, num_heads: int, num_v_heads: int, K: int, V: int,
     cu64 = torch.empty(B + 1, dtype=torch.long, device=device)
     rows = _rows(T, B)
     chunk_indices = torch.empty(rows, 2, dtype=torch.long, device=device) if plan else None
-    n_w, n_s = triton.cdiv(W, _WIDTH), triton.cdiv(S, _ROW_BLOCK)
-    n_copy = triton.cdiv(T, _TOKENS) * n_w if T * W else 0
+    n_w, n_s = _cdiv(W, _WIDTH), _cdiv(S, _ROW_BLOCK)
+    n_copy = _cdiv(T, _TOKENS) * n_w if T * W else 0
     n_gather = B * n_s if S else 0
-    n_plan = triton.cdiv(rows, _PLAN_ROWS) if plan else 0
-    grid = n_copy + n_gather + n_plan + triton.cdiv(B + 1, _PLAN_ROWS)  # (the last part: cu_seqlens as int64)
+    n_plan = _cdiv(rows, _PLAN_ROWS) if plan else 0
+    grid = n_copy + n_gather + n_plan + _cdiv(B + 1, _PLAN_ROWS)  # (the last part: cu_seqlens as int64)
     _PREPARE((grid,), mixed_qkv if n_copy else h0, qk if n_copy else h0, v if n_copy else h0, pool, h0, slots,
              has_initial_state, cu_seqlens, cu64, cu64 if chunk_indices is None else chunk_indices, T, T * HK,
              mixed_qkv.stride(0), HK, W, pool.shape[0], row_stride, S, B, n_copy, n_gather, n_plan, rows, n_w, n_s,
@@ -201,7 +207,7 @@ def chunk_plan(cu_seqlens: Tensor, T: int) -> Tensor:
     chunk_indices = torch.empty(rows, 2, dtype=torch.long, device=device)
     if rows:
         # (the plan part alone: no copy, gather or int64 part in the grid; the other tensors never read)
-        n_plan = triton.cdiv(rows, _PLAN_ROWS)
+        n_plan = _cdiv(rows, _PLAN_ROWS)
         _PREPARE((n_plan,), chunk_indices, chunk_indices, chunk_indices, chunk_indices, chunk_indices, cu_seqlens,
                  cu_seqlens, cu_seqlens, chunk_indices, chunk_indices, T, 0, 0, 0, 0, 0, 0, 0, B, 0, 0, n_plan, rows,
                  1, 1, BT=_TOKENS, BW=_WIDTH, BLOCK=_ROW_BLOCK, BR=_PLAN_ROWS, BB=_SEQS, CHUNK=CHUNK)
@@ -219,9 +225,9 @@ def finish(out: Tensor, o: Tensor | None, ht: Tensor, cu_seqlens: Tensor, pool: 
     ht[b]`` in the pool's dtype for the valid slots, in place; one launch."""
     row_stride, S = _row(pool)
     T, B = out.shape[0], slots.shape[0]
-    W = out[0].numel() if T else 0
-    n_w, n_s = triton.cdiv(W, _WIDTH), triton.cdiv(S, _ROW_BLOCK)
-    n_out = triton.cdiv(T, _TOKENS) * n_w if T * W else 0
+    W = out.numel() // T if T else 0
+    n_w, n_s = _cdiv(W, _WIDTH), _cdiv(S, _ROW_BLOCK)
+    n_out = _cdiv(T, _TOKENS) * n_w if T * W else 0
     n_scatter = B * n_s if S else 0
     if n_out + n_scatter:
         ht = ht.contiguous()
