@@ -299,8 +299,9 @@ def test_fla_slots_a_strided_bf16_pool_and_an_out_of_range_slot_on_the_cpu_under
                     reason="the slot kernels run on CUDA, or on the CPU under TRITON_INTERPRET=1")
 def test_the_two_slot_launches_copy_qkv_gather_write_out_and_scatter_as_torch_does():
     # the launches around fla's call on their own: 70 sequences (more than one step of the token's
-    # sequence search and of the chunk plan's), q/k/v from a row-padded buffer with H != HV and K != V, a bf16 pool every other
-    # row of a larger one, padding (-1) and out-of-range (N) slots, has_initial_state mixed
+    # sequence search and of the chunk plan's), q/k/v from a row-padded buffer with H != HV and
+    # K != V, a bf16 pool every other row of a larger one, padding (-1) and out-of-range (N) slots,
+    # has_initial_state mixed
     from kda_kernels.interface import split_qkv
     from kda_kernels.prefill_slots import chunk_plan, finish, prepare
 
