@@ -6,7 +6,7 @@ fla's chunk kernels take contiguous ``[1, T, H, K]`` q/k/v, one dense initial st
 and return the output and the final states out of place (:mod:`kda_kernels.fla_prefill`). What is
 left to do moves each byte once:
 
-- :func:`prepare` (one launch): q, k and v, views of ``mixed_qkv``, copied into one new buffer (fla's
+- :func:`prepare` (one launch): q, k and v, views of ``mixed_qkv``, copied into new contiguous tensors (fla's
   input guard would copy each of them in a launch of its own), and ``h0[b] = pool[slot b]`` in fp32
   where the slot is valid (``0 <= slot < N``) and ``has_initial_state[b]``, zero otherwise (a padding
   slot is never read);
@@ -24,7 +24,7 @@ up with one of the sequences' states. Runs on CUDA and on the CPU under the Trit
 
 Example::
 
-    q, k, v, h0 = prepare(mixed_qkv, H, HV, K, V, pool, slots, has_initial_state)  # h0 [B, HV, *, *] fp32
+    q, k, v, h0, cu, chunk_indices = prepare(mixed_qkv, H, HV, K, V, pool, slots, has_initial_state, cu_seqlens)
     o, ht = chunk_kda(q=q, k=k, v=v, initial_state=h0, ...)
     finish(out, o, ht, cu_seqlens, pool, slots)
 """
@@ -48,8 +48,8 @@ _TOKENS, _WIDTH, _SEQS = 16, 512, 64  # a token tile: tokens x channels, and seq
 _PLAN_ROWS = 64  # chunk-plan rows per program
 
 
-@triton.jit(do_not_specialize=["T", "k_at", "B", "n_copy", "n_gather", "n_plan", "rows"])
-def _prepare_kernel(x, qk, vbuf, pool, h0, slots, has_init, cu, cu64, plan, T, k_at, x_stride, HK, W, N, row_stride,
+@triton.jit(do_not_specialize=["T", "B", "n_copy", "n_gather", "n_plan", "rows"])
+def _prepare_kernel(x, qbuf, kbuf, vbuf, pool, h0, slots, has_init, cu, cu64, plan, T, x_stride, HK, W, N, row_stride,
                     S, B, n_copy, n_gather, n_plan, rows, n_w, n_s, BT: tl.constexpr, BW: tl.constexpr,
                     BLOCK: tl.constexpr, BR: tl.constexpr, BB: tl.constexpr, CHUNK: tl.constexpr):
     pid = tl.program_id(0).to(tl.int64)
@@ -60,8 +60,9 @@ def _prepare_kernel(x, qk, vbuf, pool, h0, slots, has_init, cu, cu64, plan, T, k
         m = (t < T)[:, None] & (c < W)[None, :]
         val = tl.load(x + t[:, None] * x_stride + c[None, :], mask=m)
         tt, cc = t[:, None], c[None, :]
-        # q: [T, HK] at 0 of qk, k: [T, HK] at k_at = T*HK (a host int: no i32 product), v: [T, W - 2*HK]
-        tl.store(qk + tl.where(cc < HK, tt * HK + cc, k_at + tt * HK + (cc - HK)), val, mask=m & (cc < 2 * HK))
+        # q: [T, HK], k: [T, HK], v: [T, W - 2*HK], each its own tensor (each 16-byte aligned, whatever HK)
+        tl.store(qbuf + tt * HK + cc, val, mask=m & (cc < HK))
+        tl.store(kbuf + tt * HK + (cc - HK), val, mask=m & (cc >= HK) & (cc < 2 * HK))
         tl.store(vbuf + tt * (W - 2 * HK) + (cc - 2 * HK), val, mask=m & (cc >= 2 * HK))
     elif pid < n_copy + n_gather:  # one block of one sequence's initial state
         r = pid - n_copy
@@ -168,11 +169,13 @@ def prepare(mixed_qkv: Tensor, num_heads: int, num_v_heads: int, K: int, V: int,
     T, B = mixed_qkv.shape[0], slots.shape[0]
     HK, HVV = num_heads * K, num_v_heads * V
     W = 2 * HK + HVV
-    if mixed_qkv.shape[-1] < W or (T > 1 and W > 1 and mixed_qkv.stride(-1) != 1):
-        raise ValueError(f"mixed_qkv needs {W} channels, the last dim contiguous: got shape {tuple(mixed_qkv.shape)}, "
-                         f"strides {mixed_qkv.stride()}")
+    if mixed_qkv.shape[-1] < W:
+        raise ValueError(f"mixed_qkv needs {W} channels: got shape {tuple(mixed_qkv.shape)}")
+    if T and W > 1 and mixed_qkv.stride(-1) != 1:  # (the copy reads each row's channels as contiguous)
+        mixed_qkv = mixed_qkv.contiguous()
     device = mixed_qkv.device
-    qk = torch.empty(2, 1, T, num_heads, K, dtype=mixed_qkv.dtype, device=device)
+    q = torch.empty(1, T, num_heads, K, dtype=mixed_qkv.dtype, device=device)
+    k = torch.empty(1, T, num_heads, K, dtype=mixed_qkv.dtype, device=device)
     v = torch.empty(1, T, num_v_heads, V, dtype=mixed_qkv.dtype, device=device)
     h0 = torch.empty(B, *pool.shape[1:], dtype=torch.float32, device=device)
     cu64 = torch.empty(B + 1, dtype=torch.long, device=device)
@@ -183,11 +186,11 @@ def prepare(mixed_qkv: Tensor, num_heads: int, num_v_heads: int, K: int, V: int,
     n_gather = B * n_s if S else 0
     n_plan = _cdiv(rows, _PLAN_ROWS) if plan else 0
     grid = n_copy + n_gather + n_plan + _cdiv(B + 1, _PLAN_ROWS)  # (the last part: cu_seqlens as int64)
-    _PREPARE((grid,), mixed_qkv if n_copy else h0, qk if n_copy else h0, v if n_copy else h0, pool, h0, slots,
-             has_initial_state, cu_seqlens, cu64, cu64 if chunk_indices is None else chunk_indices, T, T * HK,
+    _PREPARE((grid,), mixed_qkv if n_copy else h0, q if n_copy else h0, k if n_copy else h0, v if n_copy else h0,
+             pool, h0, slots, has_initial_state, cu_seqlens, cu64, cu64 if chunk_indices is None else chunk_indices, T,
              mixed_qkv.stride(0), HK, W, pool.shape[0], row_stride, S, B, n_copy, n_gather, n_plan, rows, n_w, n_s,
              BT=_TOKENS, BW=_WIDTH, BLOCK=_ROW_BLOCK, BR=_PLAN_ROWS, BB=_SEQS, CHUNK=CHUNK)
-    return Prepared(qk[0], qk[1], v, h0, cu64, chunk_indices)
+    return Prepared(q, k, v, h0, cu64, chunk_indices)
 
 
 def chunk_plan(cu_seqlens: Tensor, T: int) -> Tensor:
@@ -208,9 +211,9 @@ def chunk_plan(cu_seqlens: Tensor, T: int) -> Tensor:
     if rows:
         # (the plan part alone: no copy, gather or int64 part in the grid; the other tensors never read)
         n_plan = _cdiv(rows, _PLAN_ROWS)
-        _PREPARE((n_plan,), chunk_indices, chunk_indices, chunk_indices, chunk_indices, chunk_indices, cu_seqlens,
-                 cu_seqlens, cu_seqlens, chunk_indices, chunk_indices, T, 0, 0, 0, 0, 0, 0, 0, B, 0, 0, n_plan, rows,
-                 1, 1, BT=_TOKENS, BW=_WIDTH, BLOCK=_ROW_BLOCK, BR=_PLAN_ROWS, BB=_SEQS, CHUNK=CHUNK)
+        _PREPARE((n_plan,), chunk_indices, chunk_indices, chunk_indices, chunk_indices, chunk_indices, chunk_indices,
+                 cu_seqlens, cu_seqlens, cu_seqlens, chunk_indices, chunk_indices, T, 0, 0, 0, 0, 0, 0, B, 0, 0, n_plan,
+                 rows, 1, 1, BT=_TOKENS, BW=_WIDTH, BLOCK=_ROW_BLOCK, BR=_PLAN_ROWS, BB=_SEQS, CHUNK=CHUNK)
     return chunk_indices
 
 

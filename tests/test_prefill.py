@@ -327,6 +327,12 @@ def test_the_two_slot_launches_copy_qkv_gather_write_out_and_scatter_as_torch_do
     assert plan[: len(real)].tolist() == real and (plan[len(real):, 0] == 0).all() and (plan[len(real):, 1] >= 3).all()
     for got, want in zip((q, k, v), split_qkv(x, Hq, Hv, Kd, Vd), strict=True):
         assert got.is_contiguous() and torch.equal(got[0], want)
+    # one token whose channels are every other element of a wider row: copied as split_qkv reads it
+    one = torch.randn(1, 2 * width, generator=g).to(torch.float16)[:, ::2]
+    got_one = prepare(one.to(dev), Hq, Hv, Kd, Vd, pool.to(dev), slots[:1].to(dev), has[:1].to(dev),
+                      torch.tensor([0, 1], dtype=torch.int32, device=dev))
+    for t, want in zip(got_one[:3], split_qkv(one, Hq, Hv, Kd, Vd), strict=True):
+        assert torch.equal(t[0].cpu(), want)
     valid = (slots >= 0) & (slots < n)
     want_h0 = torch.where((valid & has).view(-1, 1, 1, 1), pool[slots.long().clamp(0, n - 1)].float(), 0.0)
     assert h0.dtype == torch.float32 and torch.equal(h0, want_h0)
