@@ -203,7 +203,10 @@ def _run(kernel: Callable[..., Any], mixed_qkv: Tensor, g: Tensor, beta: Tensor,
         if T == 0:  # sequences without tokens: their final state is their initial one (or zero)
             finish(out, None, h0, cu, initial_state, ssm_state_indices)
             return
-        plan = {"chunk_indices": chunk_indices} if planned else {} if gdn else kda_plan(cu, T, B)
+        if gdn:
+            plan = {"chunk_indices": chunk_indices} if planned else {}  # (else fla's own plan, see gdn_plan_taken)
+        else:
+            plan = kda_plan(cu, T, B)
         o, ht = kernel(q=q, k=k, v=v, g=g.unsqueeze(0), beta=beta.unsqueeze(0), scale=scale, initial_state=h0,
                        output_final_state=True, use_qk_l2norm_in_kernel=use_qk_l2norm,
                        state_v_first=state_layout == "VK", cu_seqlens=cu, **plan, **fused)

@@ -26,7 +26,7 @@ Example::
 
     q, k, v, h0, cu, chunk_indices = prepare(mixed_qkv, H, HV, K, V, pool, slots, has_initial_state, cu_seqlens)
     o, ht = chunk_kda(q=q, k=k, v=v, initial_state=h0, ...)
-    finish(out, o, ht, cu_seqlens, pool, slots)
+    finish(out, o, ht, cu, pool, slots)
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ def _prepare_kernel(x, qbuf, kbuf, vbuf, pool, h0, slots, has_init, cu, cu64, pl
                     BLOCK: tl.constexpr, BR: tl.constexpr, BB: tl.constexpr, CHUNK: tl.constexpr):
     pid = tl.program_id(0).to(tl.int64)
     # (Triton merges the names assigned in both branches of an if: each part names its own)
-    if pid < n_copy:  # a [BT, BW] tile of x's q | k | v channels into q and k (one buffer) and v
+    if pid < n_copy:  # a [BT, BW] tile of x's q | k | v channels into q, k and v
         t = (pid // n_w) * BT + tl.arange(0, BT)
         c = (pid % n_w) * BW + tl.arange(0, BW)
         m = (t < T)[:, None] & (c < W)[None, :]
