@@ -325,8 +325,8 @@ def test_the_two_slot_launches_copy_qkv_gather_write_out_and_scatter_as_torch_do
     assert torch.equal(plan, chunk_plan(cu.to(dev), T).cpu()) and plan.shape == (-(-T // 64) + B - 1, 2)
     real = [[n, c] for n, n_tokens in enumerate(lengths.tolist()) for c in range(-(-n_tokens // 64))]
     assert plan[: len(real)].tolist() == real and (plan[len(real):, 0] == 0).all() and (plan[len(real):, 1] >= 3).all()
-    for got, want in zip((q, k, v), split_qkv(x, Hq, Hv, Kd, Vd), strict=True):
-        assert got.is_contiguous() and torch.equal(got[0], want)
+    for copy, want in zip((q, k, v), split_qkv(x, Hq, Hv, Kd, Vd), strict=True):
+        assert copy.is_contiguous() and torch.equal(copy[0], want)
     # one token whose channels are every other element of a wider row: copied as split_qkv reads it
     one = torch.randn(1, 2 * width, generator=g).to(torch.float16)[:, ::2]
     got_one = prepare(one.to(dev), Hq, Hv, Kd, Vd, pool.to(dev), slots[:1].to(dev), has[:1].to(dev),
