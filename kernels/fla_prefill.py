@@ -75,12 +75,8 @@ from torch import Tensor
 from .fla_decode import is_available as _fla_available
 from .gdn_reference import gdn_gate
 
-__all__ = ["CHUNK", "chunk_plan", "gdn_gate_in_kernel", "gdn_is_available", "gdn_packed_prefill", "gdn_plan",
+__all__ = ["chunk_plan", "gdn_gate_in_kernel", "gdn_is_available", "gdn_packed_prefill", "gdn_plan",
            "gdn_plan_taken", "is_available", "kda_plan", "launch_context", "packed_prefill"]
-
-CHUNK = 64
-"""fla's chunk length (its ``chunk_size`` default, which both chunk kernels are called with)."""
-
 
 def chunk_plan(cu_seqlens: Tensor, T: int) -> Tensor:
     """fla's ``chunk_indices`` for ``cu_seqlens`` made on the device in one launch, without a sync

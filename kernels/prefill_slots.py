@@ -39,13 +39,15 @@ import triton.language as tl
 from torch import Tensor
 
 from .fast_launch import FastLaunch
-from .fla_prefill import CHUNK
 
-__all__ = ["Prepared", "chunk_plan", "finish", "prepare"]
+__all__ = ["CHUNK", "Prepared", "chunk_plan", "finish", "prepare"]
 
 _ROW_BLOCK = 4096  # state elements per program
 _TOKENS, _WIDTH, _SEQS = 16, 512, 64  # a token tile: tokens x channels, and sequences per step of the search
 _PLAN_ROWS = 64  # chunk-plan rows per program
+
+CHUNK = 64
+"""fla's chunk length (its ``chunk_size`` default, which both chunk kernels are called with)."""
 
 
 @triton.jit(do_not_specialize=["T", "B", "n_copy", "n_gather", "n_plan", "rows"])

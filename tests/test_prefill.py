@@ -423,7 +423,8 @@ def test_the_device_chunk_plan_lists_every_chunk_in_order_then_rows_past_every_s
     # the real chunks first, each (sequence, chunk) once and in order, then spare rows no kernel runs
     import itertools
 
-    from kda_kernels.fla_prefill import CHUNK, chunk_plan
+    from kda_kernels.fla_prefill import chunk_plan
+    from kda_kernels.prefill_slots import CHUNK
 
     seen = 0
     for B in range(1, 5):
