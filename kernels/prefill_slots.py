@@ -140,6 +140,13 @@ def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
+def _parts(T: int, W: int, S: int, B: int) -> tuple[int, int, int, int]:
+    """Both launches' grid: ``(token-tile columns, blocks per state row, token-tile programs, state-row
+    programs)`` for ``T`` tokens of ``W`` channels and ``B`` states of ``S`` elements."""
+    n_w, n_s = _cdiv(W, _WIDTH), _cdiv(S, _ROW_BLOCK)
+    return n_w, n_s, _cdiv(T, _TOKENS) * n_w if T * W else 0, B * n_s if S else 0
+
+
 def _row(pool: Tensor) -> tuple[int, int]:
     """``(row stride, elements per row)`` of a pool whose rows are contiguous; ValueError otherwise."""
     size = 1
@@ -183,9 +190,7 @@ def prepare(mixed_qkv: Tensor, num_heads: int, num_v_heads: int, K: int, V: int,
     cu64 = torch.empty(B + 1, dtype=torch.long, device=device)
     rows = _rows(T, B)
     chunk_indices = torch.empty(rows, 2, dtype=torch.long, device=device) if plan else None
-    n_w, n_s = _cdiv(W, _WIDTH), _cdiv(S, _ROW_BLOCK)
-    n_copy = _cdiv(T, _TOKENS) * n_w if T * W else 0
-    n_gather = B * n_s if S else 0
+    n_w, n_s, n_copy, n_gather = _parts(T, W, S, B)
     n_plan = _cdiv(rows, _PLAN_ROWS) if plan else 0
     grid = n_copy + n_gather + n_plan + _cdiv(B + 1, _PLAN_ROWS)  # (the last part: cu_seqlens as int64)
     _PREPARE((grid,), mixed_qkv if n_copy else h0, q if n_copy else h0, k if n_copy else h0, v if n_copy else h0,
@@ -231,9 +236,7 @@ def finish(out: Tensor, o: Tensor | None, ht: Tensor, cu_seqlens: Tensor, pool: 
     row_stride, S = _row(pool)
     T, B = out.shape[0], slots.shape[0]
     W = out.numel() // T if T else 0
-    n_w, n_s = _cdiv(W, _WIDTH), _cdiv(S, _ROW_BLOCK)
-    n_out = _cdiv(T, _TOKENS) * n_w if T * W else 0
-    n_scatter = B * n_s if S else 0
+    n_w, n_s, n_out, n_scatter = _parts(T, W, S, B)
     if n_out + n_scatter:
         ht = ht.contiguous()
         _FINISH((n_out + n_scatter,), out if n_out else ht, o.contiguous() if n_out and o is not None else ht,
