@@ -34,7 +34,9 @@ long-lived objects of torch, Triton and fla do not land in the timed calls.
 - ``loop``: ``backend="loop"`` (decode's reference once per token), at the smallest T only.
 
 ``|Δo|`` is the largest output difference between the op and the bare or planned call (the same kernel
-on the same inputs: expect 0), ``vs loop`` the op's against the token loop (bf16 rounding).
+on the same inputs; the op takes the q/k l2 norm in its own copy, whose sum may run in another order
+than fla's kernel: expect bf16 rounding, not 0), ``vs loop`` the op's against the token loop (bf16
+rounding).
 
 Usage::
 

@@ -4,10 +4,11 @@ KDA, ``chunk_gated_delta_rule`` for GDN (fla-core 0.6.0, ``fla.ops.kda`` / ``fla
 fla takes q/k/v as ``[1, T, H, K]`` tensors with ``cu_seqlens`` (int64, ``[B+1]``) for varlen input, a dense
 initial state of one row per sequence (``[B, HV, K, V]``, or ``[B, HV, V, K]`` with ``state_v_first=True``) and
 returns the output and the final states out of place (``output_final_state=True``). This wrapper hands fla the
-raw inputs, as a direct caller of fla would, gathers each sequence's slot (zero where ``has_initial_state`` is
-False or the slot is padding), runs the kernel, writes ``out`` in one pass (the padding sequences' rows zero)
-and scatters the final states back to the valid slots: one Triton launch before fla's call (with q/k/v copied
-out of ``mixed_qkv``) and one after it, every byte moved once (:mod:`kda_kernels.prefill_slots`). Nothing reads
+raw gate logits, as a direct caller of fla would, gathers each sequence's slot (zero where ``has_initial_state``
+is False or the slot is padding), runs the kernel, writes ``out`` in one pass (the padding sequences' rows zero)
+and scatters the final states back to the valid slots: one Triton launch before fla's call (q/k/v copied out of
+``mixed_qkv``, with the q/k l2 norm and KDA's beta sigmoid on the way) and one after it, every byte moved once
+(:mod:`kda_kernels.prefill_slots`). Nothing reads
 ``cu_seqlens`` on the host (on fla's Triton kernels, see below): fla's default chunk plan (which 64-token chunk
 of which sequence each program takes) does, a sync that drains the device queue on every call; here the plan is
 built on the device instead, with a row count that follows from the shapes alone (``ceil(T / 64) + B - 1``, the
@@ -31,15 +32,20 @@ the token loop (``tests/test_prefill.py``):
   per token ``g`` is within 2 ulp plus ``6e-8 * exp(A_log)`` of ours (measured under the
   interpreter for ``x`` in [-120, 40]), below the fp32 rounding of the cumsum it feeds.
   ``safe_gate`` (another intra-chunk algorithm for bounded gates) stays off.
-- KDA's beta (``use_beta_sigmoid_in_kernel=True``): ``sigmoid(b)`` in fp32, ours. GDN's beta is
-  ``sigmoid(b)`` rounded to ``b``'s dtype (sglang's rule), which fla's fp32 sigmoid is not: it is
-  ``torch.sigmoid(b)`` here (fp32 inside, one rounding), handed over in ``b``'s dtype as a direct
-  caller passes it.
-- the q/k l2norm (``use_qk_l2norm_in_kernel``; eps 1e-6 under the square root, ours).
+What the launch before fla's call computes in place of fla (each of these is a launch of its own inside
+fla's call, and at T = 4,096 fla's call is host-bound: a launch is host time):
 
-fla's forward makes every input contiguous (``input_guard``), so q/k/v, views of ``mixed_qkv``, are copied
-inside any call of it, one launch each; this wrapper makes that copy itself, in the launch that gathers the
-slots (a launch is host time, and at T = 4,096 fla's call is host-bound). With ``flash_qla`` installed (CUDA),
+- the copies: fla's forward makes every input contiguous (``input_guard``), so q/k/v, views of
+  ``mixed_qkv``, are copied inside any call of it, one launch each;
+- the q/k l2norm (fla's ``use_qk_l2norm_in_kernel``, two launches): ``x / sqrt(sum(x^2) + 1e-6)`` per
+  head in fp32, rounded once, made in the copy where a head of ``K`` channels fits its tiles (``K`` a
+  power of two up to 512, :func:`~kda_kernels.prefill_slots.fuses_l2norm`; else fla's). The same
+  formula; the sum's order may differ from fla's kernel, so q and k may differ from a direct call's by
+  one rounding step of their dtype;
+- KDA's beta (fla's ``use_beta_sigmoid_in_kernel``, one launch): ``sigmoid(b)`` in fp32 with Triton's
+  sigmoid, as fla's kernel computes it, bit for bit. GDN's beta is ``sigmoid(b)`` rounded to ``b``'s
+  dtype (sglang's rule), which fla's fp32 sigmoid is not: it is ``torch.sigmoid(b)`` here (fp32 inside,
+  one rounding), handed over in ``b``'s dtype as a direct caller passes it. With ``flash_qla`` installed (CUDA),
 fla hands bf16 GDN calls with K = V = 128 on SM90+ to FlashQLA, which takes only a precomputed gate: GDN then
 keeps our torch gate (one fp32 value per token and head) so that FlashQLA still gets the call
 (:func:`gdn_gate_in_kernel`; ``FLA_FLASH_QLA=0`` keeps fla's Triton kernels and the fused gate). Zero-length
@@ -175,11 +181,12 @@ def _flash_qla_absent(index: int | None, setting: str | None) -> bool:
 def _run(kernel: Callable[..., Any], mixed_qkv: Tensor, g: Tensor, beta: Tensor, scale: float,
          initial_state: Tensor, out: Tensor, cu_seqlens: Tensor, ssm_state_indices: Tensor,
          has_initial_state: Tensor, *, num_heads: int, use_qk_l2norm: bool, state_layout: str, gdn: bool,
-         **fused: Any) -> None:
-    """``kernel`` on the call: ``g [T, HV(, K)]`` and ``beta [T, HV]`` as fla takes them with the
-    ``fused`` flags (the raw logits with ``use_gate_in_kernel`` / ``use_beta_sigmoid_in_kernel``), with
-    a chunk plan made on the device (:func:`kda_plan`, or GDN's :func:`chunk_plan` where it is taken)."""
-    from .prefill_slots import finish, prepare
+         beta_logits: bool = False, **fused: Any) -> None:
+    """``kernel`` on the call: ``g [T, HV(, K)]`` as fla takes it with the ``fused`` flags (the raw logits
+    with ``use_gate_in_kernel``), ``beta [T, HV]`` (the logits with ``beta_logits``: their sigmoid made
+    in the launch before fla's call), with a chunk plan made on the device (:func:`kda_plan`, or GDN's
+    :func:`chunk_plan` where it is taken)."""
+    from .prefill_slots import finish, fuses_l2norm, prepare
 
     T = mixed_qkv.shape[0]
     HV = initial_state.shape[1]
@@ -191,11 +198,14 @@ def _run(kernel: Callable[..., Any], mixed_qkv: Tensor, g: Tensor, beta: Tensor,
         return
     with launch_context(mixed_qkv.device):
         # one launch: q/k/v copied out of mixed_qkv (fla's input guard would copy each view in a launch of
-        # its own), each sequence's slot gathered (zero where it starts fresh or is padding), cu_seqlens as
-        # int64 (new each call: what fla caches by identity is never stale) and GDN's chunk plan
+        # its own), the q/k l2 norm and KDA's beta sigmoid on the way (two and one launches in fla's call),
+        # each sequence's slot gathered (zero where it starts fresh or is padding), cu_seqlens as int64 (new
+        # each call: what fla caches by identity is never stale) and GDN's chunk plan
         planned = gdn and T > 0 and gdn_plan_taken(mixed_qkv.device)
-        q, k, v, h0, cu, chunk_indices = prepare(mixed_qkv, num_heads, HV, K, V, initial_state, ssm_state_indices,
-                                                 has_initial_state, cu_seqlens, plan=planned)
+        norm = use_qk_l2norm and fuses_l2norm(K)
+        q, k, v, h0, cu, chunk_indices, sig = prepare(mixed_qkv, num_heads, HV, K, V, initial_state,
+                                                      ssm_state_indices, has_initial_state, cu_seqlens, plan=planned,
+                                                      l2norm=norm, beta_logits=beta if beta_logits else None)
         if T == 0:  # sequences without tokens: their final state is their initial one (or zero)
             finish(out, None, h0, cu, initial_state, ssm_state_indices)
             return
@@ -203,8 +213,8 @@ def _run(kernel: Callable[..., Any], mixed_qkv: Tensor, g: Tensor, beta: Tensor,
             plan = {"chunk_indices": chunk_indices} if planned else {}  # (else fla's own plan, see gdn_plan_taken)
         else:
             plan = kda_plan(cu, T, B)
-        o, ht = kernel(q=q, k=k, v=v, g=g.unsqueeze(0), beta=beta.unsqueeze(0), scale=scale, initial_state=h0,
-                       output_final_state=True, use_qk_l2norm_in_kernel=use_qk_l2norm,
+        o, ht = kernel(q=q, k=k, v=v, g=g.unsqueeze(0), beta=beta.unsqueeze(0) if sig is None else sig, scale=scale,
+                       initial_state=h0, output_final_state=True, use_qk_l2norm_in_kernel=use_qk_l2norm and not norm,
                        state_v_first=state_layout == "VK", cu_seqlens=cu, **plan, **fused)
         # one launch: out (zero for the padding sequences' tokens) and the final states into the valid slots
         finish(out, o, ht, cu, initial_state, ssm_state_indices)
@@ -237,15 +247,14 @@ def packed_prefill(mixed_qkv: Tensor, a: Tensor, b: Tensor, A_log: Tensor, dt_bi
                    initial_state: Tensor, out: Tensor, cu_seqlens: Tensor, ssm_state_indices: Tensor,
                    has_initial_state: Tensor, *, num_heads: int, use_qk_l2norm: bool, lower_bound: float | None,
                    state_layout: str) -> None:
-    """KDA packed prefill on fla's ``chunk_kda`` with its fused gate and beta (see the module)."""
+    """KDA packed prefill on fla's ``chunk_kda`` with its fused gate, beta's sigmoid made before (see the module)."""
     from fla.ops.kda import chunk_kda
 
     HV = A_log.shape[0]
     g = a.unflatten(-1, (HV, a.shape[-1] // HV))  # [T, HV, K] raw logits, a view
     _run(chunk_kda, mixed_qkv, g, b, scale, initial_state, out, cu_seqlens, ssm_state_indices, has_initial_state,
          num_heads=num_heads, use_qk_l2norm=use_qk_l2norm, state_layout=state_layout, gdn=False,
-         use_gate_in_kernel=True,
-         A_log=A_log, dt_bias=dt_bias, lower_bound=lower_bound, use_beta_sigmoid_in_kernel=True)
+         beta_logits=True, use_gate_in_kernel=True, A_log=A_log, dt_bias=dt_bias, lower_bound=lower_bound)
 
 
 def gdn_packed_prefill(mixed_qkv: Tensor, a: Tensor, b: Tensor, A_log: Tensor, dt_bias: Tensor, scale: float,
@@ -257,6 +266,7 @@ def gdn_packed_prefill(mixed_qkv: Tensor, a: Tensor, b: Tensor, A_log: Tensor, d
 
     # torch.sigmoid on a half tensor computes in fp32 and rounds once: sigmoid(b.float()).to(b.dtype)
     beta = torch.sigmoid(b)
+    fused: dict[str, Any]
     if gdn_gate_in_kernel(mixed_qkv.device):
         g, fused = a, {"use_gate_in_kernel": True, "A_log": A_log, "dt_bias": dt_bias}
     else:

@@ -7,7 +7,9 @@ and return the output and the final states out of place (:mod:`kda_kernels.fla_p
 left to do moves each byte once:
 
 - :func:`prepare` (one launch): q, k and v, views of ``mixed_qkv``, copied into new contiguous tensors (fla's
-  input guard would copy each of them in a launch of its own), and ``h0[b] = pool[slot b]`` in fp32
+  input guard would copy each of them in a launch of its own), q's and k's heads scaled to unit l2 norm on
+  the way and KDA's ``beta = sigmoid(b)`` (fla's ``use_qk_l2norm_in_kernel`` and
+  ``use_beta_sigmoid_in_kernel``: three more launches of fla's), and ``h0[b] = pool[slot b]`` in fp32
   where the slot is valid (``0 <= slot < N``) and ``has_initial_state[b]``, zero otherwise (a padding
   slot is never read);
 - :func:`finish` (one launch): ``out[t] = o[t]`` for the tokens of the sequences with a valid slot,
@@ -17,15 +19,17 @@ left to do moves each byte once:
 
 Each launch's grid holds both of its parts, one after the other (a program reads its part from its
 index). At T = 4,096 tokens fla's call is host-bound, so the launches the op adds around it are its
-cost there: two here, against seven as separate kernels and copies. No host sync, any number of
-sequences. A pool row is ``[HV, *, *]``, contiguous (the contract's ``inner_contiguous=3``); its
-row stride is free, as is ``mixed_qkv``'s. Duplicate valid slots are a caller error: the slot ends
-up with one of the sequences' states. Runs on CUDA and on the CPU under the Triton interpreter.
+cost there: two here, against seven as separate kernels and copies, and three fewer in fla's call. No
+host sync, any number of sequences. A pool row is ``[HV, *, *]``, contiguous (the contract's
+``inner_contiguous=3``); its row stride is free, as is ``mixed_qkv``'s. Duplicate valid slots are a
+caller error: the slot ends up with one of the sequences' states. Runs on CUDA and on the CPU under the
+Triton interpreter.
 
 Example::
 
-    q, k, v, h0, cu, chunk_indices = prepare(mixed_qkv, H, HV, K, V, pool, slots, has_initial_state, cu_seqlens)
-    o, ht = chunk_kda(q=q, k=k, v=v, initial_state=h0, ...)
+    q, k, v, h0, cu, _, beta = prepare(mixed_qkv, H, HV, K, V, pool, slots, has_initial_state, cu_seqlens,
+                                       l2norm=True, beta_logits=b)
+    o, ht = chunk_kda(q=q, k=k, v=v, beta=beta, initial_state=h0, cu_seqlens=cu, ...)
     finish(out, o, ht, cu, pool, slots)
 """
 
@@ -40,7 +44,7 @@ from torch import Tensor
 
 from .fast_launch import FastLaunch
 
-__all__ = ["CHUNK", "Prepared", "chunk_plan", "finish", "prepare"]
+__all__ = ["CHUNK", "L2NORM_EPS", "Prepared", "chunk_plan", "finish", "fuses_l2norm", "prepare"]
 
 _ROW_BLOCK = 4096  # state elements per program
 _TOKENS, _WIDTH, _SEQS = 16, 512, 64  # a token tile: tokens x channels, and sequences per step of the search
@@ -50,24 +54,36 @@ CHUNK = 64
 """fla's chunk length (its ``chunk_size`` default, which both chunk kernels are called with)."""
 
 
-@triton.jit(do_not_specialize=["T", "B", "n_copy", "n_gather", "n_plan", "rows"])
-def _prepare_kernel(x, qbuf, kbuf, vbuf, pool, h0, slots, has_init, cu, cu64, plan, T, x_stride, HK, W, N, row_stride,
-                    S, B, n_copy, n_gather, n_plan, rows, n_w, n_s, BT: tl.constexpr, BW: tl.constexpr,
-                    BLOCK: tl.constexpr, BR: tl.constexpr, BB: tl.constexpr, CHUNK: tl.constexpr):
+@triton.jit(do_not_specialize=["T", "B", "n_copy", "n_beta", "n_gather", "n_plan", "rows"])
+def _prepare_kernel(x, qbuf, kbuf, vbuf, braw, beta, pool, h0, slots, has_init, cu, cu64, plan, T, x_stride, HK, W,
+                    b_stride0, b_stride1, HB, N, row_stride, S, B, n_copy, n_beta, n_gather, n_plan, rows, n_w, n_s,
+                    BT: tl.constexpr, BW: tl.constexpr, BLOCK: tl.constexpr, BR: tl.constexpr, BB: tl.constexpr,
+                    CHUNK: tl.constexpr, NORM_K: tl.constexpr, EPS: tl.constexpr):
     pid = tl.program_id(0).to(tl.int64)
     # (Triton merges the names assigned in both branches of an if: each part names its own)
     if pid < n_copy:  # a [BT, BW] tile of x's q | k | v channels into q, k and v
         t = (pid // n_w) * BT + tl.arange(0, BT)
         c = (pid % n_w) * BW + tl.arange(0, BW)
         m = (t < T)[:, None] & (c < W)[None, :]
-        val = tl.load(x + t[:, None] * x_stride + c[None, :], mask=m)
+        val = tl.load(x + t[:, None] * x_stride + c[None, :], mask=m, other=0.0)
         tt, cc = t[:, None], c[None, :]
+        if NORM_K > 0:  # q's and k's heads (NORM_K channels, a divisor of BW: whole heads per tile) to unit l2 norm
+            xf = tl.reshape(val.to(tl.float32), (BT, BW // NORM_K, NORM_K))
+            rstd = 1 / tl.sqrt(tl.sum(xf * xf, 2) + EPS)
+            qk = tl.where(cc < 2 * HK, tl.reshape(xf * rstd[:, :, None], (BT, BW)).to(val.dtype), val)
+        else:
+            qk = val
         # q: [T, HK], k: [T, HK], v: [T, W - 2*HK], each its own tensor (each 16-byte aligned, whatever HK)
-        tl.store(qbuf + tt * HK + cc, val, mask=m & (cc < HK))
-        tl.store(kbuf + tt * HK + (cc - HK), val, mask=m & (cc >= HK) & (cc < 2 * HK))
+        tl.store(qbuf + tt * HK + cc, qk, mask=m & (cc < HK))
+        tl.store(kbuf + tt * HK + (cc - HK), qk, mask=m & (cc >= HK) & (cc < 2 * HK))
         tl.store(vbuf + tt * (W - 2 * HK) + (cc - 2 * HK), val, mask=m & (cc >= 2 * HK))
-    elif pid < n_copy + n_gather:  # one block of one sequence's initial state
-        r = pid - n_copy
+    elif pid < n_copy + n_beta:  # BLOCK entries of beta = sigmoid(b) in fp32, [T, HB] from b's strides
+        i = (pid - n_copy) * BLOCK + tl.arange(0, BLOCK)
+        mb = i < T * HB
+        logit = tl.load(braw + (i // HB) * b_stride0 + (i % HB) * b_stride1, mask=mb, other=0.0)
+        tl.store(beta + i, tl.sigmoid(logit.to(tl.float32)), mask=mb)
+    elif pid < n_copy + n_beta + n_gather:  # one block of one sequence's initial state
+        r = pid - n_copy - n_beta
         b = r // n_s
         offs = (r % n_s) * BLOCK + tl.arange(0, BLOCK)
         row_slot = tl.load(slots + b).to(tl.int64)
@@ -76,8 +92,8 @@ def _prepare_kernel(x, qbuf, kbuf, vbuf, pool, h0, slots, has_init, cu, cu64, pl
         row = tl.load(pool + tl.where(take, row_slot, 0) * row_stride + offs, mask=offs < tl.where(take, S, 0),
                       other=0.0)
         tl.store(h0 + b * S + offs, row.to(tl.float32), mask=offs < S)
-    elif pid < n_copy + n_gather + n_plan:  # BR rows of the chunk plan (see chunk_plan)
-        p = (pid - n_copy - n_gather) * BR + tl.arange(0, BR)
+    elif pid < n_copy + n_beta + n_gather + n_plan:  # BR rows of the chunk plan (see chunk_plan)
+        p = (pid - n_copy - n_beta - n_gather) * BR + tl.arange(0, BR)
         seq = tl.zeros([BR], dtype=tl.int64)  # sequences whose chunks end at or before the row
         before = tl.zeros([BR], dtype=tl.int64)  # their chunks
         carry = tl.zeros([1], dtype=tl.int64)
@@ -96,7 +112,7 @@ def _prepare_kernel(x, qbuf, kbuf, vbuf, pool, h0, slots, has_init, cu, cu64, pl
         tl.store(plan + 2 * p, tl.where(live, seq, 0), mask=pm)
         tl.store(plan + 2 * p + 1, tl.where(live, p - before, rows), mask=pm)
     else:  # BR entries of cu_seqlens as int64
-        e = (pid - n_copy - n_gather - n_plan) * BR + tl.arange(0, BR)
+        e = (pid - n_copy - n_beta - n_gather - n_plan) * BR + tl.arange(0, BR)
         tl.store(cu64 + e, tl.load(cu + e, mask=e <= B).to(tl.int64), mask=e <= B)
 
 
@@ -160,26 +176,44 @@ def _row(pool: Tensor) -> tuple[int, int]:
 class Prepared(NamedTuple):
     """What :func:`prepare` makes for fla's call."""
 
-    q: Tensor  # [1, T, H, K], contiguous
-    k: Tensor  # [1, T, H, K], contiguous
+    q: Tensor  # [1, T, H, K], contiguous (each head scaled to unit l2 norm with l2norm=True)
+    k: Tensor  # [1, T, H, K], contiguous (the same)
     v: Tensor  # [1, T, HV, V], contiguous
     h0: Tensor  # [B, *pool.shape[1:]] fp32: each sequence's slot where it is valid and continues, else zero
     cu_seqlens: Tensor  # [B + 1] int64, new each call
     chunk_indices: Tensor | None  # chunk_plan(cu_seqlens, T) where asked for
+    beta: Tensor | None  # [1, T, HB] fp32, sigmoid(beta_logits), where given
+
+
+L2NORM_EPS = 1e-6
+"""The q/k l2 norm's epsilon, under the square root (fla's ``l2norm_fwd`` default, and the reference's)."""
+
+
+def fuses_l2norm(K: int) -> bool:
+    """Whether :func:`prepare` can scale q's and k's heads of ``K`` channels to unit l2 norm in its copy:
+    where a head never straddles two of its tiles (``K`` a power of two up to the tile's width)."""
+    return 0 < K <= _WIDTH and _WIDTH % K == 0
 
 
 def prepare(mixed_qkv: Tensor, num_heads: int, num_v_heads: int, K: int, V: int, pool: Tensor, slots: Tensor,
-            has_initial_state: Tensor, cu_seqlens: Tensor, *, plan: bool = False) -> Prepared:
-    """Everything fla's call takes besides the gate and beta, in one launch: contiguous copies of
-    ``mixed_qkv``'s q/k/v channels (``[T, 2*H*K + HV*V]``, last dim contiguous, any row stride), the
-    slots gathered into a dense fp32 initial state, ``cu_seqlens`` as int64 and, with ``plan``, the
-    chunk plan (:func:`chunk_plan`)."""
+            has_initial_state: Tensor, cu_seqlens: Tensor, *, plan: bool = False, l2norm: bool = False,
+            beta_logits: Tensor | None = None) -> Prepared:
+    """Everything fla's call takes besides the gate, in one launch: contiguous copies of ``mixed_qkv``'s
+    q/k/v channels (``[T, 2*H*K + HV*V]``, last dim contiguous, any row stride), with ``l2norm`` each q and
+    k head scaled to unit l2 norm on the way (``x / sqrt(sum(x**2) + 1e-6)`` in fp32, rounded once to
+    ``mixed_qkv``'s dtype: fla's ``use_qk_l2norm_in_kernel``, which then stays off; needs
+    :func:`fuses_l2norm`), the slots gathered into a dense fp32 initial state, ``cu_seqlens`` as int64,
+    with ``plan`` the chunk plan (:func:`chunk_plan`) and, given ``beta_logits`` (``[T, HB]``, any
+    strides), ``beta = sigmoid(beta_logits)`` in fp32 (fla's ``use_beta_sigmoid_in_kernel``, bit for bit).
+    Each of these is a launch (and host time) of its own in fla's call otherwise."""
     row_stride, S = _row(pool)
     T, B = mixed_qkv.shape[0], slots.shape[0]
     HK, HVV = num_heads * K, num_v_heads * V
     W = 2 * HK + HVV
     if mixed_qkv.shape[-1] < W:
         raise ValueError(f"mixed_qkv needs {W} channels: got shape {tuple(mixed_qkv.shape)}")
+    if l2norm and not fuses_l2norm(K):
+        raise ValueError(f"the copy cannot take the l2 norm of heads of {K} channels (see fuses_l2norm)")
     if T and W > 1 and mixed_qkv.stride(-1) != 1:  # (the copy reads each row's channels as contiguous)
         mixed_qkv = mixed_qkv.contiguous()
     device = mixed_qkv.device
@@ -192,12 +226,21 @@ def prepare(mixed_qkv: Tensor, num_heads: int, num_v_heads: int, K: int, V: int,
     chunk_indices = torch.empty(rows, 2, dtype=torch.long, device=device) if plan else None
     n_w, n_s, n_copy, n_gather = _parts(T, W, S, B)
     n_plan = _cdiv(rows, _PLAN_ROWS) if plan else 0
-    grid = n_copy + n_gather + n_plan + _cdiv(B + 1, _PLAN_ROWS)  # (the last part: cu_seqlens as int64)
+    b_strides: tuple[int, ...]
+    if beta_logits is None:
+        beta, HB, b_strides, n_beta = None, 0, (0, 0), 0
+    else:
+        HB = beta_logits.shape[-1]
+        beta = torch.empty(1, T, HB, dtype=torch.float32, device=device)
+        b_strides, n_beta = beta_logits.stride(), _cdiv(T * HB, _ROW_BLOCK)
+    grid = n_copy + n_beta + n_gather + n_plan + _cdiv(B + 1, _PLAN_ROWS)  # (the last part: cu_seqlens as int64)
     _PREPARE((grid,), mixed_qkv if n_copy else h0, q if n_copy else h0, k if n_copy else h0, v if n_copy else h0,
-             pool, h0, slots, has_initial_state, cu_seqlens, cu64, cu64 if chunk_indices is None else chunk_indices, T,
-             mixed_qkv.stride(0), HK, W, pool.shape[0], row_stride, S, B, n_copy, n_gather, n_plan, rows, n_w, n_s,
-             BT=_TOKENS, BW=_WIDTH, BLOCK=_ROW_BLOCK, BR=_PLAN_ROWS, BB=_SEQS, CHUNK=CHUNK)
-    return Prepared(q, k, v, h0, cu64, chunk_indices)
+             h0 if beta is None else beta_logits, h0 if beta is None else beta, pool, h0, slots, has_initial_state,
+             cu_seqlens, cu64, cu64 if chunk_indices is None else chunk_indices, T, mixed_qkv.stride(0), HK, W,
+             *b_strides, HB, pool.shape[0], row_stride, S, B, n_copy, n_beta, n_gather, n_plan, rows, n_w, n_s,
+             BT=_TOKENS, BW=_WIDTH, BLOCK=_ROW_BLOCK, BR=_PLAN_ROWS, BB=_SEQS, CHUNK=CHUNK, NORM_K=K if l2norm else 0,
+             EPS=L2NORM_EPS)
+    return Prepared(q, k, v, h0, cu64, chunk_indices, beta)
 
 
 def chunk_plan(cu_seqlens: Tensor, T: int) -> Tensor:
@@ -216,11 +259,12 @@ def chunk_plan(cu_seqlens: Tensor, T: int) -> Tensor:
     rows = _rows(T, B)
     chunk_indices = torch.empty(rows, 2, dtype=torch.long, device=device)
     if rows:
-        # (the plan part alone: no copy, gather or int64 part in the grid; the other tensors never read)
+        # (the plan part alone: no copy, beta, gather or int64 part in the grid; the other tensors never read)
         n_plan = _cdiv(rows, _PLAN_ROWS)
-        _PREPARE((n_plan,), chunk_indices, chunk_indices, chunk_indices, chunk_indices, chunk_indices, chunk_indices,
-                 cu_seqlens, cu_seqlens, cu_seqlens, chunk_indices, chunk_indices, T, 0, 0, 0, 0, 0, 0, B, 0, 0, n_plan,
-                 rows, 1, 1, BT=_TOKENS, BW=_WIDTH, BLOCK=_ROW_BLOCK, BR=_PLAN_ROWS, BB=_SEQS, CHUNK=CHUNK)
+        c = chunk_indices
+        _PREPARE((n_plan,), c, c, c, c, c, c, c, c, cu_seqlens, cu_seqlens, cu_seqlens, c, c, T, 0, 0, 0, 0, 0, 0, 0,
+                 0, 0, B, 0, 0, 0, n_plan, rows, 1, 1, BT=_TOKENS, BW=_WIDTH, BLOCK=_ROW_BLOCK, BR=_PLAN_ROWS,
+                 BB=_SEQS, CHUNK=CHUNK, NORM_K=0, EPS=L2NORM_EPS)
     return chunk_indices
 
 

@@ -319,14 +319,34 @@ def test_the_two_slot_launches_copy_qkv_gather_write_out_and_scatter_as_torch_do
     big = torch.randn(2 * n, Hv, Vd, Kd, generator=g).to(torch.bfloat16)
     pool = big[::2]
     dev = "cuda" if torch.cuda.is_available() else "cpu"
-    got = prepare(x.to(dev), Hq, Hv, Kd, Vd, pool.to(dev), slots.to(dev), has.to(dev), cu.int().to(dev), plan=True)
-    q, k, v, h0, cu64, plan = (t.cpu() for t in got)
+    b = torch.randn(Hv, T + 3, generator=g).to(torch.bfloat16)[:, 2:-1].t()  # [T, Hv], strides (1, T + 3)
+    got = prepare(x.to(dev), Hq, Hv, Kd, Vd, pool.to(dev), slots.to(dev), has.to(dev), cu.int().to(dev), plan=True,
+                  beta_logits=b.to(dev))
+    q, k, v, h0, cu64, plan, beta = (t.cpu() for t in got)
+    # fla's use_beta_sigmoid_in_kernel: sigmoid in fp32 (Triton's, which may differ from torch's in the last bit)
+    assert beta.dtype == torch.float32 and beta.shape == (1, T, Hv)
+    torch.testing.assert_close(beta[0], torch.sigmoid(b.float()), rtol=2e-7, atol=0)
     assert cu64.dtype == torch.long and torch.equal(cu64, cu)
     assert torch.equal(plan, chunk_plan(cu.to(dev), T).cpu()) and plan.shape == (-(-T // 64) + B - 1, 2)
     real = [[n, c] for n, n_tokens in enumerate(lengths.tolist()) for c in range(-(-n_tokens // 64))]
     assert plan[: len(real)].tolist() == real and (plan[len(real):, 0] == 0).all() and (plan[len(real):, 1] >= 3).all()
     for copy, want in zip((q, k, v), split_qkv(x, Hq, Hv, Kd, Vd), strict=True):
         assert copy.is_contiguous() and torch.equal(copy[0], want)
+    # with the l2 norm: each q and k head x / sqrt(sum(x^2) + 1e-6) in fp32, rounded once (one step of the
+    # half's rounding at most: the sum's order is the kernel's); v as is
+    assert got.beta is not None and prepare(x[:0].to(dev), Hq, Hv, Kd, Vd, pool.to(dev), slots.to(dev), has.to(dev),
+                                            cu.int().to(dev) * 0, l2norm=True).beta is None
+    normed = prepare(x.to(dev), Hq, Hv, Kd, Vd, pool.to(dev), slots.to(dev), has.to(dev), cu.int().to(dev),
+                     l2norm=True)
+    for copy, want in zip(normed[:2], split_qkv(x, Hq, Hv, Kd, Vd)[:2], strict=True):
+        w = want.float()
+        w = (w / torch.sqrt(w.square().sum(-1, keepdim=True) + 1e-6)).half()
+        torch.testing.assert_close(copy[0].cpu(), w, rtol=2 ** -10, atol=0)
+        assert copy[0].float().square().sum(-1).sub(1).abs().max() < 1e-2
+    assert torch.equal(normed.v.cpu(), v) and normed.chunk_indices is None
+    with pytest.raises(ValueError, match="l2 norm of heads of 24 channels"):
+        prepare(torch.zeros(T, 2 * Hq * 24 + Hv * Vd, device=dev), Hq, Hv, 24, Vd, pool.to(dev), slots.to(dev),
+                has.to(dev), cu.int().to(dev), l2norm=True)
     # one token whose channels are every other element of a wider row: copied as split_qkv reads it
     one = torch.randn(1, 2 * width, generator=g).to(torch.float16)[:, ::2]
     got_one = prepare(one.to(dev), Hq, Hv, Kd, Vd, pool.to(dev), slots[:1].to(dev), has[:1].to(dev),
