@@ -42,6 +42,7 @@ Usage::
 
     python benchmarks/prefill.py                                   # the sweep (a CUDA device)
     python benchmarks/prefill.py --ops kda --T 4096 --seqs 4 --out prefill.md
+    python benchmarks/prefill.py --ops kda --T 4096 --seqs 16 --no-loop --host   # + the op's host time by piece
     python benchmarks/prefill.py --smoke    # tiny sizes; on a CPU under the Triton interpreter
 
 Without CUDA and without ``--smoke`` it prints "needs CUDA" and exits 0.
@@ -308,6 +309,82 @@ def _measure(c: Case, warmup: int, repeats: int, loop: bool) -> dict[str, Any]:
     return row
 
 
+HOST_PIECES = ("call", "outside _run", "prepare", "fla", "finish", "rest of _run")
+
+
+def host_breakdown(c: Case, call: dict[str, Any], rounds: int, calls: int = 10) -> dict[str, float]:
+    """The op's host time per call (µs) split into its pieces, measured in place: each piece wrapped in
+    ``perf_counter`` with fla's real call between them (a stub in fla's place leaves the CPU caches
+    warm for the op's code and shows less). ``call``: issuing one call (``calls`` back to back, before
+    the device is waited for); ``outside _run``: the contract, the dispatch and the backend's gate
+    views; ``prepare`` / ``finish``: the launches before and after fla's call
+    (``kda_kernels.prefill_slots``); ``fla``: fla's call; ``rest of _run``: the backend's own code."""
+    from kda_kernels import fla_prefill, prefill_slots
+
+    import kda_contracts as kc
+
+    if c.op == "kda":
+        import fla.ops.kda as module
+
+        name = "chunk_kda"
+    else:
+        import fla.ops.gated_delta_rule as module
+
+        name = "chunk_gated_delta_rule"
+    spent: dict[str, float] = dict.fromkeys(("prepare", "finish", "_run", "fla"), 0.0)
+    originals = [(prefill_slots, "prepare"), (prefill_slots, "finish"), (fla_prefill, "_run"), (module, name)]
+    saved = [getattr(obj, attr) for obj, attr in originals]
+
+    def timed(fn: Callable[..., Any], piece: str) -> Callable[..., Any]:
+        def run(*args: Any, **kwargs: Any) -> Any:
+            t0 = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                spent[piece] += time.perf_counter() - t0
+
+        return run
+
+    for (obj, attr), fn, piece in zip(originals, saved, ("prepare", "finish", "_run", "fla"), strict=True):
+        setattr(obj, attr, timed(fn, piece))
+    got: dict[str, list[float]] = {piece: [] for piece in HOST_PIECES}
+    op = op_call(c, call, "fla")
+    try:
+        with kc.mode("check"):
+            for _ in range(3):
+                op()
+            gc.collect()
+            gc.freeze()
+            for _ in range(rounds):
+                if c.device.type == "cuda":
+                    torch.cuda.synchronize(c.device)
+                spent.update(dict.fromkeys(spent, 0.0))
+                t0 = time.perf_counter()
+                for _ in range(calls):
+                    op()
+                total = time.perf_counter() - t0
+                per = {k: 1e6 * v / calls for k, v in spent.items()}
+                got["call"].append(1e6 * total / calls)
+                got["outside _run"].append(got["call"][-1] - per["_run"])
+                for piece in ("prepare", "fla", "finish"):
+                    got[piece].append(per[piece])
+                got["rest of _run"].append(per["_run"] - per["prepare"] - per["fla"] - per["finish"])
+    finally:
+        gc.unfreeze()
+        for (obj, attr), fn in zip(originals, saved, strict=True):
+            setattr(obj, attr, fn)
+    return {piece: statistics.median(xs) for piece, xs in got.items()}
+
+
+def host_table(rows: list[dict[str, Any]]) -> str:
+    out = ["", "Host time per call of the op, in place (µs, median over the rounds; see host_breakdown):", "",
+           "| op | T | seqs | " + " | ".join(HOST_PIECES) + " |", "|" + "---|" * (3 + len(HOST_PIECES))]
+    for r in rows:
+        cells = [r["op"], r["T"], r["seqs"], *(f"{r['host'][piece]:.1f}" for piece in HOST_PIECES)]
+        out.append("| " + " | ".join(str(x) for x in cells) + " |")
+    return "\n".join(out) + "\n"
+
+
 def table(rows: list[dict[str, Any]], header: list[str]) -> str:
     out = [*header, "", "| op | T | seqs | op (ms) | planned (ms) | op ÷ planned (IQR) | bare (ms) | op, device (ms) "
            "| planned, device (ms) | op ÷ planned, device | prepared (ms) | op tokens/s | loop (ms) | loop ÷ op "
@@ -370,6 +447,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--warmup", type=int, default=None)
     p.add_argument("--repeats", type=int, default=None)
     p.add_argument("--no-loop", action="store_true", help="skip the token loop")
+    p.add_argument("--host", action="store_true", help="also the op's host time per call, split by piece")
     p.add_argument("--smoke", action="store_true", help="tiny sizes, one repeat (the CPU under the interpreter)")
     p.add_argument("--out", default=None, help="write the Markdown table here too")
     args = p.parse_args(argv)
@@ -395,10 +473,12 @@ def main(argv: list[str] | None = None) -> int:
     for c in cases(args, device):
         rows.append(measure(c, args.warmup, args.repeats, loop=not args.no_loop and c.T == min(args.T)))
         r = rows[-1]
+        if args.host:
+            r["host"] = host_breakdown(c, make_call(c), args.repeats)
         print(f"{c.op} T={c.T} seqs={c.seqs}: op {r['op_ms']:.3f} ms, planned {r['planned_ms']:.3f} ms (op / planned "
               f"{r['ratio'][1]:.3f}), bare {r['bare_ms']:.3f} ms; device op {r['op_dev_ms']}, planned "
               f"{r['planned_dev_ms']}", file=sys.stderr, flush=True)
-    text = table(rows, header(args, device, argv))
+    text = table(rows, header(args, device, argv)) + (host_table(rows) if args.host else "")
     print(text)
     if args.out:
         with open(args.out, "w", encoding="utf-8") as f:

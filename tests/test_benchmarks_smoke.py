@@ -22,15 +22,23 @@ def _run(*args):
 
 def test_prefill_smoke_runs_both_ops_direct_and_looped():
     pytest.importorskip("fla.ops.kda")
-    out = _run("--smoke")
+    out = _run("--smoke", "--host")
     assert "| op | T | seqs | op (ms) | planned (ms) | op ÷ planned (IQR) | bare (ms) |" in out
-    assert "command: `python benchmarks/prefill.py --smoke`" in out and "card: " in out
-    rows = {ln.split(" | ")[0][2:]: ln.split(" | ") for ln in out.splitlines() if ln.startswith(("| kda |", "| gdn |"))}
+    assert "command: `python benchmarks/prefill.py --smoke --host`" in out and "card: " in out
+    main, host = out.split("Host time per call of the op, in place")
+    lines = [ln for ln in main.splitlines() if ln.startswith(("| kda |", "| gdn |"))]
+    rows = {ln.split(" | ")[0][2:]: ln.split(" | ") for ln in lines}
     assert sorted(rows) == ["gdn", "kda"]
     for cells in rows.values():
         assert "% (" in cells[5]  # the ratio with its quartiles
-        assert float(cells[-2]) == 0.0  # the op and the direct calls: the same kernel on the same inputs
+        # the op and the direct calls: the same kernel on the same inputs (the op's q/k l2 norm, in its own
+        # copy, sums as fla's kernel does under the interpreter)
+        assert float(cells[-2]) == 0.0
         assert float(cells[-1].rstrip(" |")) < 1e-5  # against the token loop, in fp32
+    assert "| op | T | seqs | call | outside _run | prepare | fla | finish | rest of _run |" in host
+    pieces = [[float(x) for x in ln.rstrip(" |").split(" | ")[3:]]
+              for ln in host.splitlines() if ln.startswith(("| kda |", "| gdn |"))]
+    assert len(pieces) == 2 and all(p[0] > p[3] > 0 and min(p[1:]) > -1.0 for p in pieces)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the message is for machines without CUDA")
