@@ -3,22 +3,21 @@ KDA, ``chunk_gated_delta_rule`` for GDN (fla-core 0.6.0, ``fla.ops.kda`` / ``fla
 
 fla takes q/k/v as ``[1, T, H, K]`` tensors with ``cu_seqlens`` (int64, ``[B+1]``) for varlen input, a dense
 initial state of one row per sequence (``[B, HV, K, V]``, or ``[B, HV, V, K]`` with ``state_v_first=True``) and
-returns the output and the final states out of place (``output_final_state=True``). This wrapper hands fla the
-raw gate logits, as a direct caller of fla would, gathers each sequence's slot (zero where ``has_initial_state``
-is False or the slot is padding), runs the kernel, writes ``out`` in one pass (the padding sequences' rows zero)
-and scatters the final states back to the valid slots: one Triton launch before fla's call (q/k/v copied out of
+returns the output and the final states out of place (``output_final_state=True``). This wrapper hands fla the raw
+gate logits, as a direct caller of fla would, gathers each sequence's slot (zero where ``has_initial_state`` is
+False or the slot is padding), runs the kernel, writes ``out`` in one pass (the padding sequences' rows zero) and
+scatters the final states back to the valid slots: one Triton launch before fla's call (q/k/v copied out of
 ``mixed_qkv``, with the q/k l2 norm and KDA's beta sigmoid on the way) and one after it, every byte moved once
-(:mod:`kda_kernels.prefill_slots`). Nothing reads
-``cu_seqlens`` on the host (on fla's Triton kernels, see below): fla's default chunk plan (which 64-token chunk
-of which sequence each program takes) does, a sync that drains the device queue on every call; here the plan is
-built on the device instead, with a row count that follows from the shapes alone (``ceil(T / 64) + B - 1``, the
-most chunks ``B`` sequences of ``T`` tokens can have), the rows past the real chunks left to do nothing. KDA
-takes it through fla's own fixed-shape plan (``use_graph=True``, ``max_num_seqs=B``: every KDA chunk kernel
-returns at once on a row whose sequence is ``-1``); GDN through ``chunk_indices`` (:func:`chunk_plan`, whose
-spare rows name a chunk past the end of sequence 0, which every GDN chunk kernel masks or returns on, as it does
-for the tail of a short sequence), on fla's Triton kernels only: where FlashQLA may take a GDN call, or with
-fla's intra-card context parallelism on (``FLA_INTRACARD_CP``), fla plans for itself and reads ``cu_seqlens`` on
-the host (:func:`gdn_plan_taken`).
+(:mod:`kda_kernels.prefill_slots`). Nothing reads ``cu_seqlens`` on the host (on fla's Triton kernels, see below):
+fla's default chunk plan (which 64-token chunk of which sequence each program takes) does, a sync that drains the
+device queue on every call; here the plan is built on the device instead, with a row count that follows from the
+shapes alone (``ceil(T / 64) + B - 1``, the most chunks ``B`` sequences of ``T`` tokens can have), the rows past the
+real chunks left to do nothing. KDA takes it through fla's own fixed-shape plan (``use_graph=True``,
+``max_num_seqs=B``: every KDA chunk kernel returns at once on a row whose sequence is ``-1``); GDN through
+``chunk_indices`` (:func:`chunk_plan`, whose spare rows name a chunk past the end of sequence 0, which every GDN
+chunk kernel masks or returns on, as it does for the tail of a short sequence), on fla's Triton kernels only: where
+FlashQLA may take a GDN call, or with fla's intra-card context parallelism on (``FLA_INTRACARD_CP``), fla plans for
+itself and reads ``cu_seqlens`` on the host (:func:`gdn_plan_taken`).
 
 What fla-core 0.6.0 computes for us, checked against its source and, under the interpreter, against
 the token loop (``tests/test_prefill.py``):
@@ -45,12 +44,13 @@ fla's call, and at T = 4,096 fla's call is host-bound: a launch is host time):
 - KDA's beta (fla's ``use_beta_sigmoid_in_kernel``, one launch): ``sigmoid(b)`` in fp32 with Triton's
   sigmoid, as fla's kernel computes it, bit for bit. GDN's beta is ``sigmoid(b)`` rounded to ``b``'s
   dtype (sglang's rule), which fla's fp32 sigmoid is not: it is ``torch.sigmoid(b)`` here (fp32 inside,
-  one rounding), handed over in ``b``'s dtype as a direct caller passes it. With ``flash_qla`` installed (CUDA),
-fla hands bf16 GDN calls with K = V = 128 on SM90+ to FlashQLA, which takes only a precomputed gate: GDN then
-keeps our torch gate (one fp32 value per token and head) so that FlashQLA still gets the call
-(:func:`gdn_gate_in_kernel`; ``FLA_FLASH_QLA=0`` keeps fla's Triton kernels and the fused gate). Zero-length
-sequences in ``cu_seqlens`` get no chunk, their final state is their initial one. fla caches what it derives
-from ``cu_seqlens`` by the tensor's identity; the int64 copy made here is new each call, so a caller's int32
+  one rounding), handed over in ``b``'s dtype as a direct caller passes it.
+
+With ``flash_qla`` installed (CUDA), fla hands bf16 GDN calls with K = V = 128 on SM90+ to FlashQLA, which takes
+only a precomputed gate: GDN then keeps our torch gate (one fp32 value per token and head) so that FlashQLA still
+gets the call (:func:`gdn_gate_in_kernel`; ``FLA_FLASH_QLA=0`` keeps fla's Triton kernels and the fused gate).
+Zero-length sequences in ``cu_seqlens`` get no chunk, their final state is their initial one. fla caches what it
+derives from ``cu_seqlens`` by the tensor's identity; the int64 copy made here is new each call, so a caller's int32
 buffer updated in place never meets a stale plan.
 
 CUDA; also the CPU under the Triton interpreter (``TRITON_INTERPRET=1``, for tests), with two
