@@ -14,11 +14,11 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .interface import row_slots, split_qkv, state_as_vk
+from .reference import L2NORM_EPS
 
 __all__ = ["gdn_gate", "gdn_packed_decode"]
 
 _SOFTPLUS_THRESHOLD = 20.0  # softplus(x) = x above this, as the public kernels do
-_L2NORM_EPS = 1e-6  # under the square root
 
 
 def gdn_gate(a: Tensor, dt_bias: Tensor, A_log: Tensor) -> Tensor:
@@ -35,7 +35,7 @@ def gdn_gate(a: Tensor, dt_bias: Tensor, A_log: Tensor) -> Tensor:
 
 
 def _l2norm(x: Tensor) -> Tensor:
-    return x * torch.rsqrt(x.square().sum(-1, keepdim=True) + _L2NORM_EPS)
+    return x * torch.rsqrt(x.square().sum(-1, keepdim=True) + L2NORM_EPS)
 
 
 def gdn_packed_decode(mixed_qkv: Tensor, a: Tensor, b: Tensor, A_log: Tensor, dt_bias: Tensor, scale: float,

@@ -41,16 +41,14 @@ from .chunk_delta import chunk_gated_delta
 from .gdn_reference import gdn_gate
 from .gdn_reference import gdn_packed_decode as _gdn_decode
 from .interface import row_slots, split_qkv, state_as_vk
-from .reference import kda_gate
+from .reference import L2NORM_EPS, kda_gate
 from .reference import packed_decode as _kda_decode
 
 __all__ = ["gdn_packed_prefill", "gdn_packed_prefill_loop", "packed_prefill", "packed_prefill_loop"]
 
-_L2NORM_EPS = 1e-6  # under the square root, as the decode references
-
 
 def _l2norm(x: Tensor) -> Tensor:
-    return x * torch.rsqrt(x.square().sum(-1, keepdim=True) + _L2NORM_EPS)
+    return x * torch.rsqrt(x.square().sum(-1, keepdim=True) + L2NORM_EPS)
 
 
 def token_sequences(cu_seqlens: Tensor, total: int) -> Tensor:

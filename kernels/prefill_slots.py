@@ -43,8 +43,9 @@ import triton.language as tl
 from torch import Tensor
 
 from .fast_launch import FastLaunch
+from .reference import L2NORM_EPS  # (under the square root; fla's l2norm_fwd default too)
 
-__all__ = ["CHUNK", "L2NORM_EPS", "Prepared", "chunk_plan", "finish", "fuses_l2norm", "prepare"]
+__all__ = ["CHUNK", "Prepared", "chunk_plan", "finish", "fuses_l2norm", "prepare"]
 
 _ROW_BLOCK = 4096  # state elements per program
 _TOKENS, _WIDTH, _SEQS = 16, 512, 64  # a token tile: tokens x channels, and sequences per step of the search
@@ -183,10 +184,6 @@ class Prepared(NamedTuple):
     cu_seqlens: Tensor  # [B + 1] int64, new each call
     chunk_indices: Tensor | None  # chunk_plan(cu_seqlens, T) where asked for
     beta: Tensor | None  # [1, T, HB] fp32, sigmoid(beta_logits), where given
-
-
-L2NORM_EPS = 1e-6
-"""The q/k l2 norm's epsilon, under the square root (fla's ``l2norm_fwd`` default, and the reference's)."""
 
 
 def fuses_l2norm(K: int) -> bool:

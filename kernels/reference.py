@@ -24,7 +24,7 @@ __all__ = ["kda_gate", "packed_decode"]
 # softplus(x) is taken as x above this; the same threshold as sglang/vLLM/fla kernels.
 _SOFTPLUS_THRESHOLD = 20.0
 # Added under the square root (not to the norm), as docs/semantics.md and the public kernels do.
-_L2NORM_EPS = 1e-6
+L2NORM_EPS = 1e-6
 
 
 def kda_gate(a: Tensor, dt_bias: Tensor, A_log: Tensor, lower_bound: float | None) -> Tensor:
@@ -55,7 +55,7 @@ def kda_gate(a: Tensor, dt_bias: Tensor, A_log: Tensor, lower_bound: float | Non
 
 
 def _l2norm(x: Tensor) -> Tensor:
-    return x * torch.rsqrt(x.square().sum(-1, keepdim=True) + _L2NORM_EPS)
+    return x * torch.rsqrt(x.square().sum(-1, keepdim=True) + L2NORM_EPS)
 
 
 @DecodeBackend
