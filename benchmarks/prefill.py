@@ -331,9 +331,11 @@ def host_breakdown(c: Case, call: dict[str, Any], rounds: int, calls: int = 10) 
         import fla.ops.gated_delta_rule as module
 
         name = "chunk_gated_delta_rule"
-    spent: dict[str, float] = dict.fromkeys(("prepare", "finish", "_run", "fla"), 0.0)
-    originals = [(prefill_slots, "prepare"), (prefill_slots, "finish"), (fla_prefill, "_run"), (module, name)]
-    saved = [getattr(obj, attr) for obj, attr in originals]
+    # each wrapped function and the piece its time goes to
+    originals = {"prepare": (prefill_slots, "prepare"), "finish": (prefill_slots, "finish"),
+                 "_run": (fla_prefill, "_run"), "fla": (module, name)}
+    spent: dict[str, float] = dict.fromkeys(originals, 0.0)
+    saved = {piece: getattr(obj, attr) for piece, (obj, attr) in originals.items()}
 
     def timed(fn: Callable[..., Any], piece: str) -> Callable[..., Any]:
         def run(*args: Any, **kwargs: Any) -> Any:
@@ -345,8 +347,8 @@ def host_breakdown(c: Case, call: dict[str, Any], rounds: int, calls: int = 10) 
 
         return run
 
-    for (obj, attr), fn, piece in zip(originals, saved, ("prepare", "finish", "_run", "fla"), strict=True):
-        setattr(obj, attr, timed(fn, piece))
+    for piece, (obj, attr) in originals.items():
+        setattr(obj, attr, timed(saved[piece], piece))
     got: dict[str, list[float]] = {piece: [] for piece in HOST_PIECES}
     op = op_call(c, call, "fla")
     try:
@@ -371,8 +373,8 @@ def host_breakdown(c: Case, call: dict[str, Any], rounds: int, calls: int = 10) 
                 got["rest of _run"].append(per["_run"] - per["prepare"] - per["fla"] - per["finish"])
     finally:
         gc.unfreeze()
-        for (obj, attr), fn in zip(originals, saved, strict=True):
-            setattr(obj, attr, fn)
+        for piece, (obj, attr) in originals.items():
+            setattr(obj, attr, saved[piece])
     return {piece: statistics.median(xs) for piece, xs in got.items()}
 
 
