@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .interface import row_slots, split_qkv, state_as_vk
-from .reference import L2NORM_EPS
+from .reference import l2norm
 
 __all__ = ["gdn_gate", "gdn_packed_decode"]
 
@@ -32,10 +32,6 @@ def gdn_gate(a: Tensor, dt_bias: Tensor, A_log: Tensor) -> Tensor:
     """
     x = a.float() + dt_bias.float()
     return -A_log.float().exp() * F.softplus(x, beta=1.0, threshold=_SOFTPLUS_THRESHOLD)
-
-
-def _l2norm(x: Tensor) -> Tensor:
-    return x * torch.rsqrt(x.square().sum(-1, keepdim=True) + L2NORM_EPS)
 
 
 def gdn_packed_decode(mixed_qkv: Tensor, a: Tensor, b: Tensor, A_log: Tensor, dt_bias: Tensor, scale: float,
@@ -72,7 +68,7 @@ def gdn_packed_decode(mixed_qkv: Tensor, a: Tensor, b: Tensor, A_log: Tensor, dt
     S = old.float()
     q, k, v = (x.float() for x in split_qkv(mixed_qkv, num_heads, HV, K, V))
     if use_qk_l2norm:
-        q, k = _l2norm(q), _l2norm(k)
+        q, k = l2norm(q), l2norm(k)
     group = HV // num_heads  # value head hv reads q/k head hv // group
     q, k = (x.unsqueeze(2).expand(-1, -1, group, -1).reshape(batch, HV, K) for x in (q, k))
     decay = gdn_gate(a, dt_bias, A_log).exp()  # [B, HV]

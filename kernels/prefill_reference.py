@@ -41,14 +41,10 @@ from .chunk_delta import chunk_gated_delta
 from .gdn_reference import gdn_gate
 from .gdn_reference import gdn_packed_decode as _gdn_decode
 from .interface import row_slots, split_qkv, state_as_vk
-from .reference import L2NORM_EPS, kda_gate
+from .reference import kda_gate, l2norm
 from .reference import packed_decode as _kda_decode
 
 __all__ = ["gdn_packed_prefill", "gdn_packed_prefill_loop", "packed_prefill", "packed_prefill_loop"]
-
-
-def _l2norm(x: Tensor) -> Tensor:
-    return x * torch.rsqrt(x.square().sum(-1, keepdim=True) + L2NORM_EPS)
 
 
 def token_sequences(cu_seqlens: Tensor, total: int) -> Tensor:
@@ -88,7 +84,7 @@ def _prefill(mixed_qkv: Tensor, g: Tensor, beta: Tensor, scale: float, initial_s
     h0 = torch.where(start, old.to(dt), torch.zeros((), dtype=dt, device=old.device))
     q, k, v = (x.to(dt) for x in split_qkv(mixed_qkv, num_heads, HV, K, V))
     if use_qk_l2norm:
-        q, k = _l2norm(q), _l2norm(k)
+        q, k = l2norm(q), l2norm(k)
     group = HV // num_heads  # value head hv reads q/k head hv // group
     q, k = (x.unsqueeze(2).expand(-1, -1, group, -1).reshape(T, HV, K) for x in (q, k))
     o, ht = chunk_gated_delta(scale * q, k, v, g, beta, h0, cu_seqlens, chunk_size=chunk_size)

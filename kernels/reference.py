@@ -19,7 +19,7 @@ from torch import Tensor
 
 from .interface import DecodeArgs, DecodeBackend, row_slots, split_qkv, state_as_vk
 
-__all__ = ["kda_gate", "packed_decode"]
+__all__ = ["L2NORM_EPS", "kda_gate", "l2norm", "packed_decode"]
 
 # softplus(x) is taken as x above this; the same threshold as sglang/vLLM/fla kernels.
 _SOFTPLUS_THRESHOLD = 20.0
@@ -54,7 +54,9 @@ def kda_gate(a: Tensor, dt_bias: Tensor, A_log: Tensor, lower_bound: float | Non
     return lower_bound * torch.sigmoid(A * x)
 
 
-def _l2norm(x: Tensor) -> Tensor:
+def l2norm(x: Tensor) -> Tensor:
+    """``x`` scaled to unit l2 norm along its last dim, ``x / sqrt(sum(x²) + L2NORM_EPS)`` (the q/k
+    norm of every reference: decode, GDN and prefill)."""
     return x * torch.rsqrt(x.square().sum(-1, keepdim=True) + L2NORM_EPS)
 
 
@@ -101,7 +103,7 @@ def packed_decode(call: DecodeArgs) -> None:
     q, k, v = split_qkv(call.mixed_qkv, num_heads, num_v_heads, head_k_dim, head_v_dim)
     q, k, v = q.float(), k.float(), v.float()
     if call.use_qk_l2norm:
-        q, k = _l2norm(q), _l2norm(k)
+        q, k = l2norm(q), l2norm(k)
     # GVA: value head hv reads q/k head hv // (HV / H), i.e. consecutive blocks share a head.
     # expand+reshape rather than repeat_interleave, whose output size may be computed on device.
     group = num_v_heads // num_heads
