@@ -303,9 +303,9 @@ def _measure(c: Case, warmup: int, repeats: int, loop: bool) -> dict[str, Any]:
     row["op_dev_ms"], row["planned_dev_ms"] = device_ms(fla), device_ms(planned)
     if loop:
         call["initial_state"].copy_(fresh)
-        loop_call, got = op_call(c, call, "loop"), []
-        row["loop_ms"] = time_ms(lambda: got.append(loop_call()[0]), c.device, 0, 1)  # (once: it is slow)
-        row["vs_loop"] = (o_op.float() - got[0].float()).abs().max().item()
+        loop_call, loop_out = op_call(c, call, "loop"), []
+        row["loop_ms"] = time_ms(lambda: loop_out.append(loop_call()[0]), c.device, 0, 1)  # (once: it is slow)
+        row["vs_loop"] = (o_op.float() - loop_out[0].float()).abs().max().item()
     return row
 
 
@@ -414,7 +414,7 @@ def cases(args: argparse.Namespace, device: torch.device) -> list[Case]:
     for op in args.ops:
         name, tp = PRESETS[op]
         cfg = (kc.KDAConfig if op == "kda" else kc.GDNConfig).preset(name, tp_size=tp)
-        dims = (cfg.local_num_heads, cfg.local_num_v_heads, cfg.head_k_dim, cfg.head_v_dim)
+        dims = (cfg.local_num_heads, cfg.local_num_v_heads, cfg.head_k, cfg.head_v)
         lb = cfg.lower_bound if op == "kda" else None
         if args.smoke:
             dims, lb = SMOKE_DIMS, None

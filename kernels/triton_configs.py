@@ -12,7 +12,7 @@ Example::
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 
@@ -306,7 +306,7 @@ def pick_config(
         rows = 16
         while rows > 4 and work * -(-head_v_dim // rows) < 1024:
             rows //= 2
-        keep_acts = dict(act_eviction="evict_last")
+        keep_acts: dict[str, Any] = dict(act_eviction="evict_last")
         if rows < 16:  # a few hundred programs: plain
             cfg = DecodeConfig(block_v=rows, num_warps=1)
         elif work >= 4096:

@@ -33,6 +33,7 @@ from __future__ import annotations
 import functools
 import os
 import warnings
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -1060,7 +1061,7 @@ def _hook_set(hook: object) -> bool:
     return hook is not None and bool(getattr(hook, "calls", True))
 
 
-def _remember(key: tuple, compiled: object, n_constexprs: int) -> None:
+def _remember(key: tuple, compiled: Any, n_constexprs: int) -> None:
     """Keep the CompiledKernel a normal launch returned, if it looks like what the fast launch
     expects: a signature listing every parameter (constexprs included) and a launcher."""
     if compiled is None or hasattr(compiled, "result"):  # not launched (a compile hook), or a future

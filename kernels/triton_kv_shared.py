@@ -213,7 +213,8 @@ def unsupported(head_k_dim: int, head_v_dim: int, state_dtype: torch.dtype, bloc
     if device is not None and device.type == "cuda":
         if torch.cuda.get_device_capability(device) < (8, 0):
             return "cp.async needs sm_80 or later"
-        limit = torch.cuda.get_device_properties(device).shared_memory_per_block_optin
+        props = torch.cuda.get_device_properties(device)  # (the opt-in limit is missing from torch's stubs)
+        limit = getattr(props, "shared_memory_per_block_optin", props.shared_memory_per_block)
     if shared_bytes(head_k_dim, block_v, state_dtype) > limit:
         return f"a [{head_k_dim}, {block_v}] tile needs more than the {limit} bytes of shared memory a program may use"
     return None
