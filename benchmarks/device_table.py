@@ -60,7 +60,8 @@ def sweep(args: argparse.Namespace, json_path: str) -> None:
 
 def rows_of(paths: list[str]) -> tuple[str, dict[tuple[int, int, str, int], dict[str, dict[str, Any]]]]:
     """(device name, {(H, HV, state, B): {backend: {"hot": row, "cold": row}}}) of our VK rows."""
-    device, found = "", {}
+    device = ""
+    found: dict[tuple[int, int, str, int], dict[str, dict[str, Any]]] = {}
     for path in paths:
         doc = json.loads(Path(path).read_text())
         device = device or doc.get("device", "")

@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import Literal
 
 import torch
 
@@ -227,7 +228,12 @@ def in_processes(args) -> int:
     return failures
 
 
-def configs_to_check(everything: bool, gdn=False) -> dict[str, tuple[object, tuple[str, ...], tuple[torch.dtype, ...]]]:
+Layout = Literal["VK", "KV"]
+#: name -> (DecodeConfig, layouts, state dtypes)
+Configs = dict[str, tuple[object, tuple[Layout, ...], tuple[torch.dtype, ...]]]
+
+
+def configs_to_check(everything: bool, gdn=False) -> Configs:
     """name -> (DecodeConfig, layouts, state dtypes) for every Triton launch shape to put through abuse
     (GDN's own table, once ``picked_configs`` takes ``gdn=``)."""
     import inspect
@@ -236,14 +242,15 @@ def configs_to_check(everything: bool, gdn=False) -> dict[str, tuple[object, tup
 
     both = (torch.float32, torch.bfloat16)
     own = {"gdn": True} if gdn and "gdn" in inspect.signature(triton_decode.picked_configs).parameters else {}
-    found = {f"picked {c}": (c, ("VK", "KV"), both) for c in triton_decode.picked_configs(**own)}
+    layouts: tuple[Layout, ...] = ("VK", "KV")
+    found: Configs = {f"picked {c}": (c, layouts, both) for c in triton_decode.picked_configs(**own)}
     if everything:
         import decode
         from decode import candidate_configs
 
         decode.OP = decode.OPS["gdn" if gdn else "kda"]()
 
-        for layout in ("VK", "KV"):
+        for layout in layouts:
             for sdt in both:
                 for batch, hv in ((64, 4), (256, 16), (1024, 32)):  # the candidates derive from the picked shape
                     for name, c in candidate_configs(layout, sdt, batch, hv).items():

@@ -79,6 +79,10 @@ def main(argv: list[str] | None = None) -> int:
         for v in ("hot", "cold"):
             vk = tvk[(v, "vk")]
             times = {n: t for n in cfgs if isinstance(t := tkv.get((v, n)), float)}
+            if isinstance(vk, str):  # our VK launch could not be captured (time_row's error): no ratios
+                print(f"{name[:4]} H={H} B={B} {v}: vk {vk}", flush=True)
+                rows.append(dict(H=H, state=name, B=B, variant=v, vk=vk, **times))
+                continue
             fastest = sorted(times, key=times.__getitem__)[:6]
             pick = times.get("pick")
             line = f"{name[:4]} H={H} B={B} {v}: vk {vk:.2f}"

@@ -25,9 +25,11 @@ import kda_contracts as kc
 from kda_contracts.models import kimi_linear, qwen3_next
 
 PRESETS = {"kimi": ("kimi-linear-48b-a3b", 1), "qwen": ("qwen3-next-80b-a3b", 2)}
+Layer = kimi_linear.KimiDeltaAttention | qwen3_next.Qwen3NextGatedDeltaNet
 
 
-def layer_for(kind: str, device: torch.device, smoke: bool) -> torch.nn.Module:
+def layer_for(kind: str, device: torch.device, smoke: bool) -> Layer:
+    layer: Layer
     if kind == "kimi":
         cfg = (kc.KDAConfig(num_heads=2, head_k_dim=16, hidden_size=32) if smoke else
                kc.KDAConfig.preset(PRESETS[kind][0], tp_size=PRESETS[kind][1]))
@@ -58,8 +60,9 @@ def timed_ms(run: Callable[[], object], device: torch.device, repeats: int) -> f
     return statistics.median(times)
 
 
-def packed_ms(layer: torch.nn.Module, T: int, seqs: int, device: torch.device, repeats: int) -> float:
+def packed_ms(layer: Layer, T: int, seqs: int, device: torch.device, repeats: int) -> float:
     D = layer.config.hidden_size
+    assert D is not None  # the layer's constructor rejects a config without it
     x = (0.1 * torch.randn(T, D, generator=torch.Generator().manual_seed(T))).to(device, layer.dtype)
     ssm, conv = layer.new_state_pools(seqs + 1, device=device)
     slots = torch.arange(seqs, dtype=torch.int32, device=device)
@@ -67,8 +70,9 @@ def packed_ms(layer: torch.nn.Module, T: int, seqs: int, device: torch.device, r
     return timed_ms(lambda: layer.prefill(x, ssm, conv, slots, cu_seqlens=cu), device, repeats)
 
 
-def loop_ms(layer: torch.nn.Module, T: int, seqs: int, device: torch.device, repeats: int) -> float:
+def loop_ms(layer: Layer, T: int, seqs: int, device: torch.device, repeats: int) -> float:
     D = layer.config.hidden_size
+    assert D is not None  # the layer's constructor rejects a config without it
     x = (0.1 * torch.randn(seqs, T // seqs, D, generator=torch.Generator().manual_seed(T))).to(device, layer.dtype)
     ssm, conv = layer.new_state_pools(seqs + 1, device=device)
     slots = torch.arange(seqs, dtype=torch.int32, device=device)

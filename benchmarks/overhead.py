@@ -75,7 +75,7 @@ import time
 import timeit
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, cast
 
 import torch
 from beartype import beartype
@@ -666,6 +666,15 @@ USER_CASES = (  # key, label, annotated function, hand-written validator
 )
 
 
+class Contracted(Protocol):
+    """What ``kc.contract`` returns outside mode "off": the wrapper, carrying its compiled contract (its
+    declared return type, the function's own, does not show ``__kda_contract__``)."""
+
+    __kda_contract__: kc.Contract
+
+    def __call__(self, *args: Any) -> Any: ...
+
+
 def user_paths() -> list[tuple[str, list["TimedPath"]]]:
     """For each user function: no check, hand-written, jaxtyping + beartype, kda-contracts check (the
     ``@kc.contract`` wrapper), its generated checker called directly (``_check_uncached(*args, None)``)
@@ -675,7 +684,7 @@ def user_paths() -> list[tuple[str, list["TimedPath"]]]:
     for key, label, fn, hand in USER_CASES:
         args = calls[key]
         with kc.mode("check"):
-            checked = kc.contract(register=False)(fn)
+            checked = cast(Contracted, kc.contract(register=False)(fn))
         jax = jaxtyped(typechecker=beartype)(fn)
         plain = fn.__wrapped__ if hasattr(fn, "__wrapped__") else fn
         for f in (plain, hand, jax):
@@ -908,7 +917,7 @@ def paired_ratio(num: TimedPath, den: TimedPath) -> float:
 
 
 def targets(by: dict[str, TimedPath]) -> list[tuple[str, str, bool | None]]:
-    rows = []
+    rows: list[tuple[str, str, bool | None]] = []
     r = paired_ratio(by["check"], by["hand"])
     rows.append(("check, repeat calls ≤ 1.0× hand-written", f"{r:.2f}×", r <= 1.0))
     r = paired_ratio(by["jax"], by["check"])
@@ -1020,7 +1029,7 @@ def user_line_costs(rounds: int, n: int) -> list[tuple[str, list[tuple[str, floa
     for key, label, fn, hand in USER_CASES:
         args = calls[key]
         with kc.mode("check"):
-            c = kc.contract(register=False)(fn).__kda_contract__
+            c = cast(Contracted, kc.contract(register=False)(fn)).__kda_contract__
         gen = line_costs(c.checker_source, c._check_uncached.__globals__,
                          [f"_kc_a{i}" for i in range(len(args))] + ["_kc_cfg"], (*args, None), rounds, n)
         hp = list(inspect.signature(hand).parameters)

@@ -52,7 +52,12 @@ def _forbid_slow_path() -> Callable[[], None]:
     kernels = _kernels()
     for kernel in kernels:
         kernel.run = run  # type: ignore[attr-defined]
-    return lambda: [delattr(kernel, "run") for kernel in kernels] and None
+
+    def restore() -> None:
+        for kernel in kernels:
+            delattr(kernel, "run")
+
+    return restore
 
 
 def _call(case: DecodeCase, state: torch.Tensor, out: torch.Tensor, **kw: object) -> None:

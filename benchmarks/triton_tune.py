@@ -469,8 +469,8 @@ def main() -> None:
                 key = str(tuple(cfg))
                 cells = []
                 for r in rows:
-                    best = min(r["sweep"].values())
-                    cells.append(f"{r['sweep'][key]:8.2f}{'*' if r['sweep'][key] <= best * 1.02 else ' '}")
+                    fastest = min(r["sweep"].values())
+                    cells.append(f"{r['sweep'][key]:8.2f}{'*' if r['sweep'][key] <= fastest * 1.02 else ' '}")
                 print(
                     f"  {cfg.block_v:3d} w{cfg.num_warps} t{cfg.tiles} s{cfg.num_stages} "
                     f"{cfg.state_eviction[:6]:6s} " + "".join(cells),

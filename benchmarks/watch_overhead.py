@@ -13,8 +13,11 @@ bytes as the decode kernel reads). Prints a table; on a machine without CUDA it 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import statistics
 import time
+from collections.abc import Iterator
+from typing import Literal
 
 import torch
 
@@ -24,14 +27,12 @@ from kda_contracts.testing import make_decode_call
 CFG = kc.KDAConfig(num_heads=32, num_v_heads=32, head_k_dim=128, head_v_dim=128)
 
 
-def without_rows() -> object:
+def without_rows() -> contextlib.AbstractContextManager[None]:
     """A context in which the fused check skips ``FiniteRows`` (for the "-rows" column)."""
-    import contextlib
-
     from kda_contracts._engine.rules import fused
 
     @contextlib.contextmanager
-    def ctx():  # type: ignore[no-untyped-def]
+    def ctx() -> Iterator[None]:
         saved = fused._SLOT_OF[kc.FiniteRows]
         fused._SLOT_OF[kc.FiniteRows] = lambda *a: fused.SKIP
         fused._PREPARED.clear()
@@ -44,15 +45,13 @@ def without_rows() -> object:
     return ctx()
 
 
-def fused_only() -> object:
+def fused_only() -> contextlib.AbstractContextManager[None]:
     """A context in which no backend's kernel is handed the rules: watch mode's own check kernel
     makes them (the "fused" columns: what an op whose kernel does not check pays)."""
-    import contextlib
-
     from kda_contracts._engine.contract import watch
 
     @contextlib.contextmanager
-    def ctx():  # type: ignore[no-untyped-def]
+    def ctx() -> Iterator[None]:
         real = watch.Pending.hand
         watch.Pending.hand = lambda self, watched: real(self, None)  # type: ignore[method-assign]
         try:
@@ -69,7 +68,7 @@ def eager_us(call: dict, iters: int, rounds: int = 9) -> dict[str, float]:
     at its end only."""
     times: dict[str, list[float]] = {"check": [], "watch": [], "fused": []}
 
-    def run(mode: str) -> float:
+    def run(mode: Literal["check", "watch"]) -> float:
         with kc.mode(mode):
             kc.packed_decode(**call, config=CFG)
             torch.cuda.synchronize()
@@ -89,7 +88,7 @@ def eager_us(call: dict, iters: int, rounds: int = 9) -> dict[str, float]:
     return {k: statistics.median(v) for k, v in times.items()}
 
 
-def replay_us(call: dict, mode: str, iters: int) -> float:
+def replay_us(call: dict, mode: Literal["check", "watch"], iters: int) -> float:
     """Median µs per replay of a graph captured in ``mode`` (check: no probes; watch: probes and fold)."""
     with kc.mode(mode):
         kc.packed_decode(**call, config=CFG)
