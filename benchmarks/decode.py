@@ -351,7 +351,10 @@ def tolerances(sdt: torch.dtype) -> tuple[tuple[float, float], tuple[float, floa
 def check(binders: dict[str, Binder], H: int, sdt: torch.dtype, B: int, layout: str,
           device: torch.device) -> dict[str, tuple[float | None, float | None, bool | None, str]]:
     """Each backend on a fresh copy of one small pool: max errors vs the reference (``OP.reference``),
-    and whether the slots it should not touch are bit-identical."""
+    and whether the slots it should not touch are bit-identical (neither, for a candidate this machine
+    cannot run)."""
+    from kda_kernels.triton_configs import ConfigUnsupported
+
     N = 2 * B + 8
     x = device_inputs(H, B, N, sdt, layout, device, seed=B + H)
     idx = slot_sets(N, B, 1, device, seed=7)[0]
@@ -361,13 +364,16 @@ def check(binders: dict[str, Binder], H: int, sdt: torch.dtype, B: int, layout: 
     used = torch.zeros(N, dtype=torch.bool, device=device)
     used[idx.long()] = True
     (oa, orr), (sa, sr) = tolerances(sdt)
-    results = {}
+    results: dict[str, tuple[float | None, float | None, bool | None, str]] = {}
     for name, bind in binders.items():
         x["state"].copy_(pristine)
         x["out"].fill_(float("nan"))
         try:
             bind(x)(idx)
             torch.cuda.synchronize()
+        except ConfigUnsupported as exc:  # a candidate this machine cannot run: not a wrong answer
+            results[name] = (None, None, None, f"not here: {str(exc).partition('cannot run here: ')[2][:100]}")
+            continue
         except Exception as exc:
             results[name] = (None, None, False, f"failed: {type(exc).__name__}: {str(exc)[:100]}")
             continue
@@ -552,9 +558,10 @@ def sweep(device: torch.device, batches: list[int], heads: list[int], states: li
                     t0 = time.time()
                     binders = backends(layout, sdt, B, HV, ours, peers, candidates)
                     checks = check(binders, H, sdt, B, layout, device)
-                    # not timed: the untimed, and any whose check raised (no capture of a failing launch)
+                    # not timed: the untimed, any whose check raised (no capture of a failing launch) and any
+                    # candidate this machine cannot run
                     timed = {n: b for n, b in binders.items()
-                             if n not in OP.untimed and not checks[n][3].startswith("failed")}
+                             if n not in OP.untimed and not checks[n][3].startswith(("failed", "not here"))}
                     times: dict[tuple[str, str], float | str] = {
                         **time_row(timed, H, sdt, B, layout, device, l2),
                         **{(v, n): OP.untimed[n] for v in ("hot", "cold") for n in binders if n in OP.untimed}}
@@ -670,7 +677,7 @@ def add_ratios(rows: list[Row], copy_tbps: float) -> list[dict[str, Any]]:
         d["same_size_copy_tbps"] = same
         d["pct_same_size_copy"] = None if r.tbps is None or same is None else 100 * r.tbps / same
         group = by_key[key(r)]
-        peer_us = [group[p].us for p in peers if p in group and group[p].us is not None]
+        peer_us = [us for p in peers if p in group and (us := group[p].us) is not None]
         vk = by_key.get((r.variant, "VK", r.H, r.state, r.B), {}).get(r.backend)
         d["vs_best_peer"] = None if not peer_us or r.us is None else min(peer_us) / r.us
         main = group.get(OP.main_peer)
@@ -705,7 +712,8 @@ def report_from_json(paths: list[str], out: str | None) -> int:
     copy_tbps = max(d["copy_tbps"] for d in docs)
     data = [dict(r, pct_copy=None if r["tbps"] is None else 100 * r["tbps"] / copy_tbps)
             for d in docs for r in d["rows"]]
-    eager = next((d["eager"] for d in docs if d.get("eager")), [])
+    # JSON gives each (label, µs) pair as a list; render only unpacks them
+    eager: list[tuple[str, float]] = next((d["eager"] for d in docs if d.get("eager")), [])
     text = report(data, copy_tbps, eager, "; ".join(d["command"] for d in docs), docs[0].get("facts"),
                   docs[0].get("method"))
     print(text)

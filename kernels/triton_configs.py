@@ -16,7 +16,13 @@ from typing import Any, NamedTuple
 
 import torch
 
-__all__ = ["DEVICE_TABLES", "DecodeConfig", "TableRule", "pick_config", "picked_configs", "table_for"]
+__all__ = ["DEVICE_TABLES", "ConfigUnsupported", "DecodeConfig", "TableRule", "pick_config", "picked_configs",
+           "table_for"]
+
+
+class ConfigUnsupported(ValueError):
+    """An explicit ``config=`` this machine cannot run (its GPU, its pool's alignment, or the Triton
+    interpreter); the message says why. A ``ValueError``, as every refused argument of the kernels."""
 
 
 class DecodeConfig(NamedTuple):

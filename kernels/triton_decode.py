@@ -39,7 +39,7 @@ import torch
 from torch import Tensor
 
 from .interface import WATCH_CHECKS, DecodeArgs, DecodeBackend, WatchArgs
-from .triton_configs import DecodeConfig, pick_config, picked_configs
+from .triton_configs import ConfigUnsupported, DecodeConfig, pick_config, picked_configs
 
 try:
     import triton
@@ -51,7 +51,8 @@ except ImportError as exc:  # the module stays importable so is_available() can 
     tl = None  # type: ignore[assignment]
     _TRITON_IMPORT_ERROR = f"triton is not installed ({exc})"
 
-__all__ = ["DecodeConfig", "gdn_packed_decode", "is_available", "packed_decode", "pick_config", "picked_configs"]
+__all__ = ["ConfigUnsupported", "DecodeConfig", "gdn_packed_decode", "is_available", "packed_decode", "pick_config",
+           "picked_configs"]
 
 
 def is_available() -> tuple[bool, str]:
@@ -808,7 +809,7 @@ def _misaligned_plan(pkey: tuple, state: Tensor) -> tuple:
 
     config = pkey[-2]
     if config is not None:
-        raise ValueError(f"{config} cannot run here: {triton_kv_shared.misaligned(state)}")
+        raise ConfigUnsupported(f"{config} cannot run here: {triton_kv_shared.misaligned(state)}")
     dims, state_dtype, state_layout, gdn, gpu = pkey[0], pkey[5], pkey[6], pkey[7], pkey[-3]
     fallback = pick_config(dims[0], dims[2], dims[4], state_dtype, state_layout, gdn=gdn, kv_shared=False,
                            device=_device_name(gpu))
@@ -867,7 +868,7 @@ def _plan(pkey: tuple) -> tuple:
         if why is None:
             return _plan_kv_shared(pkey, cfg)
         if config is not None:
-            raise ValueError(f"{config} cannot run here: {why}")
+            raise ConfigUnsupported(f"{config} cannot run here: {why}")
         # auto: the shape picked where the shared-memory tile cannot run (or was not timed)
         cfg = pick_config(batch, num_v_heads, head_v_dim, state_dtype, state_layout, gdn=gdn, kv_shared=False,
                           device=device_name)

@@ -62,6 +62,20 @@ def test_gdn_dry_run_checks_every_backend_and_writes_its_own_section(tmp_path):
         assert (tmp_path / "gdn.png").read_bytes()[:4] == b"\x89PNG"
 
 
+def test_kda_dry_run_reports_candidates_this_machine_cannot_run_as_not_run_not_as_wrong(tmp_path):
+    # the shared-memory and register KV tiles are Gluon kernels, which the Triton interpreter does not
+    # run: their rows say why, they are not timed, and they do not count as incorrect
+    got = _decode("--dry", "--json", str(tmp_path / "kda.json"), "--only", "sh128-w2,rg16,r4")
+    assert got.stderr.splitlines()[-1].endswith(" 0 incorrect")
+    rows = json.loads((tmp_path / "kda.json").read_text())["rows"]
+    not_here = [r for r in rows if r["backend"] in ("triton:sh128-w2", "triton:rg16")]
+    assert not_here and all(r["layout"] == "KV" and r["correct"] is None and r["us"] is None
+                            and r["note"] == "not here: the Triton interpreter (TRITON_INTERPRET) does not run "
+                                             "Gluon kernels" for r in not_here)
+    ran = [r for r in rows if r["backend"] in ("triton", "triton:r4")]
+    assert {r["layout"] for r in ran} == {"VK", "KV"} and all(r["correct"] is True for r in ran)
+
+
 def _row(backend, B, us, state="float32", variant="cold", pct=None, H=16):
     return dict(variant=variant, layout="VK", backend=backend, H=H, HV=2 * H, state=state, B=B, us=us,
                 tbps=None, pct_copy=pct, correct=True, same_size_copy_tbps=3.9 if B >= 256 else None)

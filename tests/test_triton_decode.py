@@ -14,7 +14,14 @@ from types import SimpleNamespace
 import pytest
 import torch
 from kda_kernels import reference, triton_decode, triton_kv_shared
-from kda_kernels.triton_decode import DecodeConfig, is_available, packed_decode, pick_config, picked_configs
+from kda_kernels.triton_decode import (
+    ConfigUnsupported,
+    DecodeConfig,
+    is_available,
+    packed_decode,
+    pick_config,
+    picked_configs,
+)
 from kda_oracle import (
     DecodeCase,
     assert_close_to_oracle,
@@ -241,7 +248,7 @@ def test_matches_reference_at_production_head_dims_with_every_picked_config() ->
                                                                                      config.block_v, config.num_warps,
                                                                                      config.kv_chunk)
             if why:  # the Gluon kernel (under the interpreter): refused, saying why (test_triton_kv_shared.py)
-                with pytest.raises(ValueError, match=re.escape("cannot run here: " + why)):
+                with pytest.raises(ConfigUnsupported, match=re.escape("cannot run here: " + why)):
                     _run_triton(case, config)
             else:
                 _assert_matches_reference(case, config)

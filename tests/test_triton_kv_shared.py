@@ -20,7 +20,7 @@ import sys
 import pytest
 import torch
 from kda_kernels import reference, triton_decode, triton_kv_shared
-from kda_kernels.triton_decode import DecodeConfig, pick_config, picked_configs
+from kda_kernels.triton_decode import ConfigUnsupported, DecodeConfig, pick_config, picked_configs
 from kda_oracle import assert_close_to_oracle, assert_pool_untouched_except, make_decode_case, run_kernel, valid_slots
 
 triton = pytest.importorskip("triton")
@@ -75,8 +75,8 @@ def test_under_the_interpreter_auto_falls_back_to_the_chunked_tile() -> None:
 @pytest.mark.skipif(CUDA, reason="checks the refusal where Gluon cannot run (the interpreter)")
 def test_an_explicit_shared_config_says_why_it_cannot_run_under_the_interpreter() -> None:
     cfg = DecodeConfig(block_v=128, num_warps=2, kv_chunk=16, kv_shared=True)
-    with pytest.raises(ValueError, match=re.escape(f"{cfg} cannot run here: the Triton interpreter (TRITON_INTERPRET) "
-                                                   "does not run Gluon kernels")):
+    with pytest.raises(ConfigUnsupported, match=re.escape(f"{cfg} cannot run here: the Triton interpreter "
+                                                          "(TRITON_INTERPRET) does not run Gluon kernels")):
         _plan(64, 32, 128, 128, torch.bfloat16, cfg)
 
 
@@ -124,7 +124,7 @@ def test_a_misaligned_pool_takes_autos_other_shape_and_an_explicit_config_is_ref
     assert kernel is None and constexprs[26] == 32  # the chunked Triton tile
     cfg = pick_config(64, 32, 128, torch.bfloat16, "KV")
     why = "the pool's base address is not 16-byte aligned"
-    with pytest.raises(ValueError, match=re.escape(f"{cfg} cannot run here: {why}")):
+    with pytest.raises(ConfigUnsupported, match=re.escape(f"{cfg} cannot run here: {why}")):
         triton_decode._misaligned_plan((*pkey[:-2], cfg, False), pool)
 
 
@@ -247,8 +247,8 @@ def test_only_plans_that_copy_the_tile_need_an_aligned_pool(monkeypatch: pytest.
 @pytest.mark.skipif(CUDA, reason="checks the refusal where Gluon cannot run (the interpreter)")
 def test_an_explicit_register_tile_says_why_it_cannot_run_under_the_interpreter() -> None:
     cfg = DecodeConfig(block_v=16, num_warps=1, kv_registers=True)
-    with pytest.raises(ValueError, match=re.escape(f"{cfg} cannot run here: the Triton interpreter (TRITON_INTERPRET) "
-                                                   "does not run Gluon kernels")):
+    with pytest.raises(ConfigUnsupported, match=re.escape(f"{cfg} cannot run here: the Triton interpreter "
+                                                          "(TRITON_INTERPRET) does not run Gluon kernels")):
         _plan(8, 32, 128, 128, torch.float32, cfg)
     assert not any(c.kv_registers for c in picked_configs())  # measured, not picked
 
@@ -304,7 +304,7 @@ def test_the_plan_is_the_pools_gpus_on_a_machine_with_two_kinds_of_gpu(monkeypat
     assert seen == [torch.device("cuda", 0), torch.device("cuda", 1)]
     assert {key[11] for key in triton_decode._plans} == {0, 1}  # kept apart (_launch looks plans up by key)
     cfg = pick_config(1024, 32, 128, torch.bfloat16, "KV")
-    with pytest.raises(ValueError, match=r"cannot run here: cp.async needs sm_80 or later"):
+    with pytest.raises(ConfigUnsupported, match=r"cannot run here: cp.async needs sm_80 or later"):
         _plan(1024, 32, 128, 128, torch.bfloat16, cfg, gpu=1)
     # and a launch's key holds its pool's device (the CPU's -1 under the interpreter)
     monkeypatch.setattr(triton_decode, "_plans", {})
@@ -392,7 +392,7 @@ def test_on_cuda_a_pool_the_tile_cannot_copy_takes_the_chunked_tile_with_auto(mi
     reference.packed_decode(*args, ref_pool, ref_out, case.indices, **kw)
     assert_close_to_oracle(out, ref_out)
     assert_close_to_oracle(pool, ref_pool)
-    with pytest.raises(ValueError, match="cannot run here: the pool's"):
+    with pytest.raises(ConfigUnsupported, match="cannot run here: the pool's"):
         triton_decode.packed_decode(*args, pool, out, case.indices, **kw,
                                     config=pick_config(64, 32, 128, torch.bfloat16, "KV"))
 
