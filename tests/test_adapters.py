@@ -94,7 +94,7 @@ def test_a_refused_backend_leaves_every_tensor_untouched():
 
 
 def test_register_refuses_a_duplicate_name_unless_replacing(registry):
-    with pytest.raises(ValueError, match="already registered"):
+    with pytest.raises(kc.AnnotationError, match="already registered"):
         adapters.register(Adapter(name="torch", kernel=calls_of([]), devices=("cpu",)))
 
 

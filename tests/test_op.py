@@ -167,7 +167,7 @@ def test_declaration_mistakes_are_named():
         op.backend("d", devices=("cpu",), dtypes={"y": (torch.float16,)})(logging_kernel([]))
     with pytest.raises(kc.AnnotationError, match=r"backend 'f': where 'x is None': a backend constraint is on dims"):
         op.backend("f", devices=("cpu",), where=["x is None"])(logging_kernel([]))
-    with pytest.raises(ValueError, match="a backend named 'torch' is already registered"):
+    with pytest.raises(kc.AnnotationError, match="a backend named 'torch' is already registered"):
         op.backend("torch", devices=("cpu",))(logging_kernel([]))
     with pytest.raises(kc.AnnotationError, match=r"an op parameter cannot be named 'backend'"):
         @kc.op

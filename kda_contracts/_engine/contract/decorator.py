@@ -30,6 +30,7 @@ from ..reading.annotations import build_spec
 from ..reading.members import accessors, contract_members, is_contracted
 from ..rules.values import ValueRule
 from .compiled import Contract
+from .options import contract_options
 from .wrapping import build_wrapper
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -109,10 +110,10 @@ def contract(
         def forward(x: Float[Tensor, "B D"], state: Float[Tensor, "N HV V K"]) -> Float[Tensor, "B HV*V"]:
             ...
     """
-    options = ContractOptions(config=config, config_arg=config_arg, where=tuple(where),
-                              bind_first=tuple(bind_first), hints=tuple(hints), value_checks=value_checks,
-                              value_rules=tuple(value_rules),
-                              mode=mode, name=name, register=register, doc=doc, autograd=autograd)
+    options = contract_options("kc.contract", config=config, config_arg=config_arg, where=where,
+                               bind_first=bind_first, hints=hints, value_checks=value_checks,
+                               value_rules=value_rules, mode=mode, name=name, register=register, doc=doc,
+                               autograd=autograd)
     if fn is None:
         return functools.partial(_decorate, options=options)
     return _decorate(fn, options)

@@ -79,7 +79,7 @@ def deep_problem(value: Any, hint: Any, path: str) -> Problem | None:
     """
     # the items first: beartype's verdict on a container rests on one sampled item, so its rejection
     # would name the container where the items can name the item
-    if typing.get_origin(hint) is not None and _has_items(hint) and _outer_fits(value, hint):
+    if (typing.get_origin(hint) is not None or is_typeddict(hint)) and _has_items(hint) and _outer_fits(value, hint):
         problem = _items_problem(value, hint, path)
         if problem is not None:
             return problem
@@ -118,6 +118,8 @@ def _items_problem(value: Any, hint: Any, path: str) -> Problem | None:
                     return None
                 first = first or problem
         return first
+    if is_typeddict(hint):
+        return _typeddict_problem(value, hint, path) if isinstance(value, cabc.Mapping) else None
     if not args or isinstance(value, (str, bytes)) or not _outer_fits(value, hint):
         return None  # (a value of another kind, or a tuple of another length: not an item's problem)
     # (item, its hint, how its path is worded: only for an item that fails, as a repr may be costly or raise)
@@ -140,6 +142,46 @@ def _items_problem(value: Any, hint: Any, path: str) -> Problem | None:
     return None
 
 
+def is_typeddict(hint: Any) -> bool:
+    """Whether ``hint`` is a TypedDict class (``typing``'s or ``typing_extensions``')."""
+    return isinstance(hint, type) and issubclass(hint, dict) and hasattr(hint, "__required_keys__")
+
+
+_FIELD_WRAPPERS = {getattr(m, n) for m in (typing, __import__("typing_extensions"))
+                   for n in ("Required", "NotRequired", "ReadOnly") if hasattr(m, n)}
+
+
+_TYPEDDICT_FIELDS: dict[type, dict[str, Any]] = {}
+
+
+def _typeddict_fields(td: type) -> dict[str, Any]:
+    """A TypedDict's field hints (inherited ones too), without the Required/NotRequired/ReadOnly marks
+    (kept per class: a plain dict, which torch.compile traces without a word)."""
+    fields = _TYPEDDICT_FIELDS.get(td)
+    if fields is None:
+        fields = {}
+        for key, hint in typing.get_type_hints(td, include_extras=True).items():
+            while typing.get_origin(hint) in _FIELD_WRAPPERS:
+                hint = typing.get_args(hint)[0]
+            fields[key] = hint
+        _TYPEDDICT_FIELDS[td] = fields
+    return fields
+
+
+def _typeddict_problem(value: cabc.Mapping, td: type, path: str) -> Problem | None:
+    """A TypedDict's keys and values (beartype checks only that the value is a mapping): every
+    required key present, and each declared key's value fits its field's hint (keys it does not
+    declare are let through, as a TypedDict's subclasses add keys)."""
+    missing = sorted(k for k in td.__required_keys__ if k not in value)  # type: ignore[attr-defined]
+    if missing:
+        return ArgumentTypeError, f"{path} key {missing[0]!r}: missing (required by {td.__name__})"
+    fields = _typeddict_fields(td)
+    for key, item in value.items():
+        if key in fields and (problem := deep_problem(item, fields[key], f"{path}[{safe_repr(key)}]")) is not None:
+            return problem
+    return None
+
+
 def _index_path(path: str, i: int) -> Callable[[], str]:
     return lambda: f"{path}[{i}]"
 
@@ -155,7 +197,7 @@ def _has_items(hint: Any) -> bool:
         return _has_items(args[0])
     if origin in (typing.Union, UnionType):
         return any(_has_items(a) for a in args)
-    return _typed_container(origin, args)
+    return is_typeddict(hint) or _typed_container(origin, args)
 
 
 def _typed_container(origin: Any, args: tuple[Any, ...]) -> bool:

@@ -14,9 +14,10 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from .. import modes
+from ..contract.options import contract_options, names_option, op_options
 from ..errors import Violation
 from ..model.markers import Where
-from ..model.spec import CallContext, ContractOptions
+from ..model.spec import CallContext
 from ..rules.values import ValueRule
 from .opdef import Op
 
@@ -54,10 +55,12 @@ def op(fn: Callable[..., Any] | None = None, /, *, name: str | None = None, conf
     A hook (``value_checks``, ``after``, ``variant``, ``written``) that raises during a call is a
     BackendError naming it, its exception the cause.
     """
-    options = ContractOptions(config=config, config_arg=config_arg, where=tuple(where), bind_first=tuple(bind_first),
-                              hints=tuple(hints), value_checks=value_checks,
-                              value_rules=tuple(value_rules), mode=mode, name=name, register=False,
-                              autograd=autograd, doc=doc)
+    options = contract_options("kc.op", config=config, config_arg=config_arg, where=where, bind_first=bind_first,
+                               hints=hints, value_checks=value_checks, value_rules=value_rules, mode=mode,
+                               name=name, register=False, autograd=autograd, doc=doc)
+    op_options("kc.op", after=after, variant=variant, variants=variants, unchecked_dims=unchecked_dims,
+               namespace=namespace, written=written)
+    returns = names_option("kc.op", "returns", returns)
 
     def make(f: Callable[..., Any]) -> Op:
         return Op(f, options, variants=variants, variant=variant, returns=returns, after=after,

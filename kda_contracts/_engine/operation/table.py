@@ -68,10 +68,10 @@ class BackendTable:
             raise AnnotationError(f"{self.op_name}: a backend must be a kda_contracts Backend, "
                                   f"got {type(backend).__name__}")
         if backend.name == "auto":
-            raise ValueError(f"{self.op_name}: 'auto' is not a backend name (it asks for the best one)")
+            raise AnnotationError(f"{self.op_name}: 'auto' is not a backend name (it asks for the best one)")
         if backend.name in self.registry and not replace:
-            raise ValueError(f"{self.op_name}: a backend named {backend.name!r} is already registered "
-                             "(pass replace=True)")
+            raise AnnotationError(f"{self.op_name}: a backend named {backend.name!r} is already registered "
+                                  "(pass replace=True)")
         unknown = set(backend.dtype_table(self.floating)) - {p.name for p in self.params}
         if unknown:
             raise AnnotationError(f"{self.op_name}: backend {backend.name!r}: dtypes= names "

@@ -38,7 +38,7 @@ from ..grammar.dims import Variadic, parse_shape
 from ..model.markers import DTYPE_ROLES, MatchConfig, Range, Spec, Where, config_dtypes, read_metadata
 from ..model.nodes import CALL_DEVICE, tensor_rules
 from ..model.spec import NO_HINT, ContractOptions, ContractSpec, NestedParam, ScalarParam, TensorNode
-from ..model.type_verdict import BEARTYPE_CONF
+from ..model.type_verdict import BEARTYPE_CONF, is_typeddict
 from ..rules.scalar import scalar_param_rules
 from .arrays import _is_jaxtyping_array, array_dtypes, int_hint, split_optional, unalias, unsupported_array_type
 from .plan import plan_binding
@@ -218,8 +218,15 @@ def _read_params(qualname: str, sig: inspect.Signature, hints_map: Mapping[str, 
             # tuple (*args) or the values of the dict (**kwargs) Python hands the function
             star = "*" if p.kind is p.VAR_POSITIONAL else "**"
             where = f"{qualname}: argument {star}{p.name}"
-            hint = tuple[hint, ...] if p.kind is p.VAR_POSITIONAL else dict[str, hint]  # type: ignore[valid-type]
+            if typing.get_origin(hint) in _UNPACK:  # *args: Unpack[tuple[...]] / **kwargs: Unpack[TypedDict]
+                hint = _unpacked(typing.get_args(hint)[0], p.kind is p.VAR_POSITIONAL, where)
+                if hint is None:  # *args: Unpack[Ts], a TypeVarTuple: any items, as an unannotated *args
+                    continue
+            else:
+                hint = tuple[hint, ...] if p.kind is p.VAR_POSITIONAL else dict[str, hint]  # type: ignore[valid-type]
         read = _read_param(p.name, hint, where)
+        if isinstance(read, ScalarParam):
+            _refuse_unbearable(read.hint, where)
         if isinstance(read, TensorNode):
             tensors[p.name] = read
         elif isinstance(read, ScalarParam):
@@ -227,6 +234,32 @@ def _read_params(qualname: str, sig: inspect.Signature, hints_map: Mapping[str, 
         elif isinstance(read, NestedParam):
             nested[p.name] = read
     return tensors, scalars, nested
+
+
+def _unpacked(inner: Any, positional: bool, where: str) -> Any:
+    """The hint the collected ``*args`` tuple / ``**kwargs`` dict is checked against for ``Unpack[inner]``
+    (PEP 646 / PEP 692): the tuple type itself, or the TypedDict; None for a TypeVarTuple (no constraint)."""
+    if positional and isinstance(inner, _TYPE_VAR_TUPLES):
+        return None
+    if positional and typing.get_origin(inner) is tuple:
+        return inner
+    if not positional and is_typeddict(inner):
+        return inner
+    what = "a tuple type or a TypeVarTuple" if positional else "a TypedDict"
+    raise AnnotationError(f"{where}: Unpack[{_hint_text(inner)}] on this parameter takes {what}")
+
+
+def _refuse_unbearable(hint: Any, where: str) -> None:
+    """A parameter hint beartype cannot check (``x: 3``, ``x: ClassVar[int]``, a Protocol that is not
+    runtime-checkable) is an AnnotationError here, at decoration, naming the argument."""
+    try:
+        with warnings.catch_warnings():  # (its deprecation notes, e.g. typing.Iterator, are not ours to print)
+            warnings.simplefilter("ignore")
+            is_bearable(None, hint, conf=BEARTYPE_CONF)
+    except Exception as exc:
+        raise AnnotationError(f"{where}: {_hint_text(hint)} cannot be checked ({type(exc).__name__}: "
+                              f"{str(exc).splitlines()[0][:160]}); annotate it with a checkable type, or leave it "
+                              "unannotated") from exc
 
 
 def _plain_return(qualname: str, ret: Any) -> Any:
@@ -267,6 +300,8 @@ def _special_forms(*names: str) -> tuple[Any, ...]:
 # beartype checks only on methods it decorates itself) and ``NoReturn``/``Never`` (the function never
 # returns)
 _UNCHECKED_RETURNS = _special_forms("Self", "NoReturn", "Never")
+_UNPACK = _special_forms("Unpack")
+_TYPE_VAR_TUPLES = _special_forms("TypeVarTuple")
 _BOOL_RETURNS = _special_forms("TypeGuard", "TypeIs")
 
 

@@ -26,12 +26,9 @@ from typing import Any
 from ..errors import AnnotationError
 from ..grammar.dims import parse_shape
 from ..model.nodes import FieldsOf, MappingOf, Node, OneOf, Plain, SequenceOf, TupleOf, nested_tensor
+from ..model.type_verdict import is_typeddict
 from .arrays import _MAPPINGS, _SEQUENCES, array_dtypes, is_array_type, unalias, unsupported_array_type
 from .type_trees import read_types
-
-
-def _is_typeddict(tp: Any) -> bool:
-    return isinstance(tp, type) and issubclass(tp, dict) and hasattr(tp, "__required_keys__")
 
 
 def _structured(tp: Any) -> type | None:
@@ -54,7 +51,7 @@ def _fields_mention_array(cls: type, _seen: frozenset[Any]) -> bool:
     if getattr(cls, "__no_type_check__", False):
         return False
     try:
-        fields = _field_hints(cls) if not _is_typeddict(cls) else typing.get_type_hints(cls, include_extras=True)
+        fields = _field_hints(cls) if not is_typeddict(cls) else typing.get_type_hints(cls, include_extras=True)
     except Exception as exc:
         if isinstance(exc, AnnotationError) and not isinstance(exc, _UnreadableHints):
             raise  # (the annotations read, and say something that cannot be checked)
@@ -151,7 +148,7 @@ def mentions_array(tp: Any, _seen: frozenset[Any] = frozenset()) -> bool:
         return mentions_array(args[0], _seen)
     if any(mentions_array(a, _seen | {tp}) for a in args if a is not Ellipsis):
         return True
-    cls = _structured(tp) or (tp if _is_typeddict(tp) else None)
+    cls = _structured(tp) or (tp if is_typeddict(tp) else None)
     return cls is not None and cls not in _seen and _fields_mention_array(cls, _seen | {tp})
 
 
@@ -205,7 +202,7 @@ def read_structure(tp: Any, where: str, _reading: frozenset[type] = frozenset())
         raise AnnotationError(f"{where}: the TypeVar {tp.__name__} is bound to or constrained by tensor annotations, "
                               "which kda-contracts does not check through a TypeVar; annotate the tensor itself "
                               "(Float[Tensor, '...'])")
-    if _is_typeddict(tp):
+    if is_typeddict(tp):
         raise AnnotationError(f"{where}: the TypedDict {tp.__name__} holds tensors, and kda-contracts does not walk "
                               "TypedDicts; use a dataclass, NamedTuple, pydantic model or dict[str, ...] of tensors")
     raise AnnotationError(f"{where}: {tp!r} mentions a tensor annotation inside a type kda-contracts cannot walk "

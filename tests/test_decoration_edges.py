@@ -1,0 +1,176 @@
+"""Never silent at decoration, the cases a second adversarial review found (2026-12-06): hints beartype
+cannot check escaped as beartype's own exceptions, options of the wrong kind escaped as TypeError,
+AttributeError or ValueError from inside the engine (or were read letter by letter, or taken and
+ignored); PEP 646/692 ``Unpack`` on ``*args``/``**kwargs`` escaped; a TypedDict's fields were never
+checked (beartype checks only that the value is a mapping). Each is now an AnnotationError naming
+the option or argument, or checked; messages pinned."""
+
+# No `from __future__ import annotations`: each annotation is evaluated where its function is defined.
+import re
+from typing import Any, ClassVar, Protocol
+
+import pytest
+import torch
+import typing_extensions
+from typing_extensions import NotRequired, TypedDict, TypeVarTuple, Unpack
+
+import kda_contracts as kc
+from kda_contracts import Float, Tensor
+
+
+def _decorate(fn: Any, **options: Any) -> Any:
+    return kc.contract(register=False, **options)(fn)
+
+
+class _NotRuntime(Protocol):  # (not @runtime_checkable: isinstance cannot test it)
+    def foo(self) -> int: ...
+
+
+def _hint_3(x: Float[Tensor, "b"], y: 3) -> None: ...  # type: ignore[valid-type]
+def _hint_ellipsis(x: Float[Tensor, "b"], y: ...) -> None: ...  # type: ignore[valid-type]
+def _hint_list_literal(x: Float[Tensor, "b"], y: [int]) -> None: ...  # type: ignore[valid-type]
+def _hint_classvar(x: Float[Tensor, "b"], y: ClassVar[int]) -> None: ...  # type: ignore[misc]
+def _hint_protocol(x: Float[Tensor, "b"], y: _NotRuntime) -> None: ...
+def _hint_never(x: Float[Tensor, "b"], y: typing_extensions.Never) -> None: ...
+
+
+@pytest.mark.parametrize(("fn", "why"), [
+    (_hint_3, "3 cannot be checked (BeartypeDecorHintNonpepException"),
+    (_hint_ellipsis, "Ellipsis cannot be checked (BeartypeDecorHintNonpepException"),
+    (_hint_list_literal, "[<class 'int'>] cannot be checked ("),
+    (_hint_classvar, "ClassVar[int] cannot be checked (BeartypeDecorHintPepUnsupportedException"),
+    (_hint_protocol, "_NotRuntime cannot be checked (BeartypeDecorHintPep3119Exception"),
+    (_hint_never, "cannot be checked (BeartypeDecorHintPep484Exception"),
+], ids=["int", "ellipsis", "list-literal", "classvar", "protocol", "never"])
+def test_a_hint_beartype_cannot_check_is_an_annotation_error_naming_the_argument(fn: Any, why: str) -> None:
+    with pytest.raises(kc.AnnotationError, match=re.escape(f"{fn.__name__}: argument 'y': ") + ".*"
+                       + re.escape(why)) as err:
+        _decorate(fn)
+    assert str(err.value).endswith("annotate it with a checkable type, or leave it unannotated")
+
+
+class _Opts(TypedDict):
+    n: int
+    tags: NotRequired[list[str]]
+
+
+def test_a_typeddict_argument_has_its_keys_and_values_checked() -> None:
+    def f(x: Float[Tensor, "b"], opts: _Opts) -> None: ...
+    f = _decorate(f)
+    x = torch.zeros(2)
+    f(x, {"n": 1})
+    f(x, {"n": 1, "tags": ["a"]})
+    f(x, {"n": 1, "other": object()})  # (a key it does not declare: a TypedDict's subclass may add it)
+    for bad, got in (({"n": "1"}, "dict (opts['n']: expected int, got str)"),
+                     ({}, "dict (opts key 'n': missing (required by _Opts))"),
+                     ({"n": 1, "tags": ["a", 2]}, "dict (opts['tags'][1]: expected str, got int)")):
+        with pytest.raises(kc.ArgumentTypeError) as err:
+            f(x, bad)
+        assert str(err.value).splitlines()[1:4] == ["  [1] opts: ArgumentTypeError", "      expected _Opts",
+                                                    f"      got      {got}"]
+
+
+def test_unpack_a_typeddict_on_kwargs_checks_the_keywords_pep_692() -> None:
+    def f(x: Float[Tensor, "b"], **kw: Unpack[_Opts]) -> None: ...
+    f = _decorate(f)
+    f(torch.zeros(2), n=1, tags=["a"])
+    with pytest.raises(kc.ArgumentTypeError, match=re.escape("got      dict (kw['n']: expected int, got str)")):
+        f(torch.zeros(2), n="1")
+    with pytest.raises(kc.ArgumentTypeError, match=re.escape("got      dict (kw key 'n': missing (required by "
+                                                             "_Opts))")):
+        f(torch.zeros(2))
+    compiled = torch.compile(f, backend="eager")  # the traced type check says the same
+    with pytest.raises(kc.ArgumentTypeError, match=re.escape("[1] kw: ArgumentTypeError")):
+        compiled(torch.zeros(2), n="1")
+
+
+_Ts = TypeVarTuple("_Ts")
+
+
+def test_unpack_a_tuple_on_args_checks_the_items_pep_646() -> None:
+    def f(x: Float[Tensor, "b"], *rest: Unpack[tuple[int, str]]) -> None: ...
+    f = _decorate(f)
+    f(torch.zeros(2), 1, "a")
+    for bad in ((1,), ("a", 1), (1, "a", 2)):
+        with pytest.raises(kc.ArgumentTypeError, match=re.escape("expected tuple[int, str]")):
+            f(torch.zeros(2), *bad)
+
+    def g(x: Float[Tensor, "b"], *rest: Unpack[_Ts]) -> None: ...  # (a TypeVarTuple: any items)
+    _decorate(g)(torch.zeros(2), 1, "a", None)
+
+    def h(x: Float[Tensor, "b"], **kw: Unpack[tuple[int]]) -> None: ...  # type: ignore[misc]
+    with pytest.raises(kc.AnnotationError, match=re.escape("h: argument **kw: Unpack[tuple[int]] on this "
+                                                           "parameter takes a TypedDict")):
+        _decorate(h)
+
+
+def _f(x: Float[Tensor, "B H"]) -> None: ...
+
+
+class _RaisingDims:
+    def contract_dims(self) -> dict[str, int]:
+        raise KeyError("boom")
+
+
+@pytest.mark.parametrize(("options", "message"), [
+    (dict(config=5), "kc.contract: config=: int is not a config: pass an object with contract_dims(), a pydantic "
+                     "model, a dataclass or a mapping of dims"),
+    (dict(config=_RaisingDims()), "kc.contract: config=: _RaisingDims.contract_dims() raised KeyError: 'boom'"),
+    (dict(config={"H": -1}), "kc.contract: config=: H = -1, and a dim is a size (>= 0)"),
+    (dict(config_arg=3), "kc.contract: config_arg= takes the name of a parameter, got 3"),
+    (dict(where="H > 0"), "kc.contract: where= takes a list of constraints, got the str 'H > 0' (write ['H > 0'])"),
+    (dict(where=[1]), "kc.contract: where= takes a list of constraints; 1 (int) is not one"),
+    (dict(bind_first="x"), "kc.contract: bind_first= takes a list of parameter names, got the str 'x' "
+                           "(write ['x'])"),
+    (dict(hints=5), "kc.contract: hints= takes a list of functions (violation, ctx) -> str | None, got int 5"),
+    (dict(hints=["no"]), "kc.contract: hints= takes a list of functions (violation, ctx) -> str | None; 'no' (str) "
+                         "is not one"),
+    (dict(value_checks=1), "kc.contract: value_checks= takes a function (ctx -> [Violation]) or None, got int 1"),
+    (dict(value_rules=[5]), "kc.contract: value_rules= takes a list of value rules (kc.InRange, kc.Finite, ...); "
+                            "5 (int) is not one"),
+    (dict(mode="bogus"), "kc.contract(mode='bogus'): unknown mode 'bogus'; expected one of 'off', 'check', "
+                         "'strict', 'watch'"),
+    (dict(name=5), "kc.contract: name= takes a non-empty str, got 5"),
+    (dict(autograd="yes"), "kc.contract: autograd= takes True or False, got 'yes'"),
+    (dict(doc=1), "kc.contract: doc= takes True, False or None, got 1"),
+], ids=lambda v: next(iter(v)) if isinstance(v, dict) else "")
+def test_a_contract_option_of_the_wrong_kind_is_an_annotation_error(options: dict[str, Any], message: str) -> None:
+    with pytest.raises(kc.AnnotationError) as err:
+        kc.contract(register=False, **options)(_f)
+    assert str(err.value) == message
+
+
+def _op_body(x: Float[Tensor, "B D"], out: Any) -> None: ...
+
+
+@pytest.mark.parametrize(("options", "message"), [
+    (dict(returns=5), "kc.op: returns= takes a list of parameter names, got int 5"),
+    (dict(after=5), "kc.op: after= takes a function (ctx, backend -> [Violation]) or None, got int 5"),
+    (dict(unchecked_dims=["Q"]), "kc.op: unchecked_dims= takes a function ((variant, *args) -> dims) or None, got "
+                                 "list ['Q']"),
+    (dict(written=1), "kc.op: written= takes a function (ctx -> {argument: None | rows}) or None, got int 1"),
+    (dict(variant="v"), "kc.op: variant= takes a function (the op's parameters -> the call's variant) or None, "
+                        "got str 'v'"),
+    (dict(variants=[1]), "kc.op: variants= takes a mapping of variant name -> function, got list"),
+    (dict(namespace="a b"), "kc.op: namespace= takes a Python identifier (torch.library's namespace), got 'a b'"),
+    (dict(namespace=5), "kc.op: namespace= takes a Python identifier (torch.library's namespace), got 5"),
+    (dict(value_rules=[5]), "kc.op: value_rules= takes a list of value rules (kc.InRange, kc.Finite, ...); 5 (int) "
+                            "is not one"),
+], ids=lambda v: next(iter(v)) if isinstance(v, dict) else "")
+def test_an_op_option_of_the_wrong_kind_is_an_annotation_error(options: dict[str, Any], message: str) -> None:
+    with pytest.raises(kc.AnnotationError) as err:
+        kc.op(**options)(_op_body)
+    assert str(err.value) == message
+
+
+def test_registering_a_backend_name_twice_is_an_annotation_error() -> None:
+    @kc.op(namespace="kc_test_decoration_edges")
+    def twice(x: Float[Tensor, "B D"], out: Float[Tensor, "B D"]) -> None:
+        out.copy_(x)
+
+    twice.backend("b", devices=("cpu",))(lambda x, out: None)
+    with pytest.raises(kc.AnnotationError, match=re.escape("twice: a backend named 'b' is already registered "
+                                                           "(pass replace=True)")):
+        twice.backend("b", devices=("cpu",))(lambda x, out: None)
+    with pytest.raises(kc.AnnotationError, match=re.escape("twice: 'auto' is not a backend name")):
+        twice.backend("auto", devices=("cpu",))(lambda x, out: None)
