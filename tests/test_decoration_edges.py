@@ -174,3 +174,33 @@ def test_registering_a_backend_name_twice_is_an_annotation_error() -> None:
         twice.backend("b", devices=("cpu",))(lambda x, out: None)
     with pytest.raises(kc.AnnotationError, match=re.escape("twice: 'auto' is not a backend name")):
         twice.backend("auto", devices=("cpu",))(lambda x, out: None)
+
+
+def _default_none_tensor(x: Float[Tensor, "b"], y: Float[Tensor, "b"] = None) -> None: ...  # type: ignore[assignment]
+def _default_str_int(x: Float[Tensor, "b"], n: int = "oops") -> None: ...  # type: ignore[assignment]
+def _default_none_float(x: Float[Tensor, "b"], s: float = None) -> None: ...  # type: ignore[assignment]  # noqa: RUF013
+def _default_none_list(x: Float[Tensor, "b"], ys: list[Float[Tensor, "b"]] = None) -> None: ...  # type: ignore  # noqa: RUF013
+
+
+@pytest.mark.parametrize(("fn", "arg", "default", "fix"), [
+    (_default_none_tensor, "y", "None", "add | None to the annotation"),
+    (_default_str_int, "n", "'oops'", "give a default of the annotated type"),
+    (_default_none_float, "s", "None", "add | None to the annotation"),
+    (_default_none_list, "ys", "None", "add | None to the annotation"),
+], ids=["tensor", "int", "float", "list-of-tensors"])
+def test_a_default_its_own_annotation_refuses_is_an_annotation_error(fn: Any, arg: str, default: str,
+                                                                       fix: str) -> None:
+    # (every call leaving the argument out would otherwise be refused, and blamed on the caller)
+    with pytest.raises(kc.AnnotationError) as err:
+        _decorate(fn)
+    assert str(err.value) == (f"{fn.__name__}: argument {arg!r}: the default {default} does not fit the annotation, "
+                              f"so every call that leaves it out would be refused; {fix}")
+
+
+def test_defaults_that_fit_their_annotations_decorate() -> None:
+    def f(x: Float[Tensor, "b"], y: Float[Tensor, "b"] | None = None, n: int = 2, s: float = 1,
+          cfg: Any = None, w: Float[Tensor, "b"] = torch.zeros(2)) -> None: ...  # noqa: B008
+    f = _decorate(f)
+    f(torch.zeros(2))
+    with pytest.raises(kc.ShapeError):  # (a tensor default is the call's: held to its dims)
+        f(torch.zeros(3))

@@ -66,7 +66,7 @@ def test_strict_mode_rolls_back_a_backend_that_raises_half_way(faulty):
         "  [1] backend: BackendError\n"
         "      expected backend 'faulty' to run the validated call\n"
         "      got      it raised RuntimeError: kernel died half-way\n"
-        "      fix: strict mode restored every tensor the op writes")
+        "      fix: strict mode restored every tensor the op declares it writes")
     assert isinstance(info.value.__cause__, RuntimeError)
 
 
@@ -288,3 +288,55 @@ def test_a_contracted_function_writing_into_another_argument_is_refused_in_stric
     assert x.eq(1).all()
     with kc.mode("strict"):
         add_(torch.ones(4, 3), torch.zeros(4, 3))
+
+
+def _scale_op(namespace: str):
+    @kc.op(namespace=namespace)
+    def scale(x: Float[Tensor, "B D"], w: Float[Tensor, "D"],
+              out: Annotated[Float[Tensor, "B D"], kc.Spec(mutated=True)]) -> None:
+        out.copy_(x * w)
+
+    return scale
+
+
+def test_strict_mode_names_an_argument_a_failing_backend_wrote_without_declaring_it():
+    # (the rollback restores what the op declares it writes; an argument written through torch that it
+    # does not declare has no copy, and the report says so instead of claiming every tensor is back)
+    scale = _scale_op("kc_test_undeclared_raises")
+
+    @scale.backend("dies", devices=("cpu",))
+    def dies(x, w, out):
+        out.fill_(7.0)
+        w.fill_(3.0)
+        raise RuntimeError("boom")
+
+    x, w, out = torch.ones(2, 3), torch.ones(3), torch.zeros(2, 3)
+    with kc.mode("strict"), pytest.raises(BackendError) as info:
+        scale(x, w, out, backend="dies")
+    assert str(info.value).splitlines()[-1] == (
+        "      fix: strict mode restored every tensor the op declares it writes; w, not declared, has no copy and "
+        "keeps what the backend wrote (mark it kc.Spec(mutated=True) if the op writes it)")
+    assert torch.equal(out, torch.zeros(2, 3)) and torch.equal(w, torch.full((3,), 3.0))
+
+
+def test_strict_mode_rejects_a_backend_that_writes_an_argument_it_does_not_declare():
+    scale = _scale_op("kc_test_undeclared_returns")
+
+    @scale.backend("sneaky", devices=("cpu",))
+    def sneaky(x, w, out):
+        w.mul_(2)
+        out.copy_(x * w)
+
+    x, w, out = torch.ones(2, 3), torch.ones(3), torch.zeros(2, 3)
+    with kc.mode("strict"), pytest.raises(BackendError) as info:
+        scale(x, w, out, backend="sneaky")
+    assert str(info.value).splitlines()[1:4] == [
+        "  [1] w: BackendError", "      expected backend 'sneaky' to write only what the op declares it writes",
+        "      got      it wrote w in place"]
+    assert torch.equal(out, torch.zeros(2, 3))  # (rolled back)
+    w.fill_(1.0)
+    with kc.mode("check"):  # check mode keeps no counters: the call runs
+        scale(x, w, out, backend="sneaky")
+    with kc.mode("strict"):  # a view of the written tensor's own storage is not told apart (shared counter)
+        buf = torch.zeros(9)
+        scale(x, buf[6:], buf[:6].view(2, 3), backend="torch")

@@ -189,3 +189,16 @@ def test_a_backend_naming_no_variant_or_dtypes_for_contained_tensors_is_refused(
     with pytest.raises(kc.AnnotationError, match=r"contained_total: backend 'fp16': dtypes= cannot judge tensors "
                                                  r"inside a container \(xs\)"):
         contained_total.backend("fp16", devices=("cpu",), dtypes=(torch.float16,))(lambda xs: sum(xs))
+
+
+def test_a_call_with_the_wrong_arguments_names_the_op_as_python_names_a_function():
+    @kc.op(namespace="kc_test_op_arity")
+    def scale_rows(x: Float[Tensor, "B D"], out: Annotated[Float[Tensor, "B D"], kc.Spec(mutated=True)]) -> None:
+        out.copy_(2 * x)
+
+    x = torch.zeros(2, 3)
+    for _ in range(2):  # the first call (the plug-ins' bootstrap) and the dispatcher itself
+        with pytest.raises(TypeError, match=r"^scale_rows\(\) missing 1 required positional argument: 'out'$"):
+            scale_rows(x)
+    with pytest.raises(TypeError, match=r"^scale_rows\(\): missing a required argument: 'out'$"):
+        scale_rows.explain_backends(x)

@@ -44,6 +44,12 @@ def partial_writes(names: Iterable[str]) -> str:
             if listed else "")
 
 
+def undeclared_hint(names: list[str]) -> str:
+    """What strict mode says of arguments a call wrote though the op does not declare it writes them."""
+    return (f"strict mode restored every tensor the op declares it writes; {', '.join(names)}, not declared, has "
+            "no copy and keeps what the backend wrote (mark it kc.Spec(mutated=True) if the op writes it)")
+
+
 @dataclass(frozen=True)
 class Saved:
     """One tensor as it was: its storage, offset, sizes and strides, and a copy of its values
@@ -88,10 +94,12 @@ def _no_data(t: torch.Tensor) -> bool:
 class Transaction:
     """What a strict-mode call may write, saved before it runs (see the module docstring)."""
 
-    __slots__ = ("saved",)
+    __slots__ = ("others", "saved")
 
-    def __init__(self, saved: list[Saved]) -> None:
+    def __init__(self, saved: list[Saved], others: tuple[tuple[str, torch.Tensor, int], ...] = ()) -> None:
         self.saved = saved
+        #: the call's other tensor arguments (not declared written) with their version counters
+        self.others = others
 
     def __bool__(self) -> bool:
         return bool(self.saved)
@@ -103,8 +111,21 @@ class Transaction:
         in check mode, and nothing can be rolled back)."""
         if any(isinstance(v, torch.Tensor) and _no_data(v) for v in values.values()):
             return None
+        # (a view of a written tensor's storage shares its version counter: a write of the declared
+        # tensor moves it, so such a view is left out)
+        written = {t.untyped_storage().data_ptr() for name in parts if isinstance(t := values.get(name), torch.Tensor)}
+        others = tuple((name, v, v._version) for name, v in values.items()
+                       if name not in parts and isinstance(v, torch.Tensor) and not v.is_inference()
+                       and v.untyped_storage().data_ptr() not in written)
         return cls([Saved.of(t, rows) for name, rows in parts.items()
-                    if isinstance(t := values.get(name), torch.Tensor)])
+                    if isinstance(t := values.get(name), torch.Tensor)], others)
+
+    def undeclared(self) -> list[str]:
+        """The arguments the call is not declared to write that it wrote in place through torch (their
+        version counters moved; a write through a raw pointer, a Triton kernel's, moves none; one in
+        the storage of a declared tensor is not told apart). They have no copy: a rollback cannot
+        restore them."""
+        return [name for name, t, version in self.others if t._version != version]
 
     def rollback(self) -> None:
         """Put every saved tensor back, values and metadata (bit for bit). One that cannot be put

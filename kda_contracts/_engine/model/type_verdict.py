@@ -18,6 +18,7 @@ from types import UnionType
 from typing import Any
 
 import torch
+import typing_extensions
 from beartype import BeartypeConf
 from beartype.door import is_bearable
 
@@ -147,7 +148,7 @@ def is_typeddict(hint: Any) -> bool:
     return isinstance(hint, type) and issubclass(hint, dict) and hasattr(hint, "__required_keys__")
 
 
-_FIELD_WRAPPERS = {getattr(m, n) for m in (typing, __import__("typing_extensions"))
+_FIELD_WRAPPERS = {getattr(m, n) for m in (typing, typing_extensions)
                    for n in ("Required", "NotRequired", "ReadOnly") if hasattr(m, n)}
 
 

@@ -134,6 +134,7 @@ def build_dispatcher(o: OpParts) -> Any:
     lines.append(f"    return {'None' if o.returns_none else _returns_source(o.returns, res)}")
     src = "\n".join(lines) + "\n"
     fn = define(src, f"<kda_contracts op {o.name}>", "__call__", ns)
+    fn.__qualname__ = o.name  # (Python's own arity errors name the op: "scale_rows() missing 1 required ...")
     fn.__kda_source__ = src
     return fn
 

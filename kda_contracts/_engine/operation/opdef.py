@@ -44,7 +44,7 @@ from ..compile.marks import outside_compile
 from ..contract.body import body_uses_checks, runner
 from ..contract.compiled import Contract
 from ..contract.decorator import register_contract
-from ..contract.transaction import partial_writes, written_parts
+from ..contract.transaction import partial_writes, undeclared_hint, written_parts
 from ..errors import (
     AnnotationError,
     ArgumentTypeError,
@@ -271,7 +271,10 @@ class Op:
 
     # -- validation and explanation --------------------------------------------------------------
     def _values(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> dict[str, Any]:
-        ba = self.signature.bind(*args, **kwargs)
+        try:
+            ba = self.signature.bind(*args, **kwargs)
+        except TypeError as exc:  # (as Python says it of a call: naming the op, not inspect's frame)
+            raise TypeError(f"{self.name}(): {exc}") from None
         ba.apply_defaults()
         return dict(ba.arguments)
 
@@ -463,11 +466,12 @@ class Op:
                      f"({_NOTHING_RAN})")], {}, {})
 
     def _failed(self, backend: str, exc: BaseException, vals: tuple[Any, ...] | None = None, config: Any = None,
-                variant: str | None = None, *, rolled_back: bool = False) -> None:
+                variant: str | None = None, *, rolled_back: bool = False, undeclared: Sequence[str] = ()) -> None:
         """A backend raised on a validated call (its checked arguments ``vals``, ``config``,
         ``variant``): a BackendError naming it, the original as its cause; the call is saved
         (``KDA_CONTRACTS_DUMP_DIR``) as any rejected call is, as the backend left it."""
-        what = ("strict mode restored every tensor the op writes" if rolled_back else
+        what = (undeclared_hint(list(undeclared)) if undeclared else
+                "strict mode restored every tensor the op declares it writes" if rolled_back else
                 partial_writes(self.contract.written) or "the op writes no tensor in place")
         names = self.contracts[variant]._param_names if variant in self.contracts else ()
         values = dict(zip(names, vals or (), strict=False))

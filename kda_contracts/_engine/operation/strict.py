@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from .. import hooks
-from ..contract.transaction import ROLLED_BACK, Transaction, rollback, written_parts
+from ..contract.transaction import ROLLED_BACK, Transaction, rollback, undeclared_hint, written_parts
 from ..errors import AnnotationError, ContractError, Violation, hook_violations, raise_violations
 from ..explain.results import explain_return
 from ..model.spec import CallContext
@@ -54,10 +54,17 @@ def transact(op: OpParts, chosen: Chosen, dims: tuple[int, ...], variant: str | 
         rollback(saved)
         if isinstance(exc, ContractError):
             raise
-        op._failed(chosen.name, exc, vals, config, variant, rolled_back=saved is not None)
+        op._failed(chosen.name, exc, vals, config, variant, rolled_back=saved is not None,
+                   undeclared=saved.undeclared() if saved is not None else ())
     except BaseException:  # KeyboardInterrupt, SystemExit, a cancelled task: rolled back, then on its way
         rollback(saved)
         raise
+    if saved is not None and (undeclared := saved.undeclared()):
+        c.rejections += 1
+        rollback(saved)
+        raise_violations(f"{op.name} (after backend {chosen.name!r})", [Violation(
+            BackendError, undeclared[0], f"backend {chosen.name!r} to write only what the op declares it writes",
+            f"it wrote {', '.join(undeclared)} in place", hint=undeclared_hint(undeclared))], env, ctx.provenance)
     violations = checks_after(op, ctx, variant, chosen, res, saved)
     if violations:
         c.rejections += 1
@@ -91,8 +98,9 @@ def checks_after(op: OpParts, ctx: CallContext, variant: str | None, chosen: Cho
         found = op.after(ctx, chosen.name)
     except Exception as exc:
         rollback(saved)
+        restored = "strict mode restored every tensor the op declares it writes"
         op._hook_failed("after", "the op's after checks to run on the backend's outputs", exc, subject="they",
-                          hint="strict mode restored every tensor the op writes" if saved is not None else None)
+                          hint=restored if saved is not None else None)
     try:
         return hook_violations(found, f"{op.name}: after")
     except AnnotationError:

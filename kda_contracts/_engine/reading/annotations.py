@@ -227,6 +227,8 @@ def _read_params(qualname: str, sig: inspect.Signature, hints_map: Mapping[str, 
         read = _read_param(p.name, hint, where)
         if isinstance(read, ScalarParam):
             _refuse_unbearable(read.hint, where)
+        if p.default is not p.empty and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
+            _refuse_breaking_default(read, p.default, where)
         if isinstance(read, TensorNode):
             tensors[p.name] = read
         elif isinstance(read, ScalarParam):
@@ -247,6 +249,28 @@ def _unpacked(inner: Any, positional: bool, where: str) -> Any:
         return inner
     what = "a tuple type or a TypeVarTuple" if positional else "a TypedDict"
     raise AnnotationError(f"{where}: Unpack[{_hint_text(inner)}] on this parameter takes {what}")
+
+
+def _refuse_breaking_default(read: TensorNode | ScalarParam | NestedParam | None, default: Any, where: str) -> None:
+    """A default its own annotation refuses would make every call that leaves the argument out a
+    violation blamed on the caller: an AnnotationError here instead (``y: Float[Tensor, "b"] = None``
+    wants ``| None``). A tensor default is not judged here (its dims are the call's)."""
+    if read is None or isinstance(default, torch.Tensor):
+        return
+    if isinstance(read, TensorNode):
+        refused = default is None and not read.optional
+    elif isinstance(read, ScalarParam):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            refused = not is_bearable(default, read.hint, conf=BEARTYPE_CONF)
+    elif default is None:
+        refused = read.node.match(None, {}, read.name) is not None
+    else:
+        return
+    if refused:
+        fix = "add | None to the annotation" if default is None else "give a default of the annotated type"
+        raise AnnotationError(f"{where}: the default {default!r} does not fit the annotation, so every call that "
+                              f"leaves it out would be refused; {fix}")
 
 
 def _refuse_unbearable(hint: Any, where: str) -> None:
