@@ -189,7 +189,9 @@ def build_spec(fn: Callable[..., Any], options: ContractOptions | None = None, *
         call = first_tensor if first_tensor is not None else CALL_DEVICE if nested else None
         returns = tuple(replace(r, rules=tensor_rules(r, call)) for r in returns)
     scalars = {n: replace(sp, rules=scalar_param_rules(
-        sp.name, sp.range, sp.optional, sp.match, sp.constraints,
+        # (an int that binds a dim is a size: a negative one is its own fault, not the tensors')
+        sp.name, sp.range if sp.range is not None or sp.name not in plan.scalar_sources else Range(ge=0),
+        sp.optional, sp.match, sp.constraints,
         dim=sp.name if sp.name in plan.symbols and sp.name not in plan.scalar_sources and int_hint(sp.hint) else None))
         for n, sp in scalars.items()}
     return ContractSpec(
