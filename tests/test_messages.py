@@ -7,6 +7,7 @@ import pytest
 import torch
 
 import kda_contracts as kc
+from kda_contracts import Float, Tensor
 from kda_contracts.testing import make_decode_call
 
 TP1 = kc.KDAConfig.preset("kimi-linear-48b-a3b", index_dtype="int32")
@@ -167,3 +168,13 @@ def test_annotation_errors_name_the_symbol_and_the_argument():
         def f(x: kc.Float[torch.Tensor, "B Q*R"]) -> None: ...
     assert re.search(r"f: cannot bind dim 'Q' \(in x: 'B Q\*R'\), 'R' \(in x: 'B Q\*R'\): no required tensor has "
                      r"it as a plain dim", str(info.value))
+
+
+def test_a_negative_int_that_binds_a_dim_is_reported_on_the_int_itself():
+    @kc.contract(register=False)
+    def f(x: Float[Tensor, "b"], b: int) -> None: ...
+
+    with pytest.raises(kc.ContractError) as err:
+        f(torch.zeros(2), -1)
+    assert str(err.value).splitlines()[5:8] == ["  [2] b: ValueRangeError", "      expected >= 0", "      got      -1"]
+    f(torch.zeros(2), 2)
