@@ -178,3 +178,14 @@ def test_a_negative_int_that_binds_a_dim_is_reported_on_the_int_itself():
         f(torch.zeros(2), -1)
     assert str(err.value).splitlines()[5:8] == ["  [2] b: ValueRangeError", "      expected >= 0", "      got      -1"]
     f(torch.zeros(2), 2)
+
+
+def test_a_union_of_tensors_told_apart_by_dtype_alone_says_their_dtypes():
+    from jaxtyping import Float32, Int32
+
+    @kc.contract(register=False)
+    def f(x: Float32[Tensor, "b"] | Int32[Tensor, "b"]) -> None: ...
+
+    with pytest.raises(kc.DtypeError) as err:
+        f(torch.zeros(2, dtype=torch.float64))
+    assert str(err.value).splitlines()[2] == "      expected Tensor[b] (float32) | Tensor[b] (int32)"

@@ -62,6 +62,10 @@ DEVICE = "@device"
 REPORT = "@report"
 
 
+def _dtype_words(dtypes: frozenset[torch.dtype]) -> str:
+    return ", ".join(sorted(str(d).removeprefix("torch.") for d in dtypes)) or "any dtype"
+
+
 @dataclass(frozen=True)
 class TensorNode(Node):
     """One tensor the contract can see: an argument, an item or a field inside one, a value a
@@ -426,7 +430,11 @@ class OneOf(Node):
     none_ok: bool
 
     def __str__(self) -> str:
-        return " | ".join([str(o) for o in self.options] + (["None"] if self.none_ok else []))
+        words = [str(o) for o in self.options]
+        if len(set(words)) < len(words):  # (tensors told apart by dtype alone: say their dtypes)
+            words = [f"{w} ({_dtype_words(o.dtypes)})" if isinstance(o, TensorNode) else w
+                     for w, o in zip(words, self.options, strict=True)]
+        return " | ".join(words + (["None"] if self.none_ok else []))
 
     def symbols(self) -> frozenset[str]:
         return frozenset().union(*(o.symbols() for o in self.options))
