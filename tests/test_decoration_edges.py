@@ -204,3 +204,17 @@ def test_defaults_that_fit_their_annotations_decorate() -> None:
     f(torch.zeros(2))
     with pytest.raises(kc.ShapeError):  # (a tensor default is the call's: held to its dims)
         f(torch.zeros(3))
+
+
+def test_same_dtype_as_between_annotations_with_no_dtype_in_common_is_an_annotation_error() -> None:
+    from typing import Annotated
+
+    from kda_contracts import Int
+
+    def f(x: Int[Tensor, "b"], d: Annotated[Float[Tensor, "b"], kc.Spec(same_dtype_as="x")]) -> None: ...
+    with pytest.raises(kc.AnnotationError, match=re.escape("f: argument 'd': same_dtype_as='x', but its dtypes (")
+                       + r".*" + re.escape("have none in common: no call could pass")):
+        _decorate(f)
+
+    def g(x: Float[Tensor, "b"], d: Annotated[Float[Tensor, "b"], kc.Spec(same_dtype_as="x")]) -> None: ...
+    _decorate(g)(torch.zeros(2), torch.zeros(2))

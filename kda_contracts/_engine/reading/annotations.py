@@ -173,6 +173,8 @@ def build_spec(fn: Callable[..., Any], options: ContractOptions | None = None, *
         if r.spec.same_dtype_as is not None and r.spec.same_dtype_as not in tensors:
             raise AnnotationError(f"{qualname}: {r.name}: same_dtype_as={r.spec.same_dtype_as!r} is not a tensor "
                                   "argument")
+        if r.spec.same_dtype_as is not None:
+            refuse_disjoint_dtypes(f"{qualname}: {r.name}", r, tensors[r.spec.same_dtype_as])
     _check_options(qualname, options, sig, tensors, scalars)
     constraints = []
     for w in options.where:
@@ -251,6 +253,15 @@ def _unpacked(inner: Any, positional: bool, where: str) -> Any:
         return inner
     what = "a tuple type or a TypeVarTuple" if positional else "a TypedDict"
     raise AnnotationError(f"{where}: Unpack[{_hint_text(inner)}] on this parameter takes {what}")
+
+
+def refuse_disjoint_dtypes(where: str, tp: TensorNode, other: TensorNode) -> None:
+    """``same_dtype_as=`` between two tensors whose annotations share no dtype can never hold."""
+    if tp.dtypes and other.dtypes and not tp.dtypes & other.dtypes:
+        def names(ds: frozenset[torch.dtype]) -> str:
+            return ", ".join(sorted(str(d).removeprefix("torch.") for d in ds))
+        raise AnnotationError(f"{where}: same_dtype_as={other.name!r}, but its dtypes ({names(tp.dtypes)}) and "
+                              f"{other.name}'s ({names(other.dtypes)}) have none in common: no call could pass")
 
 
 def _refuse_breaking_default(read: TensorNode | ScalarParam | NestedParam | None, default: Any, where: str) -> None:
@@ -394,6 +405,8 @@ def _check_options(qualname: str, options: ContractOptions, sig: inspect.Signatu
         if other is not None and other not in tensors:
             raise AnnotationError(f"{qualname}: argument {tp.name!r}: same_dtype_as={other!r} is not a tensor "
                                   f"argument")
+        if other is not None:
+            refuse_disjoint_dtypes(f"{qualname}: argument {tp.name!r}", tp, tensors[other])
     roles = set(DTYPE_ROLES) | set(config_dtypes(config)) if config is not None else set(DTYPE_ROLES)
     for tp in tensors.values():
         role = tp.spec.config_dtype
