@@ -11,7 +11,7 @@ Example::
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NoReturn, Protocol
 
 from ..contract.compiled import Contract
@@ -53,7 +53,7 @@ class OpParts(Protocol):
     def _dims_off(self, variant: str | None, *vals_and_cfg: Any) -> tuple[int, ...] | None: ...
 
     def _failed(self, backend: str, exc: BaseException, vals: tuple[Any, ...] | None = None, config: Any = None,
-                variant: str | None = None, *, rolled_back: bool = False) -> None: ...
+                variant: str | None = None, *, rolled_back: bool = False, undeclared: Sequence[str] = ()) -> None: ...
 
     def _hook_failed(self, hook: str, expected: str, exc: Exception, *, subject: str = "it",
                      hint: str | None = ...) -> NoReturn: ...
