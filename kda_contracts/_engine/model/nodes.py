@@ -37,7 +37,7 @@ from ..rules.compiled import first_broken
 from ..rules.order import DenseOrder
 from ..rules.tensor import Contiguous, Disjoint, DtypeIn, InnerDense, Rule, SameDevice, SameDtype, Writable
 from .markers import Spec
-from .type_verdict import BEARTYPE_CONF, Problem, deep_problem, safe_repr, words
+from .type_verdict import BEARTYPE_CONF, Problem, deep_problem, safe_repr, union_words, words
 
 
 class Node:
@@ -60,10 +60,6 @@ DEVICE = "@device"
 #: where the explainer's walk collects, for the problem a tensor inside reports (by its words),
 #: every rule that tensor breaks (the generated checker's walk stops at the first; the report names all)
 REPORT = "@report"
-
-
-def _dtype_words(dtypes: frozenset[torch.dtype]) -> str:
-    return ", ".join(sorted(str(d).removeprefix("torch.") for d in dtypes)) or "any dtype"
 
 
 @dataclass(frozen=True)
@@ -430,11 +426,7 @@ class OneOf(Node):
     none_ok: bool
 
     def __str__(self) -> str:
-        words = [str(o) for o in self.options]
-        if len(set(words)) < len(words):  # (tensors told apart by dtype alone: say their dtypes)
-            words = [f"{w} ({_dtype_words(o.dtypes)})" if isinstance(o, TensorNode) else w
-                     for w, o in zip(words, self.options, strict=True)]
-        return " | ".join(words + (["None"] if self.none_ok else []))
+        return union_words(self.options, self.none_ok)
 
     def symbols(self) -> frozenset[str]:
         return frozenset().union(*(o.symbols() for o in self.options))

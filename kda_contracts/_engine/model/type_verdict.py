@@ -13,7 +13,7 @@ from __future__ import annotations
 import collections
 import collections.abc as cabc
 import typing
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from types import UnionType
 from typing import Any
 
@@ -38,6 +38,21 @@ def words(template: str, *values: Any) -> str:
     whether a value fits, and a rejected call is worded at trace time on the real values, so the
     trace never turns a symbolic size into text (dynamo cannot, and would stop the trace)."""
     return template.format(*(fmt_ints(v) if isinstance(v, (tuple, list)) else v for v in values))
+
+
+def dtype_names(dtypes: Iterable[torch.dtype]) -> str:
+    """``float32, int32``: dtypes by their short names, sorted (``any dtype`` for none)."""
+    return ", ".join(sorted(str(d).removeprefix("torch.") for d in dtypes)) or "any dtype"
+
+
+def union_words(options: Sequence[Any], none_ok: bool) -> str:
+    """A union's words: its options' own, joined with ``|``; tensors whose words are the same (told
+    apart by dtype alone) also say their dtypes (``Tensor[b] (float32) | Tensor[b] (int32)``)."""
+    texts = [str(o) for o in options]
+    if len(set(texts)) < len(texts):
+        texts = [f"{t} ({dtype_names(o.dtypes)})" if hasattr(o, "dtypes") else t
+                 for t, o in zip(texts, options, strict=True)]
+    return " | ".join(texts + (["None"] if none_ok else []))
 
 
 def _unworded(template: str, *values: Any) -> str:

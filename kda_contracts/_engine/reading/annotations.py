@@ -38,7 +38,7 @@ from ..grammar.dims import Variadic, parse_shape
 from ..model.markers import DTYPE_ROLES, MatchConfig, Range, Spec, Where, config_dtypes, read_metadata
 from ..model.nodes import CALL_DEVICE, tensor_rules
 from ..model.spec import NO_HINT, ContractOptions, ContractSpec, NestedParam, ScalarParam, TensorNode
-from ..model.type_verdict import BEARTYPE_CONF, is_typeddict
+from ..model.type_verdict import BEARTYPE_CONF, dtype_names, is_typeddict
 from ..rules.scalar import scalar_param_rules
 from .arrays import _is_jaxtyping_array, array_dtypes, int_hint, split_optional, unalias, unsupported_array_type
 from .plan import plan_binding
@@ -258,10 +258,9 @@ def _unpacked(inner: Any, positional: bool, where: str) -> Any:
 def refuse_disjoint_dtypes(where: str, tp: TensorNode, other: TensorNode) -> None:
     """``same_dtype_as=`` between two tensors whose annotations share no dtype can never hold."""
     if tp.dtypes and other.dtypes and not tp.dtypes & other.dtypes:
-        def names(ds: frozenset[torch.dtype]) -> str:
-            return ", ".join(sorted(str(d).removeprefix("torch.") for d in ds))
-        raise AnnotationError(f"{where}: same_dtype_as={other.name!r}, but its dtypes ({names(tp.dtypes)}) and "
-                              f"{other.name}'s ({names(other.dtypes)}) have none in common: no call could pass")
+        raise AnnotationError(f"{where}: same_dtype_as={other.name!r}, but its dtypes ({dtype_names(tp.dtypes)}) "
+                              f"and {other.name}'s ({dtype_names(other.dtypes)}) have none in common: no call could "
+                              "pass")
 
 
 def _refuse_breaking_default(read: TensorNode | ScalarParam | NestedParam | None, default: Any, where: str) -> None:
