@@ -189,3 +189,16 @@ def test_a_union_of_tensors_told_apart_by_dtype_alone_says_their_dtypes():
     with pytest.raises(kc.DtypeError) as err:
         f(torch.zeros(2, dtype=torch.float64))
     assert str(err.value).splitlines()[2] == "      expected Tensor[b] (float32) | Tensor[b] (int32)"
+
+
+def test_a_product_dim_whose_other_factor_is_zero_says_the_dim_is_left_undetermined():
+    @kc.contract(register=False)
+    def h(y: Float[Tensor, "b*c"], x: Float[Tensor, "c"]) -> None: ...
+
+    with pytest.raises(kc.ShapeError) as err:
+        h(torch.zeros(0), torch.zeros(0))
+    assert str(err.value).splitlines()[4] == (
+        "      dim 0 (b*c) = 0 leaves b undetermined with c=0: every b fits, and no other argument binds it")
+    with pytest.raises(kc.ShapeError, match=re.escape("dim 0 (b*c) = 3 gives no whole b >= 0 with c=2: b = (3 - 0) / "
+                                                      "2 = 1.5")):
+        h(torch.zeros(3), torch.zeros(2))

@@ -157,10 +157,12 @@ class Explainer:
             known = ", ".join(f"{k}={self.dims[k]}" for k in sorted(s.dim.symbols() - {s.symbol}))
             frac = f"({size} - {const}) / {coef} = {rest / coef:g}" if coef else f"coefficient {s.coef} is 0"
             axis = self._real_axis(s.param, s.axis)
-            self.bad_axes.setdefault(s.param, {})[axis] = (
-                f"dim {axis} ({s.dim}) = {size} gives no whole {s.symbol} >= 0"
-                + (f" with {known}" if known else "") + f": {s.symbol} = {frac}",
-                Unsolvable(s.symbol, axis, str(s.dim), size, coef, const))
+            given = f" with {known}" if known else ""
+            text = (f"dim {axis} ({s.dim}) = {size} leaves {s.symbol} undetermined{given}: every {s.symbol} fits, "
+                    "and no other argument binds it" if coef == 0 and rest == 0 else
+                    f"dim {axis} ({s.dim}) = {size} gives no whole {s.symbol} >= 0{given}: {s.symbol} = {frac}")
+            self.bad_axes.setdefault(s.param, {})[axis] = (text, Unsolvable(s.symbol, axis, str(s.dim), size, coef,
+                                                                            const))
 
     def _nested(self) -> None:
         """Walk the tensors inside containers with the dims bound so far; the walk binds the dims
