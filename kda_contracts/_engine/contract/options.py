@@ -101,7 +101,7 @@ def names_option(owner: str, option: str, value: Any) -> tuple[str, ...] | str |
     return _items(owner, option, value, str, "parameter names")
 
 
-def op_options(owner: str, *, after: Any, variant: Any, variants: Any, unchecked_dims: Any, namespace: Any,
+def check_op_options(owner: str, *, after: Any, variant: Any, variants: Any, unchecked_dims: Any, namespace: Any,
                written: Any) -> None:
     """``kc.op``'s own options, each checked for its kind (what they name is checked when the op is built)."""
     optional_callable(owner, "after", after, "ctx, backend -> [Violation]")

@@ -44,6 +44,17 @@ def partial_writes(names: Iterable[str]) -> str:
             if listed else "")
 
 
+def storage_id(t: torch.Tensor) -> int | None:
+    """Which storage ``t`` views, by identity (meta and fake tensors too, whose addresses are all 0);
+    None for a tensor with none (sparse, nested)."""
+    if t.layout is not torch.strided or t.is_nested:
+        return None
+    try:
+        return int(t.untyped_storage()._cdata)
+    except (NotImplementedError, RuntimeError):
+        return None
+
+
 def undeclared_hint(names: list[str]) -> str:
     """What strict mode says of arguments a call wrote though the op does not declare it writes them."""
     return (f"strict mode restored every tensor the op declares it writes; {', '.join(names)}, not declared, has "
@@ -113,10 +124,10 @@ class Transaction:
             return None
         # (a view of a written tensor's storage shares its version counter: a write of the declared
         # tensor moves it, so such a view is left out)
-        written = {t.untyped_storage().data_ptr() for name in parts if isinstance(t := values.get(name), torch.Tensor)}
+        written = {storage_id(t) for name in parts if isinstance(t := values.get(name), torch.Tensor)} - {None}
         others = tuple((name, v, v._version) for name, v in values.items()
                        if name not in parts and isinstance(v, torch.Tensor) and not v.is_inference()
-                       and v.untyped_storage().data_ptr() not in written)
+                       and storage_id(v) not in written)
         return cls([Saved.of(t, rows) for name, rows in parts.items()
                     if isinstance(t := values.get(name), torch.Tensor)], others)
 

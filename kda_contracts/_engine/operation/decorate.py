@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from .. import modes
-from ..contract.options import contract_options, names_option, op_options
+from ..contract.options import check_op_options, contract_options, names_option
 from ..errors import Violation
 from ..model.markers import Where
 from ..model.spec import CallContext
@@ -58,7 +58,7 @@ def op(fn: Callable[..., Any] | None = None, /, *, name: str | None = None, conf
     options = contract_options("kc.op", config=config, config_arg=config_arg, where=where, bind_first=bind_first,
                                hints=hints, value_checks=value_checks, value_rules=value_rules, mode=mode,
                                name=name, register=False, autograd=autograd, doc=doc)
-    op_options("kc.op", after=after, variant=variant, variants=variants, unchecked_dims=unchecked_dims,
+    check_op_options("kc.op", after=after, variant=variant, variants=variants, unchecked_dims=unchecked_dims,
                namespace=namespace, written=written)
     returns = names_option("kc.op", "returns", returns)
 

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from .. import hooks
-from ..contract.transaction import ROLLED_BACK, Transaction, rollback, undeclared_hint, written_parts
+from ..contract.transaction import ROLLED_BACK, Transaction, rollback, storage_id, undeclared_hint, written_parts
 from ..errors import AnnotationError, ContractError, Violation, hook_violations, raise_violations
 from ..explain.results import explain_return
 from ..model.spec import CallContext
@@ -113,19 +113,9 @@ def kept_in_arguments(res: Any, args: Any) -> bool:
     tensors in the memory of the call's tensor arguments (an in-place kernel that returns its
     outputs, as fla's do) and None items."""
     items = res if isinstance(res, (tuple, list)) else (res,)
-    mine = {_storage(a) for a in args if isinstance(a, torch.Tensor)} - {None}
-    return all(x is None or (isinstance(x, torch.Tensor) and _storage(x) in mine) for x in items)
+    mine = {storage_id(a) for a in args if isinstance(a, torch.Tensor)} - {None}
+    return all(x is None or (isinstance(x, torch.Tensor) and storage_id(x) in mine) for x in items)
 
-
-def _storage(t: torch.Tensor) -> int | None:
-    """Which storage ``t`` views, by identity (meta and fake tensors too, whose addresses are all 0);
-    None for a tensor with none (sparse, nested): such a result is never one of the arguments."""
-    if t.layout is not torch.strided or t.is_nested:
-        return None
-    try:
-        return int(t.untyped_storage()._cdata)
-    except (NotImplementedError, RuntimeError):
-        return None
 
 
 def lost_result_violation(op: OpParts, backend: str, res: Any, written: str) -> Violation:

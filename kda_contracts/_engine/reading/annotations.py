@@ -174,7 +174,7 @@ def build_spec(fn: Callable[..., Any], options: ContractOptions | None = None, *
             raise AnnotationError(f"{qualname}: {r.name}: same_dtype_as={r.spec.same_dtype_as!r} is not a tensor "
                                   "argument")
         if r.spec.same_dtype_as is not None:
-            refuse_disjoint_dtypes(f"{qualname}: {r.name}", r, tensors[r.spec.same_dtype_as])
+            _refuse_disjoint_dtypes(f"{qualname}: {r.name}", r, tensors[r.spec.same_dtype_as])
     _check_options(qualname, options, sig, tensors, scalars)
     constraints = []
     for w in options.where:
@@ -255,7 +255,7 @@ def _unpacked(inner: Any, positional: bool, where: str) -> Any:
     raise AnnotationError(f"{where}: Unpack[{_hint_text(inner)}] on this parameter takes {what}")
 
 
-def refuse_disjoint_dtypes(where: str, tp: TensorNode, other: TensorNode) -> None:
+def _refuse_disjoint_dtypes(where: str, tp: TensorNode, other: TensorNode) -> None:
     """``same_dtype_as=`` between two tensors whose annotations share no dtype can never hold."""
     if tp.dtypes and other.dtypes and not tp.dtypes & other.dtypes:
         raise AnnotationError(f"{where}: same_dtype_as={other.name!r}, but its dtypes ({dtype_names(tp.dtypes)}) "
@@ -285,17 +285,18 @@ def _refuse_breaking_default(read: TensorNode | ScalarParam | NestedParam | None
                               f"leaves it out would be refused; {fix}")
 
 
-def _refuse_unbearable(hint: Any, where: str) -> None:
-    """A parameter hint beartype cannot check (``x: 3``, ``x: ClassVar[int]``, a Protocol that is not
-    runtime-checkable) is an AnnotationError here, at decoration, naming the argument."""
+def _refuse_unbearable(hint: Any, where: str, subject: str = "it") -> None:
+    """A hint beartype cannot check (``x: 3``, ``x: ClassVar[int]``, a Protocol that is not
+    runtime-checkable) is an AnnotationError here, at decoration, naming the argument (or the return),
+    not a failure at every call."""
     try:
         with warnings.catch_warnings():  # (its deprecation notes, e.g. typing.Iterator, are not ours to print)
             warnings.simplefilter("ignore")
             is_bearable(None, hint, conf=BEARTYPE_CONF)
     except Exception as exc:
         raise AnnotationError(f"{where}: {_hint_text(hint)} cannot be checked ({type(exc).__name__}: "
-                              f"{str(exc).splitlines()[0][:160]}); annotate it with a checkable type, or leave it "
-                              "unannotated") from exc
+                              f"{str(exc).splitlines()[0][:160]}); annotate {subject} with a checkable type, or leave "
+                              "it unannotated") from exc
 
 
 def _plain_return(qualname: str, ret: Any) -> Any:
@@ -315,14 +316,7 @@ def _plain_return(qualname: str, ret: Any) -> Any:
     if _has_nested_metadata(ret):
         raise AnnotationError(f"{qualname}: return: metadata inside {_hint_text(ret)} is not checked; annotate the "
                               "return without it")
-    try:  # a hint beartype cannot check raises here, at decoration, not at every call
-        with warnings.catch_warnings():  # (its deprecation notes, e.g. typing.Iterator, are not ours to print)
-            warnings.simplefilter("ignore")
-            is_bearable(None, ret, conf=BEARTYPE_CONF)
-    except Exception as exc:
-        raise AnnotationError(f"{qualname}: return: {_hint_text(ret)} cannot be checked ({type(exc).__name__}: "
-                              f"{str(exc).splitlines()[0][:160]}); annotate the return with a checkable type, or "
-                              "leave it unannotated") from exc
+    _refuse_unbearable(ret, f"{qualname}: return", "the return")
     return ret
 
 
@@ -405,7 +399,7 @@ def _check_options(qualname: str, options: ContractOptions, sig: inspect.Signatu
             raise AnnotationError(f"{qualname}: argument {tp.name!r}: same_dtype_as={other!r} is not a tensor "
                                   f"argument")
         if other is not None:
-            refuse_disjoint_dtypes(f"{qualname}: argument {tp.name!r}", tp, tensors[other])
+            _refuse_disjoint_dtypes(f"{qualname}: argument {tp.name!r}", tp, tensors[other])
     roles = set(DTYPE_ROLES) | set(config_dtypes(config)) if config is not None else set(DTYPE_ROLES)
     for tp in tensors.values():
         role = tp.spec.config_dtype
