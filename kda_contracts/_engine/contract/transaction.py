@@ -55,10 +55,14 @@ def storage_id(t: torch.Tensor) -> int | None:
         return None
 
 
+#: what a rejected strict-mode op call says of its rollback
+RESTORED = "strict mode restored every tensor the op declares it writes"
+
+
 def undeclared_hint(names: list[str]) -> str:
     """What strict mode says of arguments a call wrote though the op does not declare it writes them."""
-    return (f"strict mode restored every tensor the op declares it writes; {', '.join(names)}, not declared, has "
-            "no copy and keeps what the backend wrote (mark it kc.Spec(mutated=True) if the op writes it)")
+    return (f"{RESTORED}; {', '.join(names)}, not declared, has no copy and keeps what the backend wrote (mark it "
+            "kc.Spec(mutated=True) if the op writes it)")
 
 
 @dataclass(frozen=True)

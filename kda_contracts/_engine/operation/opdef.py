@@ -44,7 +44,7 @@ from ..compile.marks import outside_compile
 from ..contract.body import body_uses_checks, runner
 from ..contract.compiled import Contract
 from ..contract.decorator import register_contract
-from ..contract.transaction import partial_writes, undeclared_hint, written_parts
+from ..contract.transaction import RESTORED, partial_writes, undeclared_hint, written_parts
 from ..errors import (
     AnnotationError,
     ArgumentTypeError,
@@ -471,7 +471,7 @@ class Op:
         ``variant``): a BackendError naming it, the original as its cause; the call is saved
         (``KDA_CONTRACTS_DUMP_DIR``) as any rejected call is, as the backend left it."""
         what = (undeclared_hint(list(undeclared)) if undeclared else
-                "strict mode restored every tensor the op declares it writes" if rolled_back else
+                RESTORED if rolled_back else
                 partial_writes(self.contract.written) or "the op writes no tensor in place")
         names = self.contracts[variant]._param_names if variant in self.contracts else ()
         values = dict(zip(names, vals or (), strict=False))

@@ -16,7 +16,15 @@ from typing import Any
 import torch
 
 from .. import hooks
-from ..contract.transaction import ROLLED_BACK, Transaction, rollback, storage_id, undeclared_hint, written_parts
+from ..contract.transaction import (
+    RESTORED,
+    ROLLED_BACK,
+    Transaction,
+    rollback,
+    storage_id,
+    undeclared_hint,
+    written_parts,
+)
 from ..errors import AnnotationError, ContractError, Violation, hook_violations, raise_violations
 from ..explain.results import explain_return
 from ..model.spec import CallContext
@@ -98,9 +106,8 @@ def checks_after(op: OpParts, ctx: CallContext, variant: str | None, chosen: Cho
         found = op.after(ctx, chosen.name)
     except Exception as exc:
         rollback(saved)
-        restored = "strict mode restored every tensor the op declares it writes"
         op._hook_failed("after", "the op's after checks to run on the backend's outputs", exc, subject="they",
-                          hint=restored if saved is not None else None)
+                          hint=RESTORED if saved is not None else None)
     try:
         return hook_violations(found, f"{op.name}: after")
     except AnnotationError:
@@ -115,7 +122,6 @@ def kept_in_arguments(res: Any, args: Any) -> bool:
     items = res if isinstance(res, (tuple, list)) else (res,)
     mine = {storage_id(a) for a in args if isinstance(a, torch.Tensor)} - {None}
     return all(x is None or (isinstance(x, torch.Tensor) and storage_id(x) in mine) for x in items)
-
 
 
 def lost_result_violation(op: OpParts, backend: str, res: Any, written: str) -> Violation:
