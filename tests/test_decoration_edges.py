@@ -35,12 +35,13 @@ def _hint_never(x: Float[Tensor, "b"], y: typing_extensions.Never) -> None: ...
 
 
 @pytest.mark.parametrize(("fn", "why"), [
-    (_hint_3, "3 cannot be checked (BeartypeDecorHintNonpepException"),
-    (_hint_ellipsis, "Ellipsis cannot be checked (BeartypeDecorHintNonpepException"),
+    # (beartype's own exception names the cause; only its family is pinned, as a release may rename it)
+    (_hint_3, "3 cannot be checked (Beartype"),
+    (_hint_ellipsis, "Ellipsis cannot be checked (Beartype"),
     (_hint_list_literal, "[<class 'int'>] cannot be checked ("),
-    (_hint_classvar, "ClassVar[int] cannot be checked (BeartypeDecorHintPepUnsupportedException"),
-    (_hint_protocol, "_NotRuntime cannot be checked (BeartypeDecorHintPep3119Exception"),
-    (_hint_never, "cannot be checked (BeartypeDecorHintPep484Exception"),
+    (_hint_classvar, "ClassVar[int] cannot be checked (Beartype"),
+    (_hint_protocol, "_NotRuntime cannot be checked (Beartype"),
+    (_hint_never, "cannot be checked (Beartype"),
 ], ids=["int", "ellipsis", "list-literal", "classvar", "protocol", "never"])
 def test_a_hint_beartype_cannot_check_is_an_annotation_error_naming_the_argument(fn: Any, why: str) -> None:
     with pytest.raises(kc.AnnotationError, match=re.escape(f"{fn.__name__}: argument 'y': ") + ".*"
