@@ -7,7 +7,7 @@ the option or argument, or checked; messages pinned."""
 
 # No `from __future__ import annotations`: each annotation is evaluated where its function is defined.
 import re
-from typing import Any, ClassVar, Protocol
+from typing import Annotated, Any, ClassVar, Protocol
 
 import pytest
 import torch
@@ -53,6 +53,7 @@ def test_a_hint_beartype_cannot_check_is_an_annotation_error_naming_the_argument
 class _Opts(TypedDict):
     n: int
     tags: NotRequired[list[str]]
+    note: Annotated[NotRequired[str], "a doc string"]  # (PEP 655: the mark may sit inside Annotated)
 
 
 def test_a_typeddict_argument_has_its_keys_and_values_checked() -> None:
@@ -60,11 +61,12 @@ def test_a_typeddict_argument_has_its_keys_and_values_checked() -> None:
     f = _decorate(f)
     x = torch.zeros(2)
     f(x, {"n": 1})
-    f(x, {"n": 1, "tags": ["a"]})
+    f(x, {"n": 1, "tags": ["a"], "note": "b"})
     f(x, {"n": 1, "other": object()})  # (a key it does not declare: a TypedDict's subclass may add it)
     for bad, got in (({"n": "1"}, "dict (opts['n']: expected int, got str)"),
                      ({}, "dict (opts key 'n': missing (required by _Opts))"),
-                     ({"n": 1, "tags": ["a", 2]}, "dict (opts['tags'][1]: expected str, got int)")):
+                     ({"n": 1, "tags": ["a", 2]}, "dict (opts['tags'][1]: expected str, got int)"),
+                     ({"n": 1, "note": 3}, "dict (opts['note']: expected Annotated[str, 'a doc string'], got int)")):
         with pytest.raises(kc.ArgumentTypeError) as err:
             f(x, bad)
         assert str(err.value).splitlines()[1:4] == ["  [1] opts: ArgumentTypeError", "      expected _Opts",
@@ -80,9 +82,45 @@ def test_unpack_a_typeddict_on_kwargs_checks_the_keywords_pep_692() -> None:
     with pytest.raises(kc.ArgumentTypeError, match=re.escape("got      dict (kw key 'n': missing (required by "
                                                              "_Opts))")):
         f(torch.zeros(2))
-    compiled = torch.compile(f, backend="eager")  # the traced type check says the same
-    with pytest.raises(kc.ArgumentTypeError, match=re.escape("[1] kw: ArgumentTypeError")):
-        compiled(torch.zeros(2), n="1")
+
+
+
+class _Plain(TypedDict):  # (fields types alone decide: a type tree, traced as isinstance tests)
+    n: int
+    tags: NotRequired[list[str]]
+
+
+def test_a_typeddict_whose_fields_types_decide_is_read_into_a_type_tree() -> None:
+    from kda_contracts._engine.reading.type_trees import TypedDictOf, read_types
+
+    tree = read_types(_Plain)
+    assert isinstance(tree, TypedDictOf) and tree.required == ("n",)
+    assert tree.match({"n": 1, "tags": ["a"]}, {}, "o") is None
+    assert tree.match({"tags": []}, {}, "o") == (kc.ArgumentTypeError, "o key 'n': missing (required by _Plain)")
+    assert read_types(_Opts) is None  # (an Annotated field: beartype decides it, item by item)
+
+
+@pytest.mark.parametrize("td", [_Plain, _Opts], ids=["type-tree", "beartype"])
+@pytest.mark.parametrize("how", ["argument", "kwargs"])
+def test_a_typeddict_is_checked_under_torch_compile_as_in_eager(how: str, td: Any) -> None:
+    # (the traced type check: a good call first, then bad ones, each rejected; a body that computes)
+    if how == "argument":
+        def f(x: Float[Tensor, "b"], opts: td) -> Float[Tensor, "b"]:  # type: ignore[valid-type]
+            return x * 2
+
+        def call(fn: Any, **kw: Any) -> Any:
+            return fn(torch.zeros(2), kw)
+    else:
+        def f(x: Float[Tensor, "b"], **opts: Unpack[td]) -> Float[Tensor, "b"]:  # type: ignore[misc, valid-type]
+            return x * 2
+
+        def call(fn: Any, **kw: Any) -> Any:
+            return fn(torch.zeros(2), **kw)
+    compiled = torch.compile(_decorate(f), backend="eager")
+    assert call(compiled, n=1).shape == (2,)
+    for bad in ({"n": "1"}, {}, {"n": 1, "tags": [2]}):
+        with pytest.raises(kc.ArgumentTypeError, match=re.escape("[1] opts: ArgumentTypeError")):
+            call(compiled, **bad)
 
 
 _Ts = TypeVarTuple("_Ts")
@@ -208,8 +246,6 @@ def test_defaults_that_fit_their_annotations_decorate() -> None:
 
 
 def test_same_dtype_as_between_annotations_with_no_dtype_in_common_is_an_annotation_error() -> None:
-    from typing import Annotated
-
     from kda_contracts import Int
 
     def f(x: Int[Tensor, "b"], d: Annotated[Float[Tensor, "b"], kc.Spec(same_dtype_as="x")]) -> None: ...

@@ -202,3 +202,14 @@ def test_a_product_dim_whose_other_factor_is_zero_says_the_dim_is_left_undetermi
     with pytest.raises(kc.ShapeError, match=re.escape("dim 0 (b*c) = 3 gives no whole b >= 0 with c=2: b = (3 - 0) / "
                                                       "2 = 1.5")):
         h(torch.zeros(3), torch.zeros(2))
+
+
+def test_a_union_branch_of_any_dtype_says_so_rather_than_listing_every_dtype():
+    from jaxtyping import Float32, Shaped
+
+    @kc.contract(register=False)
+    def f(x: Float32[Tensor, "b"] | Shaped[Tensor, "b"], y: Float[Tensor, "b"]) -> None: ...
+
+    with pytest.raises(kc.ContractError) as err:
+        f(torch.zeros(4), torch.zeros(3))
+    assert str(err.value).splitlines()[2] == "      expected Tensor[b] (float32) | Tensor[b] (any dtype)"

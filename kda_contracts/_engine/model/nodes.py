@@ -17,7 +17,6 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
-from beartype.door import is_bearable
 
 from ..compile.marks import mark_constant_result
 from ..errors import ArgumentTypeError, ShapeError, Violation
@@ -37,7 +36,7 @@ from ..rules.compiled import first_broken
 from ..rules.order import DenseOrder
 from ..rules.tensor import Contiguous, Disjoint, DtypeIn, InnerDense, Rule, SameDevice, SameDtype, Writable
 from .markers import Spec
-from .type_verdict import BEARTYPE_CONF, Problem, deep_problem, safe_repr, union_words, words
+from .type_verdict import Problem, deep_problem, safe_repr, union_words, words
 
 
 class Node:
@@ -290,8 +289,9 @@ class Plain(Node):
 
     @mark_constant_result
     def bearable(self, value: Any) -> bool:
-        """beartype's verdict, at trace time under torch.compile (on the value: guarded on it)."""
-        return is_bearable(value, self.hint, conf=BEARTYPE_CONF)
+        """beartype's verdict and every item's (a TypedDict's fields too), at trace time under
+        torch.compile (on the value: guarded on it)."""
+        return deep_problem(value, self.hint, "") is None
 
 
 def _plain_match_traced(self: Plain, value: Any, env: dict[str, Any], path: str) -> Problem | None:

@@ -40,9 +40,15 @@ def words(template: str, *values: Any) -> str:
     return template.format(*(fmt_ints(v) if isinstance(v, (tuple, list)) else v for v in values))
 
 
+_ALL_DTYPES = frozenset(v for v in vars(torch).values() if isinstance(v, torch.dtype))
+
+
 def dtype_names(dtypes: Iterable[torch.dtype]) -> str:
-    """``float32, int32``: dtypes by their short names, sorted (``any dtype`` for none)."""
-    return ", ".join(sorted(str(d).removeprefix("torch.") for d in dtypes)) or "any dtype"
+    """``float32, int32``: dtypes by their short names, sorted (``any dtype`` for none, or all of torch's)."""
+    dtypes = frozenset(dtypes)
+    if not dtypes or dtypes >= _ALL_DTYPES:
+        return "any dtype"
+    return ", ".join(sorted(str(d).removeprefix("torch.") for d in dtypes))
 
 
 def union_words(options: Sequence[Any], none_ok: bool) -> str:
@@ -170,16 +176,25 @@ _FIELD_WRAPPERS = {getattr(m, n) for m in (typing, typing_extensions)
 _TYPEDDICT_FIELDS: dict[type, dict[str, Any]] = {}
 
 
-def _typeddict_fields(td: type) -> dict[str, Any]:
+def _unmarked(hint: Any) -> Any:
+    """A TypedDict field's hint without its Required/NotRequired/ReadOnly marks, also where they sit
+    inside ``Annotated`` (PEP 655 allows either order); the ``Annotated`` metadata is kept."""
+    origin = typing.get_origin(hint)
+    if origin in _FIELD_WRAPPERS:
+        return _unmarked(typing.get_args(hint)[0])
+    if origin is typing.Annotated:
+        inner, *meta = typing.get_args(hint)
+        params = (_unmarked(inner), *meta)
+        return typing.Annotated[params] if meta else params[0]  # type: ignore[valid-type]
+    return hint
+
+
+def typeddict_fields(td: type) -> dict[str, Any]:
     """A TypedDict's field hints (inherited ones too), without the Required/NotRequired/ReadOnly marks
     (kept per class: a plain dict, which torch.compile traces without a word)."""
     fields = _TYPEDDICT_FIELDS.get(td)
     if fields is None:
-        fields = {}
-        for key, hint in typing.get_type_hints(td, include_extras=True).items():
-            while typing.get_origin(hint) in _FIELD_WRAPPERS:
-                hint = typing.get_args(hint)[0]
-            fields[key] = hint
+        fields = {key: _unmarked(hint) for key, hint in typing.get_type_hints(td, include_extras=True).items()}
         _TYPEDDICT_FIELDS[td] = fields
     return fields
 
@@ -191,7 +206,7 @@ def _typeddict_problem(value: cabc.Mapping, td: type, path: str) -> Problem | No
     missing = sorted(k for k in td.__required_keys__ if k not in value)  # type: ignore[attr-defined]
     if missing:
         return ArgumentTypeError, f"{path} key {missing[0]!r}: missing (required by {td.__name__})"
-    fields = _typeddict_fields(td)
+    fields = typeddict_fields(td)
     for key, item in value.items():
         if key in fields and (problem := deep_problem(item, fields[key], f"{path}[{safe_repr(key)}]")) is not None:
             return problem

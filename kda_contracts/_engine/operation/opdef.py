@@ -471,7 +471,7 @@ class Op:
         ``variant``): a BackendError naming it, the original as its cause; the call is saved
         (``KDA_CONTRACTS_DUMP_DIR``) as any rejected call is, as the backend left it."""
         what = (undeclared_hint(list(undeclared)) if undeclared else
-                RESTORED if rolled_back else
+                RESTORED if rolled_back and self.contract.written else
                 partial_writes(self.contract.written) or "the op writes no tensor in place")
         names = self.contracts[variant]._param_names if variant in self.contracts else ()
         values = dict(zip(names, vals or (), strict=False))

@@ -22,13 +22,15 @@ import abc
 import collections.abc as cabc
 import typing
 from collections.abc import Mapping
+from dataclasses import dataclass
 from types import NoneType, UnionType
 from typing import Any
 
 from beartype.door import is_bearable
 
+from ..errors import ArgumentTypeError
 from ..model.nodes import InstanceOf, MappingOf, Node, OneOf, Plain, SequenceOf, TupleOf
-from ..model.type_verdict import BEARTYPE_CONF, _items_problem
+from ..model.type_verdict import BEARTYPE_CONF, Problem, _items_problem, is_typeddict, typeddict_fields, words
 from .arrays import _MAPPINGS, _SEQUENCES
 
 _TOWER: Mapping[Any, tuple[type, ...]] = {float: (int, float), complex: (int, float, complex)}
@@ -71,9 +73,41 @@ def read_types(tp: Any) -> Node | None:
         if origin in _SEQUENCES:
             return SequenceOf(_SEQUENCES[origin], items[0], text_ok=True) if len(items) == 1 else None
         return MappingOf(items[0], items[1], kind=origin) if len(items) == 2 else None
+    if is_typeddict(tp):
+        fields = {key: read_types(hint) for key, hint in typeddict_fields(tp).items()}
+        if any(node is None for node in fields.values()):
+            return None
+        return TypedDictOf(tp, tuple(sorted(tp.__required_keys__)), tuple(fields.items()))  # type: ignore
     if origin is None and isinstance(tp, type) and _decided_by_type(tp):
         return InstanceOf(tp, _TOWER.get(tp, (tp,)))
     return None
+
+
+@dataclass(frozen=True)
+class TypedDictOf(Node):
+    """A TypedDict whose fields types alone decide: a mapping with every required key, each declared
+    key's value checked (keys it does not declare pass: a subclass may add them). beartype checks
+    only that the value is a mapping."""
+
+    cls: type
+    required: tuple[str, ...]
+    fields: tuple[tuple[str, Node], ...]
+
+    def __str__(self) -> str:
+        return self.cls.__name__
+
+    def match(self, value: Any, env: dict[str, Any], path: str) -> Problem | None:
+        if not isinstance(value, cabc.Mapping):
+            return ArgumentTypeError, words("{}: expected {}, got {}", path, self, type(value).__name__)
+        for key in self.required:
+            if key not in value:
+                return ArgumentTypeError, words("{} key {}: missing (required by {})", path, repr(key), self)
+        for key, node in self.fields:
+            if key in value:
+                problem = node.match(value[key], env, f"{path}[{key!r}]")
+                if problem is not None:
+                    return problem
+        return None
 
 
 def _decided_by_type(cls: type) -> bool:
