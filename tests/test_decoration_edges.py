@@ -255,3 +255,15 @@ def test_same_dtype_as_between_annotations_with_no_dtype_in_common_is_an_annotat
 
     def g(x: Float[Tensor, "b"], d: Annotated[Float[Tensor, "b"], kc.Spec(same_dtype_as="x")]) -> None: ...
     _decorate(g)(torch.zeros(2), torch.zeros(2))
+
+
+def test_paramspec_args_and_kwargs_pass_through_as_any_arguments() -> None:
+    from typing import ParamSpec
+
+    P = ParamSpec("P")
+
+    def f(x: Float[Tensor, "b"], *args: P.args, **kwargs: P.kwargs) -> None: ...  # was a raw TypeError
+    f = _decorate(f)
+    f(torch.zeros(2), 1, "a", k=None)
+    with pytest.raises(kc.ShapeError):
+        f(torch.zeros(2, 2))

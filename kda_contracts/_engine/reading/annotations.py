@@ -216,7 +216,8 @@ def _read_params(qualname: str, sig: inspect.Signature, hints_map: Mapping[str, 
         hint = hints_map.get(p.name, inspect.Parameter.empty)
         where = f"{qualname}: argument {p.name!r}"
         if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
-            if hint in (inspect.Parameter.empty, Any, object):  # passed through unchecked
+            # passed through unchecked: unannotated, Any, or a ParamSpec's P.args / P.kwargs (any arguments)
+            if hint in (inspect.Parameter.empty, Any, object) or isinstance(hint, _PARAM_SPEC_PARTS):
                 continue
             # each value the parameter collects is checked against its annotation, as the items of the
             # tuple (*args) or the values of the dict (**kwargs) Python hands the function
@@ -332,6 +333,7 @@ def _special_forms(*names: str) -> tuple[Any, ...]:
 _UNCHECKED_RETURNS = _special_forms("Self", "NoReturn", "Never")
 _UNPACK = _special_forms("Unpack")
 _TYPE_VAR_TUPLES = _special_forms("TypeVarTuple")
+_PARAM_SPEC_PARTS = _special_forms("ParamSpecArgs", "ParamSpecKwargs")
 _BOOL_RETURNS = _special_forms("TypeGuard", "TypeIs")
 
 
