@@ -25,7 +25,7 @@ from ..errors import (
     Violation,
 )
 from ..model.markers import Where, config_nonint_dims, int_dim_fix
-from ..model.spec import NO_HINT, CallContext, ContractOptions
+from ..model.spec import NO_HINT, CallContext, ContractOptions, ContractSpec
 from ..reading.annotations import build_spec
 from ..reading.members import accessors, contract_members, is_contracted
 from ..rules.values import ValueRule
@@ -134,7 +134,7 @@ def _contract_class(cls: type, options: ContractOptions) -> type:
     return cls
 
 
-def _refuse_non_function(fn: Any) -> None:
+def refuse_non_function(fn: Any, origin: str = "kc.contract") -> None:
     """A callable object that is not a function (an ``nn.Module`` instance, a ``functools.partial``)
     is refused: its ``__call__`` is not what its annotations describe, and a wrapper would stand in
     for the object (its parameters, state and methods)."""
@@ -144,7 +144,18 @@ def _refuse_non_function(fn: Any) -> None:
     fix = ("contract its class (kc.contract(MyModule): its annotated methods, forward included) or its forward's "
            "function" if hasattr(fn, "forward") and hasattr(fn, "parameters") else
            "contract the function itself (a Python function or method with annotated parameters)")
-    raise AnnotationError(f"kc.contract takes a function, a method or a class, got a {what} instance: {fix}")
+    takes = "a function, a method or a class" if origin == "kc.contract" else "a function or a method"
+    raise AnnotationError(f"{origin} takes {takes}, got a {what} instance: {fix}")
+
+
+def refuse_nothing_to_check(spec: ContractSpec, options: ContractOptions, origin: str = "kc.contract") -> None:
+    """A function with no annotation to check is refused (a contract that checks nothing would pass
+    every call silently)."""
+    if not (spec.tensors or spec.scalars or spec.nested or spec.returns or spec.where) \
+            and spec.return_hint is NO_HINT and options.config is None:
+        raise AnnotationError(f"{spec.name}: {origin} found nothing to check: no parameter or return annotation. "
+                              "Annotate its tensors (x: Float[Tensor, 'B D']) and scalars, or drop the decorator "
+                              "(kc.check(t, 'B D') checks a tensor on its own)")
 
 
 def _decorate(fn: Callable[..., Any], options: ContractOptions) -> Any:
@@ -152,15 +163,11 @@ def _decorate(fn: Callable[..., Any], options: ContractOptions) -> Any:
         return _contract_class(fn, options)
     if isinstance(fn, (staticmethod, classmethod)):  # @kc.contract above @staticmethod / @classmethod
         return type(fn)(_decorate(fn.__func__, options))
-    _refuse_non_function(fn)
+    refuse_non_function(fn)
     mode = options.mode
     fixed = modes.parse_mode(mode, f"contract(mode={mode!r})") if mode is not None else None
     spec = build_spec(fn, options)
-    if not (spec.tensors or spec.scalars or spec.nested or spec.returns or spec.where) \
-            and spec.return_hint is NO_HINT and options.config is None:
-        raise AnnotationError(f"{spec.name}: kc.contract found nothing to check: no parameter or return annotation. "
-                              "Annotate its tensors (x: Float[Tensor, 'B D']) and scalars, or drop the decorator "
-                              "(kc.check(t, 'B D') checks a tensor on its own)")
+    refuse_nothing_to_check(spec, options)
     wrong = config_nonint_dims(options.config)
     for sym in spec.symbols:
         if sym in wrong:

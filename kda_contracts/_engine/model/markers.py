@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import math
+import numbers
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import cached_property
@@ -70,8 +71,31 @@ class Spec:
     dim_order: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
-        if isinstance(self.dim_order, list):  # (a frozen Spec is hashed: keep a tuple)
-            object.__setattr__(self, "dim_order", tuple(self.dim_order))
+        for name in ("dim_order", "dtypes"):  # (a frozen Spec is hashed: keep tuples)
+            if isinstance(getattr(self, name), list):
+                object.__setattr__(self, name, tuple(getattr(self, name)))
+        if self.dtypes is not None and not (isinstance(self.dtypes, tuple)
+                                            and all(isinstance(d, torch.dtype) for d in self.dtypes)):
+            raise AnnotationError(f"kc.Spec(dtypes={self.dtypes!r}): give a tuple of torch dtypes, "
+                                  "e.g. dtypes=(torch.float32, torch.bfloat16)")
+        for name in ("contiguous", "same_device", "disjoint", "mutated"):
+            _refuse_kind("kc.Spec", name, getattr(self, name), bool, "True or False")
+        if not _is_int(self.inner_contiguous) or self.inner_contiguous < 0:
+            raise AnnotationError(f"kc.Spec(inner_contiguous={self.inner_contiguous!r}): give the number of "
+                                  "trailing dims that must be dense, an int >= 0")
+        for name in ("same_dtype_as", "config_dtype"):
+            _refuse_kind("kc.Spec", name, getattr(self, name), (str, NoneType), "a name (str) or None")
+
+
+def _is_int(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _refuse_kind(origin: str, name: str, value: Any, kind: type | tuple[type, ...], want: str) -> None:
+    """AnnotationError unless ``value`` is of ``kind`` (a bool is not taken for a number)."""
+    if not isinstance(value, kind) or (isinstance(value, bool) and bool not in (kind if isinstance(kind, tuple)
+                                                                              else (kind,))):
+        raise AnnotationError(f"{origin}({name}={value!r}): {name} must be {want}, got a {type(value).__name__}")
 
 
 @dataclass(frozen=True)
@@ -88,6 +112,14 @@ class Range:
     lt: float | None = None
     le: float | None = None
     finite: bool = False  # also refuse +-inf
+
+    def __post_init__(self) -> None:
+        for name in ("gt", "ge", "lt", "le"):  # numpy scalars as Python numbers (the checker prints them)
+            v = getattr(self, name)
+            _refuse_kind("kc.Range", name, v, (numbers.Real, NoneType), "a number or None")
+            if v is not None:
+                object.__setattr__(self, name, int(v) if isinstance(v, numbers.Integral) else float(v))
+        _refuse_kind("kc.Range", "finite", self.finite, bool, "True or False")
 
     def holds(self, x: float) -> bool:
         """Whether ``x`` is in range: the generated checker's own test (``render``), compiled once."""
@@ -151,6 +183,12 @@ class MatchConfig:
     attr: str
     rel_tol: float = 0.0
 
+    def __post_init__(self) -> None:
+        _refuse_kind("kc.MatchConfig", "attr", self.attr, str, "the config attribute's name (str)")
+        _refuse_kind("kc.MatchConfig", "rel_tol", self.rel_tol, (int, float), "a number >= 0")
+        if not self.rel_tol >= 0:
+            raise AnnotationError(f"kc.MatchConfig(rel_tol={self.rel_tol!r}): rel_tol must be a number >= 0")
+
     def agrees(self, value: Any, config: Any) -> bool:
         return self.agrees_value(value, getattr(config, self.attr, CONFIG_LACKS))
 
@@ -184,6 +222,13 @@ class Where:
     expr: str
     hint: str | None = None
     kind: type[ContractError] = ShapeError
+
+    def __post_init__(self) -> None:
+        _refuse_kind("kc.Where", "expr", self.expr, str, "a constraint over dims (str), e.g. 'HV % H == 0'")
+        _refuse_kind("kc.Where", "hint", self.hint, (str, NoneType), "a str or None")
+        if not (isinstance(self.kind, type) and issubclass(self.kind, ContractError)):
+            raise AnnotationError(f"kc.Where(kind={self.kind!r}): kind must be a kc.ContractError subclass "
+                                  "(ShapeError, DtypeError, ...)")
 
 
 # -- config access (KDAConfig, any object with contract_dims(), or a plain pydantic model) -------

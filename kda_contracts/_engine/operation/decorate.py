@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from .. import modes
+from ..contract.decorator import refuse_non_function, refuse_nothing_to_check, register_contract
 from ..contract.options import check_op_options, contract_options, names_option
 from ..errors import Violation
 from ..model.markers import Where
@@ -63,7 +64,14 @@ def op(fn: Callable[..., Any] | None = None, /, *, name: str | None = None, conf
     returns = names_option("kc.op", "returns", returns)
 
     def make(f: Callable[..., Any]) -> Op:
-        return Op(f, options, variants=variants, variant=variant, returns=returns, after=after,
+        refuse_non_function(f, "kc.op")
+        made = Op(f, options, variants=variants, variant=variant, returns=returns, after=after,
                   unchecked_dims=unchecked_dims, namespace=namespace, written=written)
+        for c in made.contracts.values():
+            refuse_nothing_to_check(c.spec, options, "kc.op")
+        # registered once the op is whole: a refused op leaves nothing in kc.registered_contracts()
+        for key, c in made.contracts.items():
+            register_contract(made.name if key is None else f"{made.name}[{key}]", c)
+        return made
 
     return make if fn is None else make(fn)

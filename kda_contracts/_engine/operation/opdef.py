@@ -43,7 +43,6 @@ from .. import hooks
 from ..compile.marks import outside_compile
 from ..contract.body import body_uses_checks, runner
 from ..contract.compiled import Contract
-from ..contract.decorator import register_contract
 from ..contract.transaction import RESTORED, partial_writes, undeclared_hint, written_parts
 from ..errors import (
     AnnotationError,
@@ -174,7 +173,7 @@ class Op:
         if variants is None:
             if variant is not None:
                 raise AnnotationError(f"{self.name}: variant= names a call's variant, but no variants= were given")
-            return {None: register_contract(self.name, Contract(build_spec(fn, self._guarded_checks(options)), fn))}
+            return {None: Contract(build_spec(fn, self._guarded_checks(options)), fn)}
         if variant is None or not variants:
             raise AnnotationError(f"{self.name}: variants= needs variant=, a function of the op's parameters that "
                                   "names the variant of a call")
@@ -199,7 +198,7 @@ class Op:
                                       f"({', '.join(n for n, _ in got)} vs {', '.join(n for n, _ in want)})")
             fields = {**vars(options), "name": self.name, **overrides}
             c = Contract(build_spec(vfn, self._guarded_checks(ContractOptions(**fields))), vfn)
-            out[key] = register_contract(f"{self.name}[{key}]", c)
+            out[key] = c
         symbols = {frozenset(c.spec.symbols) for c in out.values()}
         if len(symbols) != 1:
             raise AnnotationError(f"{self.name}: every variant must bind the same dims, got {sorted(symbols)}")

@@ -176,6 +176,11 @@ class InRange(ValueRule):
                  ignore_negative: bool = False, hint: str | None = None) -> None:
         self.args, self.low, self.high, self.ignore_negative, self.hint = (arg,), low, high, ignore_negative, hint
         self.index_args = (arg,)
+        if low is None and high is None:
+            raise AnnotationError(f"{self!r} has no bound, so it checks nothing: give low=, high= or both")
+        for b in (low, high):
+            if b is not None and (isinstance(b, bool) or not isinstance(b, (int, str))):
+                raise AnnotationError(f"{self!r}: a bound is an int or a dim's name, got {b!r}")
 
     def bounds(self) -> tuple[Any, ...]:
         return tuple(b for b in (self.low, self.high) if b is not None)
