@@ -66,7 +66,8 @@ def test_numpy_bounds_of_a_range_are_python_numbers_and_checked() -> None:
     def f(x: Float[Tensor, "b"], w: Annotated[float, rng]) -> None: ...
 
     f(torch.zeros(2), 1.0)
-    with pytest.raises(kc.ContractError, match=r"w: ValueRangeError\n      expected >= 0.5 and < 3\n      got      3.0"):
+    with pytest.raises(kc.ContractError,
+                       match=r"w: ValueRangeError\n      expected >= 0.5 and < 3\n      got      3.0"):
         f(torch.zeros(2), 3.0)
 
 
@@ -97,3 +98,49 @@ def test_kc_op_with_nothing_to_check_is_an_annotation_error_and_registers_nothin
     with pytest.raises(kc.AnnotationError, match="every variant must bind the same dims"):
         kc.op(name="two_variants_refused", variants={"a": v1, "b": v2}, variant=lambda x: "a")(f)
     assert set(kc.registered_contracts()) == before  # a refused op leaves no contract behind
+
+
+def _scaler(m: float) -> Any:
+    def scale(x: Float[Tensor, "B D"]) -> Float[Tensor, "B D"]:
+        return x * m
+    return scale
+
+
+def test_two_ops_of_one_name_from_different_functions_is_an_annotation_error() -> None:
+    # before: the second replaced the first in kc.ops(), and the first's torch_op ran the second's body
+    first = kc.op(name="edge_dup")(_scaler(2.0))
+
+    def scale(x: Float[Tensor, "B D"]) -> Float[Tensor, "B D"]:
+        return x * 3
+
+    with pytest.raises(kc.AnnotationError, match=r"^edge_dup: an op of this name exists already \(test_marker_edges"
+                                                 r"\._scaler\.<locals>\.scale\); two ops of one name would share "
+                                                 r"kc.ops\(\)'s entry, plug-in backends and torch_op's torch.library "
+                                                 r"op\. Give this one a name of its own: kc.op\(name=\.\.\.\)$"):
+        kc.op(name="edge_dup")(scale)
+    assert kc.ops()["edge_dup"] is first
+    assert torch.equal(first.torch_op(torch.ones(1, 2)), torch.full((1, 2), 2.0))
+    with pytest.raises(kc.AnnotationError, match=r"^packed_decode: an op of this name exists already"):
+        kc.op(name="packed_decode")(scale)  # a user op cannot take a shipped op's place silently
+
+
+def test_the_same_function_defined_again_takes_its_name_over() -> None:
+    # a module reloaded or a notebook cell run twice defines the same function again
+    kc.op(name="edge_redefined")(_scaler(2.0))
+    again = kc.op(name="edge_redefined")(_scaler(5.0))
+    assert kc.ops()["edge_redefined"] is again
+    assert torch.equal(again(torch.ones(1, 2)), torch.full((1, 2), 5.0))
+
+
+def test_a_refused_op_is_not_listed() -> None:
+    def orphan(x: Float[Tensor, "B D"], backend: int) -> None: ...
+
+    with pytest.raises(kc.AnnotationError, match="an op parameter cannot be named 'backend'"):
+        kc.op(orphan)
+
+    def nothing(x, out):  # type: ignore[no-untyped-def]
+        ...
+
+    with pytest.raises(kc.AnnotationError, match="found nothing to check"):
+        kc.op(nothing)
+    assert "orphan" not in kc.ops() and "nothing" not in kc.ops()

@@ -30,6 +30,7 @@ from typing import Any, NoReturn
 
 import torch
 
+from ..contract.body import body_uses_checks, runner
 from ..errors import AnnotationError, ContractError
 from ..grammar.constraints import Constraint, parse_constraint
 from ..source import define
@@ -191,6 +192,13 @@ class Backend:
             value = getattr(self, attr)
             if value is not None and not (callable(value) if attr == "availability" else isinstance(value, str)):
                 refuse(attr, kind)
+        if not self.devices and not self.explicit_devices:
+            refuse("devices", _DEVICE_TYPES, " (with no device and no explicit_devices= the backend would never run)")
+        if self.variants == ():
+            refuse("variants", "the op's variants it supports, or None for all",
+                   " (with no variant the backend would never run)")
+        if not isinstance(self.description, str):
+            refuse("description", "a str")
 
     def load(self) -> Callable[..., Any]:
         """The kernel itself (imported now when given as ``"module:function"``)."""
@@ -296,3 +304,31 @@ def _runner(kernel: Callable[..., Any], params: Sequence[inspect.Parameter], dim
 # -- the backends of one op ---------------------------------------------------------------------
 
 
+
+
+@dataclass(frozen=True)
+class Reference(Backend):
+    """An op's own body as its ``"torch"`` backend; with ``kc.check``/``kc.dims`` inside, it runs
+    with the call's dims. ``outside_autograd``: it runs under ``torch.no_grad()``, as a kernel
+    writes outside autograd: an op that writes tensors in place without ``autograd=True`` would
+    otherwise record a graph into them from an input that requires grad (an ``nn.Parameter``), and
+    the next call would refuse the written tensor."""
+
+    outside_autograd: bool = False
+
+    def make_runner(self, kernel: Callable[..., Any], params: Sequence[inspect.Parameter],
+                    dims_types: Mapping[str | None, type]) -> Callable[..., Any]:
+        if not body_uses_checks(kernel):
+            if not self.outside_autograd:
+                return super().make_runner(kernel, params, dims_types)
+            _, wants = signature_problem(kernel, params)  # (no longer the kernel itself: not called directly)
+            return _runner(torch.no_grad()(kernel), params, dims_types, wants)
+        else:
+            name = getattr(kernel, "__name__", "op")
+            bodies = {v: runner(name, t._fields, kernel, False) for v, t in dims_types.items()}  # type: ignore[attr-defined]
+
+            def with_dims(d: tuple[int, ...] | None, v: Any, *args: Any, **kwargs: Any) -> Any:
+                return kernel(*args, **kwargs) if d is None else bodies[v](d, *args, **kwargs)  # None: mode off
+
+            run = _runner(with_dims, params, dims_types, set(), dims_first=True)
+        return torch.no_grad()(run) if self.outside_autograd else run

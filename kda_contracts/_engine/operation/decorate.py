@@ -11,15 +11,16 @@ Example::
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
-from .. import modes
+from .. import hooks, modes
 from ..contract.decorator import refuse_non_function, refuse_nothing_to_check, register_contract
 from ..contract.options import check_op_options, contract_options, names_option
 from ..errors import Violation
 from ..model.markers import Where
 from ..model.spec import CallContext
 from ..rules.values import ValueRule
+from . import registry
 from .opdef import Op
 
 
@@ -69,9 +70,12 @@ def op(fn: Callable[..., Any] | None = None, /, *, name: str | None = None, conf
                   unchecked_dims=unchecked_dims, namespace=namespace, written=written)
         for c in made.contracts.values():
             refuse_nothing_to_check(c.spec, options, "kc.op")
-        # registered once the op is whole: a refused op leaves nothing in kc.registered_contracts()
+        # listed once the op is whole: a refused op leaves nothing in kc.ops() or kc.registered_contracts()
+        for b, replace in registry.add_op(made):
+            made.table.register(b, replace=replace)
         for key, c in made.contracts.items():
             register_contract(made.name if key is None else f"{made.name}[{key}]", c)
+        hooks.decorated(cast(Any, made), made, options.doc)  # (the docstring's shape tables, when asked for)
         return made
 
     return make if fn is None else make(fn)

@@ -41,7 +41,6 @@ import torch
 
 from .. import hooks
 from ..compile.marks import outside_compile
-from ..contract.body import body_uses_checks, runner
 from ..contract.compiled import Contract
 from ..contract.transaction import RESTORED, partial_writes, undeclared_hint, written_parts
 from ..errors import (
@@ -58,7 +57,7 @@ from ..reading.annotations import build_spec
 from ..reading.structure import mentions_array
 from ..rules.memory import has_addresses, without_data
 from . import registry
-from .backends import Backend, BackendError, CallInfo, _runner
+from .backends import Backend, BackendError, CallInfo, Reference
 from .dispatch import bootstrap, build_dispatcher
 from .strict import transact
 from .table import BackendTable, Chosen, verdict_lines
@@ -68,23 +67,6 @@ _F = TypeVar("_F", bound=Callable[..., Any])
 _WRITTEN_RETURNS = ("{arg: None (all of it) | the rows of its dim 0 the call writes, a 1-D integer tensor of row "
                     "ids}")
 _NOTHING_RAN = "no backend ran: the call changed no tensor"
-
-
-# -- the torch reference as a backend -------------------------------------------------------------
-class _Reference(Backend):
-    """The op's own body; with ``kc.check``/``kc.dims`` inside, it runs with the call's dims."""
-
-    def make_runner(self, kernel: Callable[..., Any], params: Sequence[inspect.Parameter],
-                    dims_types: Mapping[str | None, type]) -> Callable[..., Any]:
-        if not body_uses_checks(kernel):
-            return super().make_runner(kernel, params, dims_types)
-        name = getattr(kernel, "__name__", "op")
-        bodies = {v: runner(name, t._fields, kernel, False) for v, t in dims_types.items()}  # type: ignore[attr-defined]
-
-        def with_dims(d: tuple[int, ...] | None, v: Any, *args: Any, **kwargs: Any) -> Any:
-            return kernel(*args, **kwargs) if d is None else bodies[v](d, *args, **kwargs)  # None: mode off
-
-        return _runner(with_dims, params, dims_types, set(), dims_first=True)
 
 
 # -- plug-ins -------------------------------------------------------------------------------------
@@ -139,7 +121,9 @@ class Op:
         self._key_layout: Any = None  # what the dispatcher's selection key holds (set when it is built)
         self._rebuild_enabled = False
         doc = (fn.__doc__ or "").strip().split("\n")[0] or "the op's body (PyTorch reference)"
-        self.table.register(_Reference(name="torch", kernel=fn, devices=("*",), priority=0, description=doc))
+        writes = any(t.spec.mutated for c in self.contracts.values() for t in c.spec.tensors.values())
+        self.table.register(Reference(name="torch", kernel=fn, devices=("*",), priority=0, description=doc,
+                                      outside_autograd=writes and not options.autograd))
         self._rebuild_enabled = True
         self._rebuild()
         functools.update_wrapper(self, fn)  # type: ignore[arg-type]
@@ -148,9 +132,7 @@ class Op:
         at = next((i for i, p in enumerate(params) if p.kind is p.VAR_KEYWORD), len(params))
         params.insert(at, kw)
         self.__signature__ = self.signature.replace(parameters=params)
-        for b, replace in registry.add_op(self):
-            self.table.register(b, replace=replace)
-        hooks.decorated(typing.cast(Any, self), self, options.doc)  # (the docstring's shape tables, when asked for)
+        # (listed in kc.ops() by kc.op once whole: operation/decorate.py)
 
     # -- building --------------------------------------------------------------------------------
     def _refuse_annotated_star_params(self, fn: Callable[..., Any]) -> None:
@@ -241,6 +223,8 @@ class Op:
         backend. Its signature must be the op's (names and kinds), plus optional keyword-only
         ``dims`` and ``variant``; a mismatch, or a field of the wrong kind (``devices=("CPU",)``,
         ``priority="high"``), is an AnnotationError (a TypeError) naming it."""
+        if not isinstance(name, str):  # a bare @op.backend would take the kernel for the name
+            raise AnnotationError(f"{self.name}: write @{self.name}.backend('name', ...): a backend needs a name")
 
         def register(kernel: Any) -> Any:
             self.table.register(Backend(

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..errors import AnnotationError
 from .backends import Backend
 
 _OPS: dict[str, Any] = {}  # name -> the Op
@@ -68,9 +69,21 @@ def _attach(b: Backend, *, replace: bool) -> None:
 
 
 def add_op(op: Any) -> list[tuple[Backend, bool]]:
-    """List ``op`` by its name; return the plug-in backends that were waiting for it."""
+    """List ``op`` by its name; return the plug-in backends that were waiting for it. A name an op
+    of another function holds is an AnnotationError: the two would share ``kc.ops()``'s entry, the
+    plug-ins' backends and ``torch_op``'s ``torch.library`` op. The same function defined again (a
+    module reloaded, a notebook cell run twice) takes the name over."""
+    old = _OPS.get(op.name)
+    if old is not None and _origin(old.fn) != _origin(op.fn):
+        raise AnnotationError(f"{op.name}: an op of this name exists already ({_origin(old.fn)}); two ops of one "
+                              "name would share kc.ops()'s entry, plug-in backends and torch_op's torch.library op. "
+                              "Give this one a name of its own: kc.op(name=...)")
     _OPS[op.name] = op
     return waiting_for(op.name)
+
+
+def _origin(fn: Any) -> str:
+    return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', '?')}"
 
 
 def waiting_for(name: str) -> list[tuple[Backend, bool]]:

@@ -69,6 +69,11 @@ class BackendTable:
                                   f"got {type(backend).__name__}")
         if backend.name == "auto":
             raise AnnotationError(f"{self.op_name}: 'auto' is not a backend name (it asks for the best one)")
+        if not isinstance(replace, bool):
+            raise AnnotationError(f"{self.op_name}: replace= takes True or False, got {replace!r}")
+        if backend.op is not None and backend.op != self.op_name:
+            raise AnnotationError(f"{self.op_name}: backend {backend.name!r} is declared for the op {backend.op!r} "
+                                  f"(op=), not {self.op_name!r}")
         if backend.name in self.registry and not replace:
             raise AnnotationError(f"{self.op_name}: a backend named {backend.name!r} is already registered "
                                   "(pass replace=True)")
@@ -106,7 +111,10 @@ class BackendTable:
         return backend
 
     def unregister(self, name: str) -> None:
-        self.registry.pop(name, None)
+        if not isinstance(name, str) or name not in self.registry:  # never silent: a typo would leave it registered
+            raise AnnotationError(f"{self.op_name}: no backend named {name!r} to unregister "
+                                  f"(its backends: {', '.join(self.registry)})")
+        self.registry.pop(name)
         self.refresh(name)
 
     def refresh(self, name: str | None = None) -> None:
@@ -161,9 +169,13 @@ class BackendTable:
                 return self._broken(b, f"{mod} fails to import ({exc})")
         if b.availability is not None:
             try:
-                ok, why = b.availability()
+                answer = b.availability()
             except Exception as exc:  # a plug-in's probe must not break dispatch
                 return self._broken(b, f"availability check failed: {exc!r}")
+            if not (isinstance(answer, tuple) and len(answer) == 2 and isinstance(answer[0], bool)
+                    and isinstance(answer[1], str)):  # ("no" would read as ok="n", why="o")
+                return self._broken(b, f"availability check returned {answer!r}, not (ok: bool, why: str)")
+            ok, why = answer
             if not ok:
                 return False, why
         if not callable(b.kernel):  # import it now: a broken or mis-shaped kernel is unavailable
