@@ -276,7 +276,7 @@ def test_mode_is_a_decorator_too():
 
 
 def test_unknown_mode_names_are_rejected():
-    with pytest.raises(ValueError, match="unknown mode 'loud'"):
+    with pytest.raises(kc.AnnotationError, match="unknown mode 'loud'"):
         kc.mode("loud")
 
 

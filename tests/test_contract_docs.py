@@ -193,7 +193,7 @@ def test_set_contract_docs_applies_to_contracts_decorated_afterwards_and_returns
 
 
 def test_set_contract_docs_takes_a_bool():
-    with pytest.raises(TypeError, match=r"kc.set_contract_docs: expected True or False, got 'yes'"):
+    with pytest.raises(kc.AnnotationError, match=r"kc.set_contract_docs: expected True or False, got 'yes'"):
         kc.set_contract_docs("yes")
 
 

@@ -191,8 +191,8 @@ def test_a_kv_packed_decode_call_replays_its_variant(tmp_path, capsys):
 
 
 def test_save_call_refuses_what_is_not_an_op_or_a_contract(tmp_path):
-    with pytest.raises(TypeError, match=r"kc.save_call: expected a kc.Op or a function decorated with @kc.contract, "
-                                        r"got function 'verdict_of'"):
+    with pytest.raises(kc.AnnotationError, match=r"kc.save_call: expected a kc.Op or a function decorated with "
+                                                 r"@kc.contract, got function 'verdict_of'"):
         kc.save_call(verdict_of, tmp_path / "x.pt")
     assert not (tmp_path / "x.pt").exists()
 

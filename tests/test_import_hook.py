@@ -333,11 +333,11 @@ def test_the_hooked_modules_loader_still_answers_for_the_source_and_reload_contr
 
 
 @pytest.mark.parametrize(("packages", "kind", "message"), [
-    ("kda_contracts", ValueError, "'kda_contracts': kda_contracts is never hooked"),
-    (["ok", "kda_contracts.ops"], ValueError, "'kda_contracts.ops': kda_contracts is never hooked"),
-    ("my model", ValueError, "'my model' is not a module name"),
-    ([], ValueError, "no package named"),
-    (3, TypeError, "expected a package name or several, got 3"),
+    ("kda_contracts", kc.AnnotationError, "'kda_contracts': kda_contracts is never hooked"),
+    (["ok", "kda_contracts.ops"], kc.AnnotationError, "'kda_contracts.ops': kda_contracts is never hooked"),
+    ("my model", kc.AnnotationError, "'my model' is not a module name"),
+    ([], kc.AnnotationError, "no package named"),
+    (3, kc.AnnotationError, "expected a package name or several, got 3"),
 ])
 def test_bad_package_names_are_refused(packages, kind, message):
     with pytest.raises(kind, match="^kc.install_import_hook: " + message.replace(".", r"\.")):
@@ -345,5 +345,5 @@ def test_bad_package_names_are_refused(packages, kind, message):
 
 
 def test_a_bad_mode_is_refused():
-    with pytest.raises(ValueError, match=r"kc.install_import_hook\(mode='loud'\): unknown mode 'loud'"):
+    with pytest.raises(kc.AnnotationError, match=r"kc.install_import_hook\(mode='loud'\): unknown mode 'loud'"):
         kc.install_import_hook("anything", mode="loud")

@@ -8,7 +8,7 @@ generators, and the process default read from ``$KDA_CONTRACTS_MODE``.
   suspended, and a ``with kc.mode`` inside the body spans its ``yield``s without leaking.
 - ``$KDA_CONTRACTS_MODE``: empty means unset (``check``); a value naming no mode leaves
   ``import kda_contracts`` working and makes the first read of the process default raise a
-  ValueError naming the variable and the allowed values. These run in fresh interpreters.
+  AnnotationError naming the variable and the allowed values. These run in fresh interpreters.
 """
 
 # No `from __future__ import annotations`: with it, ruff's UP037 fix unquotes one-name dim strings
@@ -527,8 +527,8 @@ from kda_contracts._engine import modes
 def attempt(step):
     try:
         return step()
-    except ValueError as err:
-        return "ValueError: " + str(err)
+    except kc.AnnotationError as err:
+        return "AnnotationError: " + str(err)
 
 def f(x: Float[Tensor, "B"]) -> None: ...
 
@@ -585,21 +585,21 @@ def test_a_bad_environment_value_leaves_import_working(with_bad_env: dict[str, A
 
 def test_a_bad_environment_value_makes_the_first_mode_read_name_the_variable_and_the_modes(
         with_bad_env: dict[str, Any]) -> None:
-    assert with_bad_env["get_mode"] == "ValueError: " + BAD_ENV_MESSAGE
+    assert with_bad_env["get_mode"] == "AnnotationError: " + BAD_ENV_MESSAGE
 
 
 def test_a_bad_environment_value_is_reported_by_a_contract_decorated_without_a_mode(
         with_bad_env: dict[str, Any]) -> None:
-    assert with_bad_env["decorate"] == "ValueError: " + BAD_ENV_MESSAGE
+    assert with_bad_env["decorate"] == "AnnotationError: " + BAD_ENV_MESSAGE
 
 
 def test_a_bad_environment_value_is_reported_by_a_contracted_call(with_bad_env: dict[str, Any]) -> None:
-    assert with_bad_env["call"] == "ValueError: " + BAD_ENV_MESSAGE
+    assert with_bad_env["call"] == "AnnotationError: " + BAD_ENV_MESSAGE
 
 
 def test_a_bad_environment_value_is_reported_again_once_a_chosen_default_is_given_back(
         with_bad_env: dict[str, Any]) -> None:
-    assert with_bad_env["restored"] == "ValueError: " + BAD_ENV_MESSAGE
+    assert with_bad_env["restored"] == "AnnotationError: " + BAD_ENV_MESSAGE
 
 
 def test_a_bad_environment_value_does_not_affect_a_with_block(with_bad_env: dict[str, Any]) -> None:

@@ -202,7 +202,7 @@ def test_after_an_in_process_session_a_bad_environment_value_is_reported_again(t
     script = ("import pytest, kda_contracts as kc\n"
               "args = ['-q', '-p', 'no:cacheprovider', '--kda-contracts=check', 'test_unrelated.py']\n"
               "assert pytest.main(args) == 0\n"
-              "try:\n    kc.get_mode()\nexcept ValueError as err:\n    print('after:', err)\n")
+              "try:\n    kc.get_mode()\nexcept kc.AnnotationError as err:\n    print('after:', err)\n")
     env = {**{k: v for k, v in os.environ.items() if k != "PYTEST_ADDOPTS"}, "KDA_CONTRACTS_MODE": "loud"}
     done = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True,
                           timeout=300)

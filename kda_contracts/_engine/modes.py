@@ -8,7 +8,7 @@ other), else the process default, which starts as ``$KDA_CONTRACTS_MODE`` (empty
 A ``$KDA_CONTRACTS_MODE`` that names no mode does not break ``import kda_contracts`` (the pytest
 plugin is imported in every pytest session of the environment); instead the first read of the
 process default (a contracted call, :func:`get_mode`, ``@kc.contract`` without ``mode=``) raises
-a ValueError naming the variable and the allowed values, until :func:`set_default_mode` picks one.
+an AnnotationError naming the variable and the allowed values, until :func:`set_default_mode` picks one.
 
 - ``off``: nothing is checked. A contract decorated while the mode is ``off`` returns the
   original function object; a contract called while ``off`` costs one mode read.
@@ -35,6 +35,7 @@ from contextvars import ContextVar, Token
 from typing import Any, Literal, TypeVar
 
 from .compile.marks import mark_constant_result
+from .errors import AnnotationError
 from .source import define, precompiled
 
 ModeName = Literal["off", "check", "strict", "watch"]
@@ -51,11 +52,12 @@ ON_WATCH_EXIT: list[Callable[[], None]] = []
 
 
 def parse_mode(name: str, origin: str = "mode") -> int:
-    """The mode number of ``"off"``/``"check"``/``"strict"``/``"watch"``; ValueError naming ``origin`` otherwise."""
+    """The mode number of ``"off"``/``"check"``/``"strict"``/``"watch"``; AnnotationError naming ``origin``
+    otherwise."""
     try:
         return _BY_NAME[name.strip().lower()]
     except (KeyError, AttributeError):
-        raise ValueError(f"{origin}: unknown mode {name!r}; "
+        raise AnnotationError(f"{origin}: unknown mode {name!r}; "
                          "expected one of 'off', 'check', 'strict', 'watch'") from None
 
 
@@ -72,7 +74,7 @@ def default_from_environment(raw: str | None) -> tuple[int | None, str]:
         return CHECK, ""
     try:
         return parse_mode(raw, ENV_VAR), ""
-    except ValueError as err:
+    except AnnotationError as err:
         return None, (f"{err} (empty or unset means 'check'). Set it to one of those or unset it, or choose the "
                       "mode in code with kc.set_default_mode(...) or `with kc.mode(...)`")
 
@@ -189,7 +191,7 @@ def _current_mode_or_explain() -> int:
     m = _local.get()
     if m is None:
         if _default is None:
-            raise ValueError(_default_problem)
+            raise AnnotationError(_default_problem)
         return _default
     return m
 
@@ -235,7 +237,7 @@ def counting_mode(counter: Any, fixed: int | None = None) -> Callable[[], int]:
             m = local.get()
             if m is None:
                 if _default is None:
-                    raise ValueError(_default_problem)
+                    raise AnnotationError(_default_problem)
                 m = _default
             if m:
                 counter.calls += 1
@@ -347,6 +349,9 @@ class mode:
                 hook()
 
     def __call__(self, fn: F) -> F:
+        if not callable(fn) or inspect.isclass(fn):  # (a class would become a function of its constructor)
+            raise AnnotationError(f"@{self!r} takes a function (a coroutine or generator function too), got "
+                                  f"{fn!r}: for a class, decorate its methods, or use `with {self!r}:`")
         if inspect.isasyncgenfunction(fn):
             wrapper = _async_generator_in_mode(fn, self.value)
         elif inspect.iscoroutinefunction(fn):

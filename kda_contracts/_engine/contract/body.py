@@ -168,15 +168,17 @@ def check(t: Any, spec: Any, name: str = "tensor") -> Any:
     where = call.name if call is not None else "kc.check"
     dtypes = None
     if is_array_type(spec):
-        from ..reading.arrays import array_dtypes
+        from ..reading.arrays import array_dtypes, unsupported_array_type
 
+        if (why := unsupported_array_type(spec)) is not None:
+            raise AnnotationError(f"kc.check: {why}")
         dim_str, dtypes = spec.dim_str, array_dtypes(spec, None, f"{where}: check({name})")
     elif isinstance(spec, str):
         dim_str = spec
     else:
         raise AnnotationError(f"kc.check: spec must be a dim string or a jaxtyping type, got {spec!r}")
     dims_ = parse_shape(dim_str, f"{where}: check({name})")
-    if isinstance(t, torch.Tensor) and (dtypes is None or t.dtype in dtypes):
+    if isinstance(t, torch.Tensor) and not t.is_nested and (dtypes is None or t.dtype in dtypes):
         trial = dict(env)
         if match_dims(dims_, tuple(t.shape), trial) is None:
             env.update(trial)
@@ -189,8 +191,9 @@ def _reject_impl(t: Any, dim_str: str, dtypes: Any, name: str, where: str, env: 
     """Raise the report of a failed ``kc.check`` (under torch.compile: at trace time, on the real
     tensor, never traced, as a class dynamo lets through; see decorator.outside_compile)."""
     try:
-        if not isinstance(t, torch.Tensor):
-            problem = Violation(ShapeError, name, f"a tensor [{dim_str}]", type(t).__name__)
+        if not isinstance(t, torch.Tensor) or t.is_nested:
+            got = "a nested tensor (no single shape)" if isinstance(t, torch.Tensor) else type(t).__name__
+            problem = Violation(ShapeError, name, f"a tensor [{dim_str}]", got)
         elif dtypes is not None and t.dtype not in dtypes:
             problem = Violation(DtypeError, name, " or ".join(sorted(dtype_name(d) for d in dtypes)),
                                 dtype_name(t.dtype))

@@ -73,10 +73,7 @@ def contract_options(owner: str, *, config: Any = None, config_arg: Any = None, 
     if config_arg is not None and not isinstance(config_arg, str):
         raise AnnotationError(f"{owner}: config_arg= takes the name of a parameter, got {config_arg!r}")
     if mode is not None:
-        try:
-            modes.parse_mode(mode, f"{owner}(mode={mode!r})")
-        except ValueError as exc:
-            raise AnnotationError(str(exc)) from None
+        modes.parse_mode(mode, f"{owner}(mode={mode!r})")
     if name is not None and (not isinstance(name, str) or not name):
         raise AnnotationError(f"{owner}: name= takes a non-empty str, got {name!r}")
     for option, value in (("register", register), ("autograd", autograd)):

@@ -36,6 +36,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from .. import hooks
+from ..errors import AnnotationError
 
 if TYPE_CHECKING:
     from ..contract.compiled import Contract
@@ -71,7 +72,7 @@ def set_contract_docs(enabled: bool) -> bool:
     """
     global _enabled
     if not isinstance(enabled, bool):
-        raise TypeError(f"kc.set_contract_docs: expected True or False, got {enabled!r}")
+        raise AnnotationError(f"kc.set_contract_docs: expected True or False, got {enabled!r}")
     previous, _enabled = _enabled, enabled
     return previous
 

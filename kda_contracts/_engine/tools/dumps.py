@@ -43,7 +43,7 @@ import torch
 
 from .. import hooks, modes
 from ..compile.marks import tracing
-from ..errors import ContractError
+from ..errors import AnnotationError, ContractError
 from ..model.markers import config_dim_source, config_dims, config_dtypes
 from ..version import __version__
 
@@ -181,7 +181,7 @@ def _target_of(target: Any) -> tuple[Op | None, Contract]:
         return target, target.contract
     c = getattr(target, "__kda_contract__", None)
     if c is None:
-        raise TypeError(f"kc.save_call: expected a kc.Op or a function decorated with @kc.contract, got "
+        raise AnnotationError(f"kc.save_call: expected a kc.Op or a function decorated with @kc.contract, got "
                         f"{type(target).__name__} {getattr(target, '__qualname__', target)!r} (under mode 'off' "
                         "@kc.contract returns the function itself)")
     return None, c
@@ -237,7 +237,11 @@ def save_call(target: Any, path: str | os.PathLike[str], /, *args: Any, **kwargs
         $ kda-contracts validate call.pt          # exit 0 valid, 1 violations, 2 unusable
     """
     op, contract = _target_of(target)
+    if not isinstance(path, (str, os.PathLike)):
+        raise AnnotationError(f"kc.save_call: the path is a str or os.PathLike, got {path!r}")
     backend = kwargs.pop("backend", "auto") if op is not None else "auto"
+    if not isinstance(backend, str):
+        raise AnnotationError(f"kc.save_call: backend= takes a backend's name or 'auto', got {backend!r}")
     if op is None and getattr(target, "__self__", None) is not None:  # a bound method: self is the first argument
         args = (target.__self__, *args)
     signature = op.signature if op is not None else contract.spec.signature
@@ -259,7 +263,10 @@ def save_call(target: Any, path: str | os.PathLike[str], /, *args: Any, **kwargs
     if dropped:
         data["notes"].append(f"{', '.join(dropped)} (variadic, never checked) not saved")
     p = Path(path)
-    torch.save(data, p)
+    try:
+        torch.save(data, p)
+    except (OSError, RuntimeError) as exc:  # (torch says a missing folder with a RuntimeError)
+        raise AnnotationError(f"kc.save_call: cannot write {str(p)!r}: {exc}") from exc
     return p
 
 

@@ -68,19 +68,22 @@ def _package_names(packages: str | Iterable[str]) -> tuple[str, ...]:
         names: tuple[Any, ...] = (packages,)
     else:
         try:
+            if isinstance(packages, (bytes, bytearray)):
+                raise TypeError
             names = tuple(packages)
         except TypeError:
-            raise TypeError(f"kc.install_import_hook: expected a package name or several, got {packages!r}") from None
+            raise AnnotationError(f"kc.install_import_hook: expected a package name or several, got {packages!r}") \
+                from None
     if not names:
-        raise ValueError("kc.install_import_hook: no package named; pass one or several, e.g. "
+        raise AnnotationError("kc.install_import_hook: no package named; pass one or several, e.g. "
                          "install_import_hook('my_model')")
     for name in names:
         if not isinstance(name, str) or not all(part.isidentifier() for part in name.split(".")):
-            raise ValueError(f"kc.install_import_hook: {name!r} is not a module name (dotted identifiers, "
+            raise AnnotationError(f"kc.install_import_hook: {name!r} is not a module name (dotted identifiers, "
                              "e.g. 'my_model' or 'my_model.layers')")
         if _is_within(name, _SELF):
-            raise ValueError(f"kc.install_import_hook: {name!r}: kda_contracts is never hooked (its functions carry "
-                             "the contracts they need already)")
+            raise AnnotationError(f"kc.install_import_hook: {name!r}: kda_contracts is never hooked (its functions "
+                                  "carry the contracts they need already)")
     return names
 
 
@@ -261,6 +264,8 @@ def install_import_hook(packages: str | Iterable[str], mode: modes.ModeName | No
     names = _package_names(packages)
     if mode is not None:
         modes.parse_mode(mode, f"kc.install_import_hook(mode={mode!r})")
+    if doc is not None and not isinstance(doc, bool):
+        raise AnnotationError(f"kc.install_import_hook: doc= takes True, False or None, got {doc!r}")
     hook = ImportHook(names, mode, doc)
     if hook.already_imported:
         warnings.warn(f"kc.install_import_hook: {_listed(hook.already_imported)} imported before the hook was "

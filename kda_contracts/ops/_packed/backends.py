@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from ..._engine import Backend, CallInfo
+from ..._engine import AnnotationError, Backend, CallInfo
 from .checks import VALUE_RULES
 from .layouts import SYMBOLS
 
@@ -48,6 +48,26 @@ class InterfaceBackend(Backend):
     state_dtypes: frozenset[torch.dtype] | None = None
     layouts: frozenset[str] = frozenset({"VK", "KV"})
     gates: frozenset[str] = frozenset({"softplus", "bounded"})
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        word = type(self).__name__.lower()
+        who = f"{self.op}: {word} {self.name!r}" if isinstance(self.op, str) else f"{word} {self.name!r}"
+        for attr, allowed, takes in (("state_dtypes", None, "torch dtypes, e.g. (torch.float32,), or None for all"),
+                                     ("layouts", ("VK", "KV"), "state layouts among 'VK' and 'KV'"),
+                                     ("gates", ("softplus", "bounded"), "gates among 'softplus' and 'bounded'")):
+            value = getattr(self, attr)
+            if value is None and attr == "state_dtypes":
+                continue
+            # never silent: a typo ("vk", "float32") or an empty set would leave the backend never chosen
+            items = tuple(value) if isinstance(value, (tuple, list, set, frozenset)) else None
+            bad = None if items is None else next(
+                (v for v in items if not (isinstance(v, torch.dtype) if allowed is None else v in allowed)), None)
+            if not items or bad is not None:
+                why = " (none: the backend would never run)" if items == () else f" ({bad!r} is not one)" \
+                    if bad is not None else ""
+                raise AnnotationError(f"{who}: {attr}= takes a collection of {takes}, got {value!r}{why}")
+            object.__setattr__(self, attr, frozenset(items))
 
     def key_args(self, floating: Sequence[str]) -> tuple[tuple[str, ...], tuple[str, ...]]:
         return (("initial_state",) if self.state_dtypes is not None else (),

@@ -6,8 +6,8 @@ are that op's. This module is the documented alias kept from before ops existed:
 (``kernel(mixed_qkv, a, b, A_log, dt_bias, scale, state, out, indices, *, num_heads,
 use_qk_l2norm, lower_bound, state_layout)``) and which may restrict the state dtypes, layouts
 and gate modes it supports. The kernel's signature is checked when it is registered (or, for
-``"module:function"``, when it is loaded): a kernel that cannot take that call is refused with a
-TypeError naming why, never chosen by ``auto``.
+``"module:function"``, when it is loaded): a kernel that cannot take that call is refused with an
+AnnotationError (a TypeError) naming why, never chosen by ``auto``.
 
 Example::
 
@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ..._engine import Backend, BackendError, CallInfo
+from ..._engine import AnnotationError, Backend, BackendError, CallInfo
 from .._packed.backends import InterfaceBackend, shipped_kernels
 
 if TYPE_CHECKING:
@@ -82,7 +82,7 @@ def register(adapter: Backend, *, replace: bool = False) -> Backend:
     ``kda_contracts.backends``); it is loaded on first use.
     """
     if not isinstance(adapter, Backend):
-        raise TypeError(f"register() takes a kda_contracts.adapters.Adapter, got {type(adapter).__name__}")
+        raise AnnotationError(f"register() takes a kda_contracts.adapters.Adapter, got {type(adapter).__name__}")
     return _op().table.register(adapter, replace=replace)
 
 
@@ -172,6 +172,8 @@ def shipped() -> list[Adapter]:
 
 def describe(backend: Backend) -> dict[str, Any]:
     """A JSON-able description of a backend (for docs and ``explain_backends``)."""
+    if not isinstance(backend, Backend):
+        raise AnnotationError(f"describe() takes a backend (kc.Backend or an Adapter), got {backend!r}")
     ad = backend if isinstance(backend, Adapter) else None
     return {
         "name": backend.name,

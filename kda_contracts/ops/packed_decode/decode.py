@@ -16,7 +16,7 @@ from typing import Any, Literal
 
 from torch import Tensor
 
-from ..._engine import Contract, Dims, get_mode, op
+from ..._engine import AnnotationError, Contract, Dims, get_mode, op
 from .._packed.calls import dims_on_trust, output_checks, written_by_call
 from .._packed.layouts import SYMBOLS, Layout
 from . import adapters
@@ -98,4 +98,6 @@ def packed_decode_contract(state_layout: Layout = "VK") -> Contract:
         >>> packed_decode_contract().spec.symbols
         ('B', 'H', 'HV', 'K', 'V', 'N')
     """
+    if state_layout not in ("VK", "KV"):
+        raise AnnotationError(f"packed_decode_contract: state_layout is 'VK' or 'KV', got {state_layout!r}")
     return packed_decode.contracts[state_layout]
