@@ -11,7 +11,7 @@ import torch
 
 import kda_contracts as kc
 from kda_contracts._engine.rules import fused
-from kda_contracts._engine.rules.values import probes
+from kda_contracts._engine.rules.reading import probes
 
 pytestmark = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET", "0") in ("", "0") and not torch.cuda.is_available(),
                                 reason="the kernel runs on CUDA, or on the CPU under TRITON_INTERPRET=1")

@@ -278,7 +278,7 @@ def own_findings(call: dict, cfg, *, op: str = "kda", **config) -> list[float] |
 
 def probe_finding(call: dict, dims: dict) -> list[float] | None:
     """What the op's rules' torch probes find first, as the same flag row."""
-    from kda_contracts._engine.rules.values import probes
+    from kda_contracts._engine.rules.reading import probes
     from kda_contracts.ops._packed.checks import VALUE_RULES
 
     for i, p in probes(VALUE_RULES, call, dims):

@@ -110,6 +110,14 @@ class ArgumentTypeError(ContractError, TypeError):
     kind_name = "ArgumentTypeError"
 
 
+class BackendError(ContractError):
+    """The requested backend cannot run this call (not installed, wrong device, unsupported), or
+    code of one's own that a call runs (an op's hook, a value rule's probe) raised or gave back
+    the wrong kind."""
+
+    kind_name = "BackendError"
+
+
 @dataclass(frozen=True)
 class Violation:
     """One broken rule of one call: what was expected, what was got, and how to fix it."""
@@ -122,6 +130,27 @@ class Violation:
     hint: str | None = None
     # Typed facts for hints and tests (kda_contracts._engine.facts): what exactly broke, as data.
     facts: tuple[object, ...] = field(default=(), compare=False)
+
+    def __post_init__(self) -> None:
+        """AnnotationError when made with fields of the wrong kind (a report could not say them);
+        ``details`` and ``facts`` given as a list are kept as tuples."""
+        if not (isinstance(self.kind, type) and issubclass(self.kind, ContractError)):
+            raise AnnotationError(f"kc.Violation(kind={self.kind!r}): kind must be a kc.ContractError subclass "
+                                  "(kc.ShapeError, kc.DtypeError, kc.ValueRangeError, ...)")
+        for name in ("argument", "expected", "got"):
+            if not isinstance(getattr(self, name), str):
+                raise AnnotationError(f"kc.Violation({name}={getattr(self, name)!r}): {name} must be a str")
+        if self.hint is not None and not isinstance(self.hint, str):
+            raise AnnotationError(f"kc.Violation(hint={self.hint!r}): hint must be a str or None")
+        for name in ("details", "facts"):
+            value = getattr(self, name)
+            if isinstance(value, (str, bytes)) or not isinstance(value, (tuple, list)):
+                raise AnnotationError(f"kc.Violation({name}={value!r}): {name} must be a tuple (or list) of "
+                                      f"{'str' if name == 'details' else 'objects'}")
+            if name == "details" and not all(isinstance(d, str) for d in value):
+                raise AnnotationError(f"kc.Violation(details={value!r}): details must be a tuple (or list) of str")
+            if isinstance(value, list):
+                object.__setattr__(self, name, tuple(value))
 
     def with_hint(self, hint: str | None) -> Violation:
         if hint is None or self.hint is not None:

@@ -58,7 +58,7 @@ from ..model.nodes import Plain
 from ..model.spec import NO_HINT, CallContext, ContractSpec, Dims
 from ..reading.type_trees import read_types, type_mismatch
 from ..rules.memory import skip_value_checks, without_data
-from ..rules.values import read_rules
+from ..rules.reading import read_rules
 from ..source import define
 from .transaction import ROLLED_BACK, partial_writes
 from .watch import ContractWatch, watcher
@@ -143,7 +143,7 @@ class Contract:
         self._reject = outside_compile(self._reject_positional)
         self._strict_checks = eager_value_checks(self._strict_positional, self.name)
         for rule in spec.value_rules:  # (an AnnotationError at decoration for a rule naming nothing here)
-            rule.check_declaration(self.name, tuple(spec.tensors), spec.symbols)
+            rule.check_declaration(self.name, spec.tensors, spec.symbols)
         #: watch mode's step (``value_rules``), None without rules
         self._watch = ContractWatch(self, spec.value_rules, self.written) if spec.value_rules else None
 
@@ -323,7 +323,8 @@ class Contract:
         for t in read.values():  # (the flag a later capture records into is made now, outside it)
             if isinstance(t, torch.Tensor) and t.is_cuda:
                 watcher(t.device)
-        violations, ctx.memo["host"] = read_rules(self.spec.value_rules, ctx.values, ctx.dims, host_copies=True)
+        violations, ctx.memo["host"] = read_rules(self.spec.value_rules, ctx.values, ctx.dims, host_copies=True,
+                                                   name=self.name)
         return violations
 
     def explain(self, *args: Any, **kwargs: Any) -> tuple[Dims, list[Violation]]:

@@ -45,7 +45,8 @@ from ..compile.marks import mark_constant_result
 from ..errors import ContractError, ValueRangeError, Violation, raise_violations
 from ..rules import fused
 from ..rules.memory import skip_value_checks, without_data
-from ..rules.values import ValueRule, probes, read_rules
+from ..rules.reading import describe, probes, read_rules
+from ..rules.values import ValueRule
 from .watch_flag import FLAG, CallRecord, Channel, CudaChannel, HostChannel, Watcher, fold
 
 __all__ = ["FLAG", "CallRecord", "Channel", "ContractWatch", "CudaChannel", "HostChannel", "Pending", "Watcher",
@@ -125,7 +126,7 @@ def report(w: Watcher, row: Sequence[float]) -> None:
                       hint="call kc.raise_pending() more often, or run the call again in strict mode")
         raise_violations(f"(watch, call #{serial} on {w.device})", [v], {}, {})
     assert rec is not None
-    v = rec.rules[rec.rows[r]].violation(found, rec.shapes, rec.dims)
+    v = describe(rec.rules[rec.rows[r]], found, rec.shapes, rec.dims, name=rec.name)
     wrote = (f"that call may have written {', '.join(rec.written)}: do not trust them" if rec.written else
              "that call writes no tensor argument")
     details = (f"found by watch mode in call #{serial} of {rec.name} on {w.device}, after it ran (no rollback)",
@@ -228,7 +229,7 @@ class ContractWatch:
         return Pending(self, w, plan, rows, env, shapes, vals, None, True, True)
 
     def traced(self, values: Mapping[str, Any], env: Mapping[str, Any]) -> None:
-        found = probes(self.rules, values, env)
+        found = probes(self.rules, values, env, self.name)
         if found:
             device = found[0][1].device
             serial = self.note(f"{device.type}:{device.index}" if device.index is not None else device.type,
@@ -246,7 +247,8 @@ class ContractWatch:
             return None
         on_cuda = [_on_cuda(values, r) for r in self.rules]
         if not all(on_cuda):  # not CUDA: read at once, raised before the function runs
-            violations, _ = read_rules([r for r, c in zip(self.rules, on_cuda, strict=True) if not c], values, env)
+            violations, _ = read_rules([r for r, c in zip(self.rules, on_cuda, strict=True) if not c], values, env,
+                                        name=self.name)
             if violations:
                 self.c.rejections += 1
                 raise_violations(self.name, violations, env, self.c.provenance(self.c._config_for(values)))
@@ -270,7 +272,7 @@ class ContractWatch:
                     and set(self.reads) <= compared_arguments(self.c._check))
             return Pending(self, w, [s for _, s in slots], tuple(later[i] for i, _ in slots), env, shapes, values,
                            dims if keep else None, complete=len(later) == len(self.rules))
-        found = probes([rules[i] for i in rest], values, env) if rest else []
+        found = probes([rules[i] for i in rest], values, env, self.name) if rest else []
         by_device: dict[torch.device, tuple[list[tuple[int, Any]], list[tuple[int, Tensor]]]] = {}
         for i, slot in slots:
             by_device.setdefault(slot[2].device, ([], []))[0].append((later[i], slot))
@@ -282,7 +284,7 @@ class ContractWatch:
             serial = _record((self.name, self.rules, rows, env, shapes, self.written))
             w = watcher(device)
             if kernel and not _launch(w, [s for _, s in kernel], serial):
-                probed += [(i, p) for i, p in probes([self.rules[i] for i, _ in kernel], values, env)]
+                probed += [(i, p) for i, p in probes([self.rules[i] for i, _ in kernel], values, env, self.name)]
                 kernel = []
             if probed:
                 fold(w.flag, torch.stack([p for _, p in probed]), serial, base=len(kernel))
@@ -324,7 +326,7 @@ class Pending:
                 self.keep()
             return
         watch.again = _NOT_AGAIN
-        probed = probes([watch.rules[i] for i in self.rows], self.values, self.env)
+        probed = probes([watch.rules[i] for i in self.rows], self.values, self.env, watch.name)
         if probed:
             if len(probed) != len(self.rows):  # (the flag's row is the probe's place: a record of those probed)
                 serial = _record((watch.name, watch.rules, tuple(self.rows[k] for k, _ in probed), self.env,

@@ -31,17 +31,12 @@ from typing import Any, NoReturn
 import torch
 
 from ..contract.body import body_uses_checks, runner
-from ..errors import AnnotationError, ContractError
+from ..errors import AnnotationError
+from ..errors import BackendError as BackendError  # (defined with the other errors; kept importable from here)
 from ..grammar.constraints import Constraint, parse_constraint
 from ..source import define
 
 EXTRA_PARAMETERS = ("dims", "variant")  # keyword-only parameters a kernel may add to the op's
-
-
-class BackendError(ContractError):
-    """The requested backend cannot run this call (not installed, wrong device, unsupported)."""
-
-    kind_name = "BackendError"
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ integer or floating tensor; ``Distinct`` over a contiguous integer tensor of at 
 elements form rows of a constant stride (any contiguous tensor, a row slice of a wider one);
 ``FiniteRows`` over a pool whose rows are each contiguous, with contiguous indices. Any other rule
 (a user's ``ValueRule``, complex tensors, other layouts) is probed with torch ops as before
-(:func:`~kda_contracts._engine.rules.values.probes`), and nothing is lost either way: the
+(:func:`~kda_contracts._engine.rules.reading.probes`), and nothing is lost either way: the
 kernel's verdict equals the probe's (``tests/test_watch_fused.py`` holds them side by side).
 
 The launch goes, after the first of each specialization, straight to the compiled kernel's

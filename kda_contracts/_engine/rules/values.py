@@ -8,8 +8,9 @@ one device-side probe, built from torch ops with no host sync, and one wording o
 - the wording, :meth:`ValueRule.violation`: a :class:`~kda_contracts._engine.errors.Violation`
   (ValueRangeError) naming the argument, the element, its value and a fix.
 
-Strict mode reads every probe of a call back at once (:func:`read_rules`: one read, before the
-function runs); watch mode folds them into a per-device flag without reading
+Strict mode reads every probe of a call back at once
+(:func:`~kda_contracts._engine.rules.reading.read_rules`: one read, before the function runs);
+watch mode folds them into a per-device flag without reading
 (:mod:`kda_contracts._engine.contract.watch`).
 
 Example::
@@ -22,7 +23,6 @@ Example::
 from __future__ import annotations
 
 import math
-import struct
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -30,6 +30,7 @@ import torch
 from torch import Tensor
 
 from ..errors import AnnotationError, ValueRangeError, Violation
+from .declared import BOOL, FLOAT, INT, check_declared, check_whole, refuse_options
 from .memory import FINITE_CHUNK, distinct_elements
 
 _F64 = torch.float64
@@ -86,12 +87,22 @@ def number(v: float) -> str:
 class ValueRule:
     """One declared rule over tensor contents (see the module docstring). Subclasses set ``args``
     (the arguments it reads, the first is the one it reports), ``index_args`` (integer arguments
-    strict mode brings back whole, for the call's other checks) and implement the rest."""
+    strict mode brings back whole, for the call's other checks), optionally ``kinds`` (per
+    argument, the dtypes it must allow: ``"float"``, ``"int"``, ``"bool"`` or None), and define
+    ``_probe`` and ``words``; what is missing or of the wrong kind is an AnnotationError when a
+    contract takes the rule, and a ``_probe`` or ``words`` that raises during a call a
+    BackendError naming it (:mod:`kda_contracts._engine.rules.declared`)."""
 
     args: tuple[str, ...] = ()
     index_args: tuple[str, ...] = ()
+    kinds: tuple[str | None, ...] = ()
     hint: str | None = None
     default_hint = ""
+
+    def __init__(self) -> None:
+        if type(self) is ValueRule:
+            raise AnnotationError("kc.ValueRule() is the base of the value rules; use kc.InRange, kc.Distinct, "
+                                  "kc.Finite, ... or a subclass that sets args and defines _probe and words")
 
     def bounds(self) -> tuple[Any, ...]:
         """The ints or dim names the rule compares against (dim names are checked at decoration)."""
@@ -100,16 +111,13 @@ class ValueRule:
     def resolve(self, bound: Any, dims: Mapping[str, Any]) -> Any:
         return dims[bound] if isinstance(bound, str) else bound
 
-    def check_declaration(self, where: str, tensors: Sequence[str], symbols: Sequence[str]) -> None:
-        """AnnotationError at decoration when the rule names no tensor argument or an unknown dim."""
-        for a in self.args:
-            if a not in tensors:
-                raise AnnotationError(f"{where}: value_rules: {self!r} names {a!r}, not a tensor argument "
-                                      f"(tensor arguments: {', '.join(tensors) or 'none'})")
-        for b in self.bounds():
-            if isinstance(b, str) and b not in symbols:
-                raise AnnotationError(f"{where}: value_rules: {self!r} names the dim {b!r}, which the contract "
-                                      f"does not bind (dims: {', '.join(symbols) or 'none'})")
+    def check_declaration(self, where: str, tensors: Mapping[str, Any] | Sequence[str],
+                          symbols: Sequence[str]) -> None:
+        """AnnotationError at decoration when the rule is not whole (a subclass without ``_probe``),
+        names no tensor argument or an unknown dim, or an argument of a dtype it cannot read
+        (``tensors``: each tensor argument's annotation, its ``dtypes`` and ``dim_str``)."""
+        check_whole(self, where, ValueRule)
+        check_declared(self, where, tensors, symbols)
 
     def probe(self, values: Mapping[str, Any], dims: Mapping[str, Any]) -> Tensor | None:
         """The probe of one call (None when an argument it reads is None: nothing to check)."""
@@ -178,9 +186,8 @@ class InRange(ValueRule):
         self.index_args = (arg,)
         if low is None and high is None:
             raise AnnotationError(f"{self!r} has no bound, so it checks nothing: give low=, high= or both")
-        for b in (low, high):
-            if b is not None and (isinstance(b, bool) or not isinstance(b, (int, str))):
-                raise AnnotationError(f"{self!r}: a bound is an int or a dim's name, got {b!r}")
+        refuse_options(self, flags={"ignore_negative": ignore_negative},
+                       bounds=[b for b in (low, high) if b is not None])
 
     def bounds(self) -> tuple[Any, ...]:
         return tuple(b for b in (self.low, self.high) if b is not None)
@@ -247,6 +254,7 @@ class Distinct(ValueRule):
     def __init__(self, arg: str, *, ignore_negative: bool = True, hint: str | None = None) -> None:
         self.args, self.ignore_negative, self.hint = (arg,), ignore_negative, hint
         self.index_args = (arg,)
+        refuse_options(self, flags={"ignore_negative": ignore_negative})
 
     def _probe(self, x: Tensor, *, dims: Mapping[str, Any]) -> Tensor:
         flat = x.reshape(-1)
@@ -286,8 +294,11 @@ class Finite(ValueRule):
     default_hint = ("find the op that produced it (torch.autograd.detect_anomaly, or check the previous layer's "
                     "output)")
 
+    kinds = (FLOAT,)
+
     def __init__(self, arg: str, *, hint: str | None = None) -> None:
         self.args, self.hint = (arg,), hint
+        refuse_options(self)
 
     def _probe(self, x: Tensor, *, dims: Mapping[str, Any]) -> Tensor:
         if not (x.dtype.is_floating_point or x.dtype.is_complex):
@@ -326,9 +337,12 @@ class FiniteRows(ValueRule):
 
     default_hint = "that row is already corrupt (an earlier step overflowed, or it was never initialised); reset it"
 
+    kinds = (FLOAT, INT, BOOL)
+
     def __init__(self, pool: str, indices: str, *, only: str | None = None, hint: str | None = None) -> None:
-        self.args, self.hint = (pool, indices, *((only,) if only else ())), hint
+        self.args, self.hint = (pool, indices, *(() if only is None else (only,))), hint
         self.index_args = (indices,)
+        refuse_options(self)
 
     def _repr_parts(self) -> list[str]:
         return [repr(a) for a in self.args[:2]] + ([f"only={self.args[2]!r}"] if len(self.args) > 2 else [])
@@ -340,6 +354,8 @@ class FiniteRows(ValueRule):
                                                                          pool.dtype.is_complex):
             return _none(idx.device)
         slots = flat.clamp(0, n - 1)
+        if slots.dtype not in (torch.int32, torch.int64):  # (index_select's index: int8, int16, uint8 widened)
+            slots = slots.long()
         if torch.compiler.is_compiling():  # one gather (a loop over a symbolic size would specialise it)
             norms = _row_norms(pool.index_select(0, slots))
         else:  # eager: a bounded number of rows at a time; the whole pool once when the call names as many
@@ -378,6 +394,7 @@ class StartsAt(ValueRule):
 
     def __init__(self, arg: str, value: int | str, *, hint: str | None = None) -> None:
         self.args, self.value, self.hint = (arg,), value, hint
+        refuse_options(self, bounds=(value,), what="the value")
 
     def bounds(self) -> tuple[Any, ...]:
         return (self.value,)
@@ -427,6 +444,7 @@ class NonDecreasing(ValueRule):
 
     def __init__(self, arg: str, *, hint: str | None = None) -> None:
         self.args, self.hint = (arg,), hint
+        refuse_options(self)
 
     def _probe(self, x: Tensor, *, dims: Mapping[str, Any]) -> Tensor:
         flat = x.reshape(-1)
@@ -441,49 +459,3 @@ class NonDecreasing(ValueRule):
               dims: Mapping[str, Any]) -> tuple[str, str]:
         return ("non-decreasing values",
                 f"{int(found[2])} decrease(s); the first: {self.at(found, shapes)} after {number(found[3])}")
-
-
-def probes(rules: Sequence[ValueRule], values: Mapping[str, Any],
-           dims: Mapping[str, Any]) -> list[tuple[int, Tensor]]:
-    """``(position in rules, probe)`` of each rule with something to check (no sync)."""
-    out = []
-    for i, r in enumerate(rules):
-        p = r.probe(values, dims)
-        if p is not None:
-            out.append((i, p))
-    return out
-
-
-def read_rules(rules: Sequence[ValueRule], values: Mapping[str, Any], dims: Mapping[str, Any], *,
-               host_copies: bool = False) -> tuple[list[Violation], dict[str, HostCopy]]:
-    """Strict mode: every rule's probe, stacked and read back at once per device (one read), as
-    violations; the rules' integer index arguments come back in the same read (exact values for
-    the report), and with ``host_copies`` are returned by name: lists of ints, or CPU int64 tensors
-    past :data:`HOST_COPY_MAX` values in all."""
-    found = probes(rules, values, dims)
-    if not found:
-        return [], {}
-    wanted = [a for r in rules for a in r.index_args]  # (exact values for the report, host copies for the call)
-    copies = {a: values[a] for a in dict.fromkeys(wanted) if isinstance(values.get(a), Tensor)
-              and not (values[a].dtype.is_floating_point or values[a].dtype.is_complex)}
-    as_lists = sum(t.numel() for t in copies.values()) <= HOST_COPY_MAX
-    by_device: dict[torch.device, list[tuple[int, Tensor]]] = {}
-    for i, p in found:
-        by_device.setdefault(p.device, []).append((i, p))
-    read: dict[int, list[float]] = {}
-    host: dict[str, HostCopy] = {}
-    for device, items in by_device.items():
-        mine = {a: t for a, t in copies.items() if t.device == device and a not in host}
-        packed = torch.cat([torch.stack([p for _, p in items]).reshape(-1).view(torch.int64),
-                            *(t.reshape(-1).to(torch.int64) for t in mine.values())])
-        ints: HostCopy = packed.tolist() if as_lists else packed.cpu()  # the one read
-        at = 4 * len(items)
-        head = ints[:at] if isinstance(ints, list) else ints[:at].tolist()
-        floats = struct.unpack(f"={at}d", struct.pack(f"={at}q", *head))  # the float64 bits back
-        read.update({i: list(floats[4 * k:4 * k + 4]) for k, (i, _) in enumerate(items)})
-        for a, t in mine.items():
-            host[a] = ints[at:at + t.numel()]
-            at += t.numel()
-    shapes = {a: tuple(v.shape) for a, v in values.items() if isinstance(v, Tensor)}
-    violations = [rules[i].violation(row, shapes, dims, host) for i, row in sorted(read.items()) if row[0] >= 0]
-    return violations, host if host_copies else {}
