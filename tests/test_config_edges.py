@@ -171,3 +171,45 @@ def test_existing_value_error_handlers_still_catch_a_config_error():
         kc.KDAConfig(num_heads=32, head_k_dim=128, tp_size=3)
     with pytest.raises(kc.AnnotationError):
         kc.KDAConfig.preset("nope")
+
+
+# -- B8: the config protocol's own errors are AnnotationErrors naming the problem -----------------
+class _RaisingDims:
+    def contract_dims(self):
+        raise RuntimeError("boom")
+
+
+class _ListDims:
+    def contract_dims(self):
+        return [1, 2]
+
+
+class _RaisingSource:
+    def contract_dims(self):
+        return {"H": 2}
+
+    def contract_dim_source(self, sym):
+        raise KeyError(sym)
+
+
+@pytest.mark.parametrize("make,message", [
+    (lambda: kc.config_dims(5), r"^int is not a config: pass an object with contract_dims\(\), a pydantic model"),
+    (lambda: kc.config_dims(kc.KDAConfig), r"^KDAConfig is a class, not a config: pass an instance of it$"),
+    (lambda: kc.config_dims(_RaisingDims()), r"^_RaisingDims.contract_dims\(\) raised RuntimeError: boom$"),
+    (lambda: kc.config_dims(_ListDims()), r"^_ListDims.contract_dims\(\) returned list, not a mapping of dims$"),
+    (lambda: kc.config_dim_source(_small(), "Q"), r"^KDAConfig fixes no dim 'Q'; it fixes H, HV, K, V$"),
+    (lambda: kc.config_dim_source({"H": 2}, "Q"), r"^dict fixes no dim 'Q'; it fixes H$"),
+    (lambda: kc.config_dim_source(kc.KDAConfig, "H"), r"^KDAConfig is a class, not a config"),
+    (lambda: kc.config_dim_source(_RaisingSource(), "H"),
+     r"^_RaisingSource.contract_dim_source\('H'\) raised KeyError: 'H'$"),
+])
+def test_config_protocol_errors_are_annotation_errors(make, message):
+    with pytest.raises(kc.AnnotationError, match=message):
+        make()
+
+
+def test_a_raising_contract_dims_keeps_its_cause():
+    with pytest.raises(kc.AnnotationError) as info:
+        kc.config_dims(_RaisingDims())
+    assert isinstance(info.value.__cause__, RuntimeError)
+    assert kc.config_dim_source({"H": 2}, "H") == "dict.H=2"
