@@ -66,7 +66,8 @@ def test_numpy_bounds_of_a_range_are_python_numbers_and_checked() -> None:
     def f(x: Float[Tensor, "b"], w: Annotated[float, rng]) -> None: ...
 
     f(torch.zeros(2), 1.0)
-    with pytest.raises(kc.ContractError, match=r"w: ValueRangeError\n      expected >= 0.5 and < 3\n      got      3.0"):
+    with pytest.raises(kc.ContractError,
+                       match=r"w: ValueRangeError\n      expected >= 0.5 and < 3\n      got      3.0"):
         f(torch.zeros(2), 3.0)
 
 
