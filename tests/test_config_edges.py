@@ -4,9 +4,11 @@ made, copied, assigned to, a preset, a Hugging Face file — is one kc.ConfigErr
 AnnotationError and a ValueError) listing each problem by field, pydantic's error as its cause."""
 
 import json
+import re
 
 import numpy as np
 import pytest
+import torch
 from pydantic import ValidationError
 
 import kda_contracts as kc
@@ -213,3 +215,58 @@ def test_a_raising_contract_dims_keeps_its_cause():
         kc.config_dims(_RaisingDims())
     assert isinstance(info.value.__cause__, RuntimeError)
     assert kc.config_dim_source({"H": 2}, "H") == "dict.H=2"
+
+
+# -- A8: GDN's ops refuse a KDA layer's config (GDN runs its softplus gate whatever it says) -------
+def _gdn_decode_call(B=2, H=2, HV=4, K=8, V=8, N=4):
+    g = torch.Generator().manual_seed(0)
+    r = lambda *s: torch.randn(*s, generator=g)  # noqa: E731
+    return dict(mixed_qkv=r(B, 2 * H * K + HV * V), a=r(B, HV), b=r(B, HV), A_log=r(HV), dt_bias=r(HV),
+                scale=K ** -0.5, initial_state=0.1 * r(N, HV, V, K), out=torch.zeros(B, 1, HV, V),
+                ssm_state_indices=torch.arange(B), use_qk_l2norm_in_kernel=True)
+
+
+def _gdn_prefill_call(lengths=(3, 5), H=2, HV=4, K=8, V=8, N=4):
+    g = torch.Generator().manual_seed(0)
+    r = lambda *s: torch.randn(*s, generator=g)  # noqa: E731
+    T = sum(lengths)
+    return dict(mixed_qkv=r(T, 2 * H * K + HV * V), a=r(T, HV), b=r(T, HV), A_log=r(HV), dt_bias=r(HV),
+                scale=K ** -0.5, initial_state=0.1 * r(N, HV, V, K), out=torch.zeros(T, HV, V),
+                cu_seqlens=torch.tensor([0, 3, 8], dtype=torch.int32), ssm_state_indices=torch.arange(2),
+                has_initial_state=torch.tensor([True, False]), use_qk_l2norm_in_kernel=True)
+
+
+BOUNDED = dict(num_heads=2, num_v_heads=4, head_k_dim=8, gate="bounded", lower_bound=-5.0)
+LAYERED = dict(num_heads=2, num_v_heads=4, head_k_dim=8, kda_layers=(1, 2, 3))
+GDN_OPS = {
+    "decode": (_gdn_decode_call, kc.gdn_packed_decode, kc.validate_gdn_packed_decode),
+    "prefill": (_gdn_prefill_call, kc.gdn_packed_prefill, kc.validate_gdn_packed_prefill),
+}
+
+
+@pytest.mark.parametrize("op", sorted(GDN_OPS))
+@pytest.mark.parametrize("fields,what", [
+    (BOUNDED, r"gate='bounded' \(lower_bound=-5.0\), KDA's bounded gate"),
+    (LAYERED, r"kda_layers=\(1, 2, 3\), the layers of a KDA model"),
+])
+@pytest.mark.parametrize("how", ["run", "validate"])
+def test_a_gdn_op_refuses_a_kda_layer_config(op, fields, what, how):
+    make, run, validate = GDN_OPS[op]
+    call, cfg = make(), kc.KDAConfig(**fields)
+    before = call["initial_state"].clone()
+    with pytest.raises(kc.ValueRangeError) as info:
+        (run if how == "run" else validate)(**call, config=cfg)
+    err = info.value
+    assert [v.argument for v in err.violations] == ["config"]
+    assert re.search(r"fix: the config is a KDA layer's: " + what + r"\. GDN runs only its softplus gate", str(err))
+    assert "pass a GDNConfig" in str(err) and "call kc.packed_decode / kc.packed_prefill" in str(err)
+    assert torch.equal(call["initial_state"], before)  # refused before anything ran
+
+
+@pytest.mark.parametrize("op", sorted(GDN_OPS))
+def test_a_gdn_op_takes_a_softplus_kda_config_and_a_gdn_config(op):
+    make, run, validate = GDN_OPS[op]
+    for cfg in (kc.KDAConfig(num_heads=2, num_v_heads=4, head_k_dim=8),
+                kc.GDNConfig(num_heads=2, num_v_heads=4, head_k_dim=8, gdn_layers=(1, 2)), None):
+        assert validate(**make(), config=cfg).HV == 4
+        run(**make(), config=cfg)

@@ -346,6 +346,35 @@ def check_layer_indices(layers: tuple[int, ...]) -> tuple[int, ...]:
     return layers
 
 
+def kda_only(config: Any) -> str | None:
+    """What makes ``config`` a KDA layer's and not one GDN's ops can run, worded for a message: a
+    bounded gate (GDN has only its softplus gate) or ``kda_layers``; None when nothing does (None,
+    a GDNConfig, a softplus KDAConfig without ``kda_layers``, a plain config of dims).
+
+    Example::
+
+        >>> kda_only(KDAConfig.preset("kimi-k3-like"))
+        "gate='bounded' (lower_bound=-5.0), KDA's bounded gate"
+        >>> kda_only(KDAConfig(num_heads=2, head_k_dim=8)) is None
+        True
+    """
+    if config is None or isinstance(config, type):
+        return None
+    gate, lower_bound = getattr(config, "gate", "softplus"), getattr(config, "lower_bound", None)
+    if gate != "softplus" or lower_bound is not None:
+        return f"gate={gate!r} (lower_bound={lower_bound!r}), KDA's bounded gate"
+    layers = getattr(config, "kda_layers", ())
+    if layers:
+        return f"kda_layers={tuple(layers)!r}, the layers of a KDA model"
+    return None
+
+
+def fits_gdn(config: Any) -> bool:
+    """Whether GDN's ops may take ``config`` (see :func:`kda_only`); a GDN contract's predicate on
+    its ``config`` argument."""
+    return kda_only(config) is None
+
+
 def _kimi_fields(raw: Mapping[str, Any], origin: str) -> dict[str, Any]:
     """KDAConfig's fields from a Kimi-Linear config's ``linear_attn_config`` block, or from the
     top-level ``linear_*`` fields of transformers' ``KimiLinearConfig`` (where both are present
