@@ -129,6 +129,8 @@ def test_assigning_or_deleting_a_field_is_a_config_error():
         cfg.tp_size = 2
     with pytest.raises(kc.ConfigError, match=r"^invalid KDAConfig: num_heads: a config is frozen"):
         del cfg.num_heads
+    with pytest.raises(kc.ConfigError, match=r"^KDAConfig has no field 'heads' \(and a config is frozen\)$"):
+        cfg.heads = 2
     assert cfg.tp_size == 1
 
 

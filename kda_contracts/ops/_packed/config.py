@@ -159,6 +159,8 @@ class KDAConfig(BaseModel):
             return super().model_validate_strings(obj, *args, **kwargs)
 
     def __setattr__(self, name: str, value: Any) -> None:
+        if not name.startswith("_") and name not in type(self).model_fields:
+            raise ConfigError(f"{type(self).__name__} has no field {name!r} (and a config is frozen)")
         with config_errors(type(self).__name__):
             super().__setattr__(name, value)
 
