@@ -39,6 +39,7 @@ from ._engine import ArgumentTypeError as ArgumentTypeError
 from ._engine import Backend as Backend
 from ._engine import BackendError as BackendError
 from ._engine import CallContext as CallContext
+from ._engine import ConfigError as ConfigError
 from ._engine import Contract as Contract
 from ._engine import ContractError as ContractError
 from ._engine import DeviceError as DeviceError

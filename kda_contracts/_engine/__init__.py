@@ -36,6 +36,7 @@ from .contract.decorator import registered_contracts as registered_contracts
 from .contract.watch import raise_pending as raise_pending
 from .errors import AnnotationError as AnnotationError
 from .errors import ArgumentTypeError as ArgumentTypeError
+from .errors import ConfigError as ConfigError
 from .errors import ContractError as ContractError
 from .errors import DeviceError as DeviceError
 from .errors import DtypeError as DtypeError
@@ -126,8 +127,8 @@ def __getattr__(name: str) -> Any:
 
 #: what ``kda_contracts`` re-exports for users
 PUBLIC = (
-    "AnnotationError", "ArgumentTypeError", "Backend", "BackendError", "CallContext", "Contract", "ContractError",
-    "DeviceError", "Dims", "Distinct", "DtypeError", "EndsAt", "Finite", "FiniteRows", "ImportHook",
+    "AnnotationError", "ArgumentTypeError", "Backend", "BackendError", "CallContext", "ConfigError", "Contract",
+    "ContractError", "DeviceError", "Dims", "Distinct", "DtypeError", "EndsAt", "Finite", "FiniteRows", "ImportHook",
     "ImportHookWarning", "InRange", "LayoutError", "MatchConfig", "NonDecreasing", "Op", "Range", "ShapeError",
     "Spec", "StartsAt", "ValueRangeError", "ValueRule", "Violation", "Where", "check", "config_dim_source",
     "config_dims", "contract", "contract_docs", "dims", "facts", "get_mode", "install_import_hook", "mode", "op",

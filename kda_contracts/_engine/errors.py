@@ -1,10 +1,11 @@
 """The exception hierarchy and the report a violated contract produces.
 
 Two roles, as in jaxtyping: :class:`AnnotationError` says the *contract* is malformed (raised
-once, at decoration time); :class:`ContractError` and its subclasses say a *call* broke a
-well-formed contract (raised per call). A call that breaks several rules at once raises one
-error listing all of them; its class derives from every subclass involved, so
-``except DtypeError`` still catches a call whose dtype *and* shape were wrong.
+once, at decoration time; its subclass :class:`ConfigError`, also a ValueError, says a config
+is); :class:`ContractError` and its subclasses say a *call* broke a well-formed contract (raised
+per call). A call that breaks several rules at once raises one error listing all of them; its
+class derives from every subclass involved, so ``except DtypeError`` still catches a call whose
+dtype *and* shape were wrong.
 """
 
 from __future__ import annotations
@@ -30,6 +31,30 @@ class AnnotationError(TypeError):
         @kc.contract
         def h(x: Float[Tensor, "B Q*R"]) -> None: ... # AnnotationError: Q and R cannot both be solved
     """
+
+
+class ConfigError(AnnotationError, ValueError):
+    """A config is malformed: a ``KDAConfig``/``GDNConfig`` field of the wrong type or out of range,
+    fields that disagree (heads not divisible by ``tp_size``), an unknown preset, a Hugging Face
+    config that cannot be read. Raised when the config is made (or copied, or assigned to), never
+    per call.
+
+    Both an :class:`AnnotationError` (a bad contract input, like a bad ``config=``) and a
+    :class:`ValueError` (what pydantic's own error was, so ``except ValueError`` keeps working).
+    The pydantic error, when there is one, is its ``__cause__``; ``problems`` lists each problem
+    as ``(field path, message)``.
+
+    Example::
+
+        try:
+            kc.KDAConfig(num_heads=32, head_k_dim=128, tp_size=3)
+        except kc.ConfigError as err:
+            print(err)   # invalid KDAConfig: num_heads=32 is not divisible by tp_size=3; ...
+    """
+
+    def __init__(self, message: str, problems: Sequence[tuple[str, str]] = ()) -> None:
+        super().__init__(message)
+        self.problems: tuple[tuple[str, str], ...] = tuple(problems)
 
 
 class ContractError(ValueError):

@@ -15,7 +15,7 @@ from typing import Any
 
 from .. import modes
 from ..errors import AnnotationError
-from ..model.markers import ConfigKindError, Where, config_dims
+from ..model.markers import Where, config_dims
 from ..model.spec import ContractOptions
 from ..rules.values import ValueRule
 
@@ -50,14 +50,8 @@ def check_config(owner: str, config: Any) -> None:
         return
     try:
         dims = config_dims(config)
-    except ConfigKindError as exc:
-        raise AnnotationError(f"{owner}: config=: {exc}") from None
-    except Exception as exc:
-        raise AnnotationError(f"{owner}: config=: {type(config).__name__}.contract_dims() raised "
-                              f"{type(exc).__name__}: {exc}") from exc
-    if not isinstance(dims, Mapping):
-        raise AnnotationError(f"{owner}: config=: {type(config).__name__}.contract_dims() returned "
-                              f"{type(dims).__name__}, not a mapping of dims")
+    except AnnotationError as exc:  # (a ConfigKindError: not a config, or contract_dims() broke)
+        raise AnnotationError(f"{owner}: config=: {exc}") from exc
     negative = {k: v for k, v in dims.items() if isinstance(v, int) and not isinstance(v, bool) and v < 0}
     if negative:
         k, v = next(iter(negative.items()))

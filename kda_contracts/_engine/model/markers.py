@@ -237,8 +237,10 @@ class Where:
 DTYPE_ROLES = frozenset({"activation", "state", "index", "weight", "output"})
 
 
-class ConfigKindError(TypeError):
-    """A config object the engine cannot read dims from (reported as a ContractError on a call)."""
+class ConfigKindError(AnnotationError):
+    """A config object the engine cannot read dims from: not a config (``5``), a config class
+    rather than an instance, a ``contract_dims()`` that raises or returns no mapping (an
+    AnnotationError, so a TypeError; reported as a ContractError on a call)."""
 
 
 def _int_fields(items: Any) -> dict[str, int]:
@@ -247,13 +249,26 @@ def _int_fields(items: Any) -> dict[str, int]:
 
 def config_dims(config: Any) -> Mapping[str, int]:
     """The dims a config fixes, by symbol: ``contract_dims()`` if it has one, else the int fields
-    of a pydantic model or a dataclass, or the int values of a mapping (read fresh each time)."""
+    of a pydantic model or a dataclass, or the int values of a mapping (read fresh each time).
+    Anything else (``5``, a config class rather than an instance, a ``contract_dims()`` that
+    raises or returns no mapping) is a :class:`ConfigKindError`, an AnnotationError naming it."""
     if config is None:
         return {}
+    if isinstance(config, type):
+        raise ConfigKindError(f"{config.__name__} is a class, not a config: pass an instance of it")
     getter = getattr(config, "contract_dims", None)
-    if getter is not None:
-        return getter()
-    return _int_fields(_plain_config_items(config))
+    if getter is None:
+        return _int_fields(_plain_config_items(config))
+    try:
+        dims = getter()
+    except AnnotationError:
+        raise
+    except Exception as exc:
+        raise ConfigKindError(f"{type(config).__name__}.contract_dims() raised {type(exc).__name__}: {exc}") from exc
+    if not isinstance(dims, Mapping):
+        raise ConfigKindError(f"{type(config).__name__}.contract_dims() returned {type(dims).__name__}, "
+                              "not a mapping of dims")
+    return dims
 
 
 def _plain_config_items(config: Any) -> Any:
@@ -334,10 +349,29 @@ def _immutable(value: Any, depth: int) -> bool:
 
 
 def config_dim_source(config: Any, sym: str) -> str:
-    getter = getattr(config, "contract_dim_source", None)
+    """Where a config's dim ``sym`` comes from, for messages: its ``contract_dim_source(sym)``, else
+    ``"Type.sym=value"``. A dim the config does not fix, or a ``contract_dim_source`` that raises,
+    is an AnnotationError naming it.
+
+    Example::
+
+        >>> config_dim_source({"H": 4}, "H")
+        'dict.H=4'
+    """
+    getter = getattr(config, "contract_dim_source", None) if not isinstance(config, type) else None
     if getter is not None:
-        return getter(sym)
-    return f"{type(config).__name__}.{sym}={config_dims(config)[sym]}"
+        try:
+            return str(getter(sym))
+        except AnnotationError:
+            raise
+        except Exception as exc:
+            raise ConfigKindError(f"{type(config).__name__}.contract_dim_source({sym!r}) raised "
+                                  f"{type(exc).__name__}: {exc}") from exc
+    dims = config_dims(config)
+    if sym not in dims:
+        raise AnnotationError(f"{type(config).__name__} fixes no dim {sym!r}; it fixes "
+                              f"{', '.join(map(str, dims)) or 'none'}")
+    return f"{type(config).__name__}.{sym}={dims[sym]}"
 
 
 def config_dtypes(config: Any) -> Mapping[str, torch.dtype]:

@@ -9,25 +9,48 @@ from __future__ import annotations
 
 import json
 import math
+import numbers
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, Strict, field_validator, model_validator
 from typing_extensions import Self
 
+from ..._engine import ConfigError
+from .config_errors import config_errors
 from .dtypes import DTYPES_BY_NAME
 
 DtypeName = Literal["float32", "bfloat16", "float16"]
 IndexDtypeName = Literal["int32", "int64"]
 
 
+def _plain_int(value: Any) -> Any:
+    """A numpy (or other) integer as a Python int; a bool, a str, a float are left to be refused."""
+    if isinstance(value, numbers.Integral) and not isinstance(value, bool):
+        return int(value)
+    return value
+
+
+def _plain_bool(value: Any) -> Any:
+    """A numpy bool as a Python bool; anything else but a bool is left to be refused."""
+    numpy_bool = type(value).__module__ == "numpy" and type(value).__name__ in ("bool", "bool_")
+    return bool(value) if numpy_bool else value
+
+
+# Strict: True is not 1, "4" is not 4, "no" is not False (a numpy integer or bool is fine).
+ConfigInt = Annotated[int, Strict(), BeforeValidator(_plain_int)]
+ConfigBool = Annotated[bool, Strict(), BeforeValidator(_plain_bool)]
+ConfigFloat = Annotated[float, Strict()]  # (an int is a float)
+
+
 def read_hf_json(source: Any) -> tuple[Mapping[str, Any], str]:
     """A Hugging Face config as a mapping, and where it came from for messages. ``source`` is a
     ``config.json`` path, a mapping (returned as is), or a config object: anything with a
     ``to_dict()`` (a ``transformers.PretrainedConfig``; transformers is never imported) or plain
-    attributes (``vars()``, e.g. a ``SimpleNamespace``).
+    attributes (``vars()``, e.g. a ``SimpleNamespace``). A file that is missing or not a JSON
+    object, or anything else, is a :class:`~kda_contracts.ConfigError` naming it.
 
     Example::
 
@@ -40,14 +63,28 @@ def read_hf_json(source: Any) -> tuple[Mapping[str, Any], str]:
     if isinstance(source, Mapping):
         return source, "the config dict"
     if isinstance(source, (str, Path)):
-        with open(source, encoding="utf-8") as fh:
-            raw: Mapping[str, Any] = json.load(fh)
+        try:
+            with open(source, encoding="utf-8") as fh:
+                raw = json.load(fh)
+        except FileNotFoundError as exc:
+            raise ConfigError(f"no Hugging Face config file at {str(source)!r}") from exc
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"cannot read the Hugging Face config file {str(source)!r}: {exc}") from exc
+        except ValueError as exc:  # json.JSONDecodeError
+            raise ConfigError(f"the Hugging Face config file {str(source)!r} is not JSON: {exc}") from exc
+        if not isinstance(raw, Mapping):
+            raise ConfigError(f"the Hugging Face config file {str(source)!r} holds a JSON {type(raw).__name__}, "
+                              "not an object")
         return raw, str(source)
-    to_dict = getattr(source, "to_dict", None)
-    got = to_dict() if callable(to_dict) else getattr(source, "__dict__", None)
-    if not isinstance(got, Mapping):
-        raise TypeError(f"a Hugging Face config is a config.json path, a dict or a config object (with to_dict() "
-                        f"or attributes), not {type(source).__name__}")
+    to_dict = getattr(source, "to_dict", None) if not isinstance(source, type) else None
+    try:
+        got = to_dict() if callable(to_dict) else getattr(source, "__dict__", None)
+    except Exception as exc:
+        raise ConfigError(f"{type(source).__name__}.to_dict() raised {type(exc).__name__}: {exc}") from exc
+    if isinstance(source, type) or not isinstance(got, Mapping):
+        what = f"the class {source.__name__}" if isinstance(source, type) else type(source).__name__
+        raise ConfigError(f"a Hugging Face config is a config.json path, a dict or a config object (with to_dict() "
+                          f"or attributes), not {what}")
     return dict(got), f"the {type(source).__name__}"
 
 
@@ -69,13 +106,13 @@ class KDAConfig(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid", validate_default=True)
 
-    num_heads: int = Field(gt=0, description="q/k heads of the whole model layer (H at TP1)")
-    num_v_heads: int | None = Field(
+    num_heads: ConfigInt = Field(gt=0, description="q/k heads of the whole model layer (H at TP1)")
+    num_v_heads: ConfigInt | None = Field(
         default=None, gt=0, description="value heads of the whole layer (HV at TP1); defaults to num_heads"
     )
-    head_k_dim: int = Field(gt=0, description="K, the key head dim")
-    head_v_dim: int | None = Field(default=None, gt=0, description="V, the value head dim; defaults to K")
-    tp_size: int = Field(default=1, gt=0, description="tensor-parallel degree the heads are sharded over")
+    head_k_dim: ConfigInt = Field(gt=0, description="K, the key head dim")
+    head_v_dim: ConfigInt | None = Field(default=None, gt=0, description="V, the value head dim; defaults to K")
+    tp_size: ConfigInt = Field(default=1, gt=0, description="tensor-parallel degree the heads are sharded over")
     state_dtype: DtypeName | None = Field(
         default=None, description="dtype of the recurrent state pool; None accepts fp32/bf16/fp16"
     )
@@ -86,38 +123,77 @@ class KDAConfig(BaseModel):
         default=None, description="dtype of ssm_state_indices; None accepts int32/int64"
     )
     gate: Literal["softplus", "bounded"] = Field(default="softplus", description="forget-gate activation")
-    lower_bound: float | None = Field(
+    lower_bound: ConfigFloat | None = Field(
         default=None, description="bounded gate only: g = lower_bound * sigmoid(A * x); must be < 0"
     )
     state_layout: Literal["VK", "KV"] = Field(
         default="VK", description="per-head state matrix layout: VK = [V, K] (sglang), KV = [K, V] (fla)"
     )
-    use_qk_l2norm: bool = Field(default=True, description="l2-normalise q and k inside the kernel")
-    scale: float | None = Field(default=None, gt=0, description="q scale; defaults to head_k_dim ** -0.5")
+    use_qk_l2norm: ConfigBool = Field(default=True, description="l2-normalise q and k inside the kernel")
+    scale: ConfigFloat | None = Field(
+        default=None, gt=0, allow_inf_nan=False, description="q scale; defaults to head_k_dim ** -0.5"
+    )
     # Model-level facts (used by model layers and docs; not by the decode contract itself).
-    hidden_size: int | None = Field(default=None, gt=0)
-    conv_kernel_size: int = Field(default=4, gt=0, description="short causal conv width")
-    kda_layers: tuple[int, ...] = Field(default=(), description="1-based indices of the KDA layers")
+    hidden_size: ConfigInt | None = Field(default=None, gt=0)
+    conv_kernel_size: ConfigInt = Field(default=4, gt=0, description="short causal conv width")
+    kda_layers: tuple[ConfigInt, ...] = Field(default=(), description="1-based indices of the KDA layers")
 
-    _dims: dict[str, int] = PrivateAttr(default_factory=dict)
-    _dims_source: dict[str, str] = PrivateAttr(default_factory=dict)
-    _dtypes: dict[str, torch.dtype] = PrivateAttr(default_factory=dict)
+    # -- made, copied and assigned only through validation; a bad config is a kc.ConfigError ------
+    def __init__(self, /, **data: Any) -> None:
+        with config_errors(type(self).__name__):
+            super().__init__(**data)
 
-    @model_validator(mode="before")
     @classmethod
-    def _fill_defaults(cls, data: Any) -> Any:
-        if isinstance(data, Mapping):
-            data = dict(data)
-            if data.get("num_v_heads") is None and "num_heads" in data:
-                data["num_v_heads"] = data["num_heads"]
-            if data.get("head_v_dim") is None and "head_k_dim" in data:
-                data["head_v_dim"] = data["head_k_dim"]
-            if data.get("scale") is None and isinstance(data.get("head_k_dim"), int) and data["head_k_dim"] > 0:
-                data["scale"] = data["head_k_dim"] ** -0.5
-        return data
+    def model_validate(cls, obj: Any, *args: Any, **kwargs: Any) -> Self:
+        with config_errors(cls.__name__):
+            return super().model_validate(obj, *args, **kwargs)
+
+    @classmethod
+    def model_validate_json(cls, json_data: Any, *args: Any, **kwargs: Any) -> Self:
+        with config_errors(cls.__name__):
+            return super().model_validate_json(json_data, *args, **kwargs)
+
+    @classmethod
+    def model_validate_strings(cls, obj: Any, *args: Any, **kwargs: Any) -> Self:
+        with config_errors(cls.__name__):
+            return super().model_validate_strings(obj, *args, **kwargs)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if not name.startswith("_") and name not in type(self).model_fields:
+            raise ConfigError(f"{type(self).__name__} has no field {name!r} (and a config is frozen)")
+        with config_errors(type(self).__name__):
+            super().__setattr__(name, value)
+
+    def __delattr__(self, name: str) -> None:
+        with config_errors(type(self).__name__):
+            super().__delattr__(name)
+
+    def model_copy(self, *, update: Mapping[str, Any] | None = None, deep: bool = False) -> Self:
+        """A copy; with ``update``, the config of this one's given fields and ``update``, validated
+        afresh (what was derived, ``num_v_heads``, ``head_v_dim``, ``scale``, is derived again unless
+        it was given), so a bad update is a :class:`~kda_contracts.ConfigError` and the dims follow.
+
+        Example::
+
+            >>> KDAConfig(num_heads=2, head_k_dim=8).model_copy(update={"num_heads": 4}).contract_dims()
+            {'H': 4, 'HV': 4, 'K': 8, 'V': 8}
+        """
+        if not update:
+            return super().model_copy(deep=deep)
+        return self.model_validate({**{name: getattr(self, name) for name in self.model_fields_set}, **update})
+
+    @field_validator("kda_layers")
+    @classmethod
+    def _layer_indices(cls, layers: tuple[int, ...]) -> tuple[int, ...]:
+        return check_layer_indices(layers)
 
     @model_validator(mode="after")
-    def _check_consistency(self) -> KDAConfig:
+    def _check_consistency(self) -> Self:
+        # what is not given is derived (and not counted as given: model_copy derives it again)
+        derived = {"num_v_heads": self.num_heads, "head_v_dim": self.head_k_dim, "scale": self.head_k_dim ** -0.5}
+        for name, value in derived.items():
+            if getattr(self, name) is None:
+                self.__dict__[name] = value
         hv = self.num_v_heads or self.num_heads
         if hv % self.num_heads:
             raise ValueError(
@@ -141,20 +217,28 @@ class KDAConfig(BaseModel):
                 raise ValueError("gate='bounded' needs lower_bound (a float < 0, e.g. -5.0)")
             if not (self.lower_bound < 0 and math.isfinite(self.lower_bound)):
                 raise ValueError(f"lower_bound must be a finite float < 0, got {self.lower_bound}")
-        self._dims = {
-            "H": self.num_heads // self.tp_size,
-            "HV": hv // self.tp_size,
-            "K": self.head_k_dim,
-            "V": self.head_v_dim or self.head_k_dim,
-        }
+        return self
+
+    # -- what contracts read (computed from the fields) ----------------------------------------
+    def contract_dims(self) -> dict[str, int]:
+        """Per-rank dims this config fixes: ``{"H", "HV", "K", "V"}``."""
+        return {"H": self.num_heads // self.tp_size, "HV": (self.num_v_heads or self.num_heads) // self.tp_size,
+                "K": self.head_k_dim, "V": self.head_v_dim or self.head_k_dim}
+
+    def contract_dim_source(self, symbol: str) -> str:
+        """Where a dim comes from, for error messages (``"num_v_heads=32 / tp_size=2"``); a symbol
+        the config does not fix is a :class:`~kda_contracts.ConfigError`."""
         tp = f" / tp_size={self.tp_size}" if self.tp_size != 1 else ""
-        self._dims_source = {
-            "H": f"num_heads={self.num_heads}{tp}",
-            "HV": f"num_v_heads={hv}{tp}",
-            "K": f"head_k_dim={self.head_k_dim}",
-            "V": f"head_v_dim={self._dims['V']}",
-        }
-        self._dtypes = {
+        dims = self.contract_dims()
+        sources = {"H": f"num_heads={self.num_heads}{tp}", "HV": f"num_v_heads={dims['HV'] * self.tp_size}{tp}",
+                   "K": f"head_k_dim={self.head_k_dim}", "V": f"head_v_dim={dims['V']}"}
+        if not isinstance(symbol, str) or symbol not in sources:
+            raise ConfigError(f"{type(self).__name__} fixes no dim {symbol!r}; it fixes {', '.join(sources)}")
+        return sources[symbol]
+
+    def contract_dtypes(self) -> dict[str, torch.dtype]:
+        """Dtypes this config pins, by role: ``"state"``, ``"activation"``, ``"index"``."""
+        return {
             role: DTYPES_BY_NAME[name]
             for role, name in (
                 ("state", self.state_dtype),
@@ -163,38 +247,24 @@ class KDAConfig(BaseModel):
             )
             if name is not None
         }
-        return self
-
-    # -- what contracts read ---------------------------------------------------------------
-    def contract_dims(self) -> dict[str, int]:
-        """Per-rank dims this config fixes: ``{"H", "HV", "K", "V"}``."""
-        return self._dims
-
-    def contract_dim_source(self, symbol: str) -> str:
-        """Where a dim comes from, for error messages (``"num_v_heads=32 / tp_size=2"``)."""
-        return self._dims_source[symbol]
-
-    def contract_dtypes(self) -> dict[str, torch.dtype]:
-        """Dtypes this config pins, by role: ``"state"``, ``"activation"``, ``"index"``."""
-        return self._dtypes
 
     @property
     def local_num_heads(self) -> int:
         """H on one rank."""
-        return self._dims["H"]
+        return self.num_heads // self.tp_size
 
     @property
     def local_num_v_heads(self) -> int:
         """HV on one rank."""
-        return self._dims["HV"]
+        return (self.num_v_heads or self.num_heads) // self.tp_size
 
     @property
     def head_k(self) -> int:
-        return self._dims["K"]
+        return self.head_k_dim
 
     @property
     def head_v(self) -> int:
-        return self._dims["V"]
+        return self.head_v_dim or self.head_k_dim
 
     @property
     def effective_lower_bound(self) -> float | None:
@@ -212,31 +282,33 @@ class KDAConfig(BaseModel):
         hv = self.num_v_heads or self.num_heads
         return [t for t in range(1, max(self.num_heads, hv) + 1) if self.num_heads % t == 0 and hv % t == 0]
 
-    def with_tp(self, tp_size: int) -> KDAConfig:
-        """The same layer sharded over ``tp_size`` ranks."""
-        return self.model_copy(update={"tp_size": tp_size}).revalidate()
+    def with_tp(self, tp_size: int) -> Self:
+        """The same layer sharded over ``tp_size`` ranks (a ConfigError when it does not divide the heads)."""
+        return self.model_copy(update={"tp_size": tp_size})
 
-    def revalidate(self) -> KDAConfig:
-        return type(self).model_validate(self.model_dump())
+    def revalidate(self) -> Self:
+        """This config validated afresh from its given fields (what it derived is derived again)."""
+        return self.model_validate({name: getattr(self, name) for name in self.model_fields_set})
 
     # -- constructors ------------------------------------------------------------------------
     @classmethod
-    def from_hf_config(cls, source: Any, tp_size: int = 1, **overrides: Any) -> KDAConfig:
+    def from_hf_config(cls, source: Any, tp_size: int = 1, **overrides: Any) -> Self:
         """Read a Kimi-Linear config: a ``config.json`` path, its dict, or a ``KimiLinearConfig``
         (any object with ``to_dict()`` or attributes). The checkpoint's ``linear_attn_config``
         block (``num_heads``, ``head_dim``, ``short_conv_kernel_size``, ``kda_layers``) is read
         where present, else transformers' top-level fields (``linear_num_heads``,
-        ``linear_head_dim``, ``linear_conv_kernel_dim``, ``layer_types``).
+        ``linear_head_dim``, ``linear_conv_kernel_dim``, ``layer_types``). A config that cannot be
+        read or makes no valid KDAConfig is a :class:`~kda_contracts.ConfigError`.
 
         Example::
 
             cfg = KDAConfig.from_hf_config("Kimi-Linear-48B-A3B-Instruct/config.json", tp_size=2)
             cfg = KDAConfig.from_hf_config(model.config)   # a transformers KimiLinearConfig
         """
-        raw, origin = read_hf_json(source)
-        fields = {**_kimi_fields(raw, origin), "tp_size": tp_size, "hidden_size": raw.get("hidden_size")}
-        fields.update(overrides)
-        return cls(**fields)
+        with config_errors(cls.__name__):
+            raw, origin = read_hf_json(source)
+            fields = {**_kimi_fields(raw, origin), "tp_size": tp_size, "hidden_size": raw.get("hidden_size")}
+        return cls(**{**fields, **overrides})
 
     @classmethod
     def preset(cls, name: str, tp_size: int = 1, **overrides: Any) -> Self:
@@ -248,16 +320,61 @@ class KDAConfig(BaseModel):
             8
         """
         presets = cls.presets()
-        try:
-            base = presets[name]
-        except KeyError:
-            raise ValueError(f"unknown preset {name!r}; known: {', '.join(sorted(presets))}") from None
+        base = presets.get(name) if isinstance(name, str) else None
+        if base is None:
+            raise ConfigError(f"unknown preset {name!r}; known: {', '.join(sorted(presets))}")
         return cls(**{**base, "tp_size": tp_size, **overrides})
 
     @classmethod
     def presets(cls) -> Mapping[str, Mapping[str, Any]]:
         """The named presets of this config class (:data:`PRESETS`; a subclass names its own)."""
         return PRESETS
+
+
+def check_layer_indices(layers: tuple[int, ...]) -> tuple[int, ...]:
+    """1-based layer indices: each >= 1, none twice (a ValueError naming the offenders).
+
+    Example::
+
+        >>> check_layer_indices((1, 2, 4))
+        (1, 2, 4)
+    """
+    low = [i for i in layers if i < 1]
+    if low:
+        raise ValueError(f"layer indices are 1-based (>= 1), got {', '.join(map(str, low))}")
+    twice = sorted({i for i in layers if layers.count(i) > 1})
+    if twice:
+        raise ValueError(f"layer {', '.join(map(str, twice))} listed more than once")
+    return layers
+
+
+def kda_only(config: Any) -> str | None:
+    """What makes ``config`` a KDA layer's and not one GDN's ops can run, worded for a message: a
+    bounded gate (GDN has only its softplus gate) or ``kda_layers``; None when nothing does (None,
+    a GDNConfig, a softplus KDAConfig without ``kda_layers``, a plain config of dims).
+
+    Example::
+
+        >>> kda_only(KDAConfig.preset("kimi-k3-like"))
+        "gate='bounded' (lower_bound=-5.0), KDA's bounded gate"
+        >>> kda_only(KDAConfig(num_heads=2, head_k_dim=8)) is None
+        True
+    """
+    if config is None or isinstance(config, type):
+        return None
+    gate, lower_bound = getattr(config, "gate", "softplus"), getattr(config, "lower_bound", None)
+    if gate != "softplus" or lower_bound is not None:
+        return f"gate={gate!r} (lower_bound={lower_bound!r}), KDA's bounded gate"
+    layers = getattr(config, "kda_layers", ())
+    if layers:
+        return f"kda_layers={tuple(layers)!r}, the layers of a KDA model"
+    return None
+
+
+def fits_gdn(config: Any) -> bool:
+    """Whether GDN's ops may take ``config`` (see :func:`kda_only`); a GDN contract's predicate on
+    its ``config`` argument."""
+    return kda_only(config) is None
 
 
 def _kimi_fields(raw: Mapping[str, Any], origin: str) -> dict[str, Any]:
@@ -286,15 +403,18 @@ def _kimi_fields(raw: Mapping[str, Any], origin: str) -> dict[str, Any]:
     head = merged["head_dim"]
     fields: dict[str, Any] = {
         "num_heads": merged["num_heads"],
-        "num_v_heads": merged.get("num_v_heads", merged["num_heads"]),
         "head_k_dim": merged.get("head_k_dim", head),
-        "head_v_dim": merged.get("head_v_dim", head),
         "conv_kernel_size": merged.get("short_conv_kernel_size", 4),
-        "kda_layers": tuple(merged["kda_layers"]) if "kda_layers" in merged else linear_layers(raw),
+        "kda_layers": merged["kda_layers"] if "kda_layers" in merged else linear_layers(raw),
     }
+    # (left out, num_v_heads is num_heads and head_v_dim head_k_dim: the config derives them)
+    if "num_v_heads" in merged:
+        fields["num_v_heads"] = merged["num_v_heads"]
+    if "head_v_dim" in merged or "head_k_dim" in merged:
+        fields["head_v_dim"] = merged.get("head_v_dim", head)
     if merged.get("lower_bound") is not None:
         fields["gate"] = "bounded"
-        fields["lower_bound"] = float(merged["lower_bound"])
+        fields["lower_bound"] = merged["lower_bound"]
     return fields
 
 

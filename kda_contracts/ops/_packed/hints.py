@@ -13,8 +13,18 @@ from collections.abc import Callable
 
 import torch
 
-from ..._engine import CallContext, DtypeError, LayoutError, ShapeError, Violation, config_dim_source, config_dims
+from ..._engine import (
+    CallContext,
+    DtypeError,
+    LayoutError,
+    ShapeError,
+    ValueRangeError,
+    Violation,
+    config_dim_source,
+    config_dims,
+)
 from ..._engine.facts import DtypeMismatch, LayoutBroken, Unsolvable
+from .config import kda_only
 from .tp import TPMismatch
 
 Hint = Callable[[Violation, CallContext], str | None]
@@ -123,3 +133,17 @@ def hint_state_strides(v: Violation, ctx: CallContext) -> str | None:
                 "by .transpose() or by slicing inside a slot is not; allocate it densely or pass "
                 "initial_state.contiguous() and copy the result back")
     return None
+
+
+def hint_kda_config(v: Violation, ctx: CallContext) -> str | None:
+    """A GDN op given a KDA layer's config (a bounded gate, ``kda_layers``; its ``config`` fails
+    :func:`~kda_contracts.ops._packed.config.fits_gdn`): GDN would run its softplus gate anyway."""
+    if v.kind is not ValueRangeError or v.argument != (ctx.spec.config_arg or "config"):
+        return None
+    what = kda_only(ctx.config)
+    if what is None:
+        return None
+    return (f"the config is a KDA layer's: {what}. GDN runs only its softplus gate, g = -exp(A_log) * "
+            "softplus(a + dt_bias), so the call would silently compute another layer's answer. For a GDN "
+            "(Qwen3-Next) layer pass a GDNConfig (GDNConfig.from_hf_config(...) or .preset(...)); for a KDA "
+            "(Kimi-Linear) layer call kc.packed_decode / kc.packed_prefill")

@@ -21,11 +21,12 @@ from collections.abc import Callable
 from typing import Annotated, Any
 
 import torch
+from annotated_types import Predicate
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
 from ..._engine import MatchConfig, Range, Spec, Where
-from .config import KDAConfig
+from .config import KDAConfig, fits_gdn
 from .dtypes import ACTIVATION_DTYPES, INDEX_DTYPES, STATE_DTYPES
 from .layouts import LAYOUTS
 
@@ -74,9 +75,9 @@ def _signature(name: str, layout: str, gate_per_head: bool) -> Callable[..., Any
     if gate_per_head:
         def prefill(mixed_qkv: MixedQKV, a: Gate, b: Beta, A_log: ALog, dt_bias: DtBias, scale: Scale,
                     initial_state: State, out: Out, cu_seqlens: CuSeqlens, ssm_state_indices: Indices,
-                    has_initial_state: HasInit, use_qk_l2norm_in_kernel: L2norm = False, *, config: Any = None,
-                    state_layout: str | None = None) -> None:
-            """GDN packed prefill."""
+                    has_initial_state: HasInit, use_qk_l2norm_in_kernel: L2norm = False, *,
+                    config: Annotated[Any, Predicate(fits_gdn)] = None, state_layout: str | None = None) -> None:
+            """GDN packed prefill (a KDA layer's config, bounded gate or ``kda_layers``, is refused)."""
     else:
         def prefill(mixed_qkv: MixedQKV, a: Gate, b: Beta, A_log: ALog, dt_bias: DtBias, scale: Scale,  # type: ignore[misc]
                     initial_state: State, out: Out, cu_seqlens: CuSeqlens, ssm_state_indices: Indices,

@@ -19,9 +19,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
+from typing_extensions import Self
 
-from .._packed.config import KDAConfig, linear_layers, read_hf_json
+from .._packed.config import ConfigInt, KDAConfig, check_layer_indices, linear_layers, read_hf_json
+from .._packed.config_errors import config_errors
 
 
 class GDNConfig(KDAConfig):
@@ -34,10 +36,15 @@ class GDNConfig(KDAConfig):
         {'H': 16, 'HV': 32, 'K': 128, 'V': 128}
     """
 
-    gdn_layers: tuple[int, ...] = Field(default=(), description="1-based indices of the GDN layers")
+    gdn_layers: tuple[ConfigInt, ...] = Field(default=(), description="1-based indices of the GDN layers")
+
+    @field_validator("gdn_layers")
+    @classmethod
+    def _gdn_layer_indices(cls, layers: tuple[int, ...]) -> tuple[int, ...]:
+        return check_layer_indices(layers)
 
     @model_validator(mode="after")
-    def _gdn_gate(self) -> GDNConfig:
+    def _gdn_gate(self) -> Self:
         if self.gate != "softplus" or self.lower_bound is not None:
             raise ValueError("GDN has only the softplus gate g = -exp(A_log) * softplus(a + dt_bias); "
                              "drop gate=/lower_bound (the bounded gate is KDA's)")
@@ -46,7 +53,7 @@ class GDNConfig(KDAConfig):
         return self
 
     @classmethod
-    def from_hf_config(cls, source: Any, tp_size: int = 1, **overrides: Any) -> GDNConfig:
+    def from_hf_config(cls, source: Any, tp_size: int = 1, **overrides: Any) -> Self:
         """Read a Qwen3-Next config (its ``linear_*`` fields): a ``config.json`` path, its dict, or a
         ``Qwen3NextConfig`` (any object with ``to_dict()`` or attributes); heads per rank for ``tp_size``.
 
@@ -55,12 +62,13 @@ class GDNConfig(KDAConfig):
             cfg = GDNConfig.from_hf_config("Qwen3-Next-80B-A3B-Instruct/config.json", tp_size=4)
             cfg = GDNConfig.from_hf_config(model.config)   # a transformers Qwen3NextConfig
         """
-        raw, origin = read_hf_json(source)
-        needed = ("linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim", "linear_value_head_dim")
-        missing = [k for k in needed if k not in raw]
-        if missing:
-            raise ValueError(f"{origin} lacks {', '.join(missing)}; is it a Qwen3-Next config.json? "
-                             f"(model_type={raw.get('model_type')!r})")
+        with config_errors(cls.__name__):
+            raw, origin = read_hf_json(source)
+            needed = ("linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim", "linear_value_head_dim")
+            missing = [k for k in needed if k not in raw]
+            if missing:
+                raise ValueError(f"{origin} lacks {', '.join(missing)}; is it a Qwen3-Next config.json? "
+                                 f"(model_type={raw.get('model_type')!r})")
         fields: dict[str, Any] = {
             "num_heads": raw["linear_num_key_heads"],
             "num_v_heads": raw["linear_num_value_heads"],
@@ -71,8 +79,7 @@ class GDNConfig(KDAConfig):
             "hidden_size": raw.get("hidden_size"),
             "gdn_layers": linear_layers(raw),
         }
-        fields.update(overrides)
-        return cls(**fields)
+        return cls(**{**fields, **overrides})
 
     @classmethod
     def presets(cls) -> Mapping[str, Mapping[str, Any]]:

@@ -1,7 +1,8 @@
 """The GDN packed-decode contract, one variant per state layout, written with the public markers
 only (``kc.Spec``, ``kc.Range``, ``kc.MatchConfig``, ``kc.Where``). It is KDA's contract but for
 the gate: ``a`` is ``[B, HV]`` and ``dt_bias`` ``[HV]`` (one decay per value head), and there is no
-``lower_bound``. Semantics: ``docs/semantics.md``.
+``lower_bound`` (a config with KDA's bounded gate, or with ``kda_layers``, is refused: ``fits_gdn``).
+Semantics: ``docs/semantics.md``.
 
 Example::
 
@@ -14,11 +15,13 @@ Example::
 from collections.abc import Callable
 from typing import Annotated, Any
 
+import annotated_types
 import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
 from ... import _engine as kc
+from .._packed.config import fits_gdn
 from .._packed.dtypes import ACTIVATION_DTYPES, INDEX_DTYPES, STATE_DTYPES
 from .._packed.layouts import layout_resolver
 
@@ -55,7 +58,7 @@ def _make_signature(layout: str) -> Callable[..., Any]:
                                      kc.Spec(dtypes=INDEX_DTYPES, config_dtype="index", contiguous=True)],
         use_qk_l2norm_in_kernel: Annotated[bool, kc.MatchConfig("use_qk_l2norm")] = False,
         *,
-        config: Any = None,
+        config: Annotated[Any, annotated_types.Predicate(fits_gdn)] = None,  # a KDA layer's config is refused
         state_layout: str | None = None,  # "VK" | "KV" | None, read by resolve_layout (the variant)
     ) -> None:
         """GDN packed decode."""

@@ -16,7 +16,14 @@ from collections.abc import Callable
 from ... import _engine as kc
 from ..._engine import ShapeError, config_dims
 from ..._engine.facts import AxisMismatch, RankMismatch
-from .._packed.hints import hint_index_dtype, hint_state_strides, hint_width, layout_hint, tp_renderer
+from .._packed.hints import (
+    hint_index_dtype,
+    hint_kda_config,
+    hint_state_strides,
+    hint_width,
+    layout_hint,
+    tp_renderer,
+)
 from .._packed.tp import fits, tp_mismatch_hint
 from .config import GDNConfig
 
@@ -87,5 +94,6 @@ _hint_tp = tp_mismatch_hint(config_of=lambda ctx: ctx.config if isinstance(ctx.c
 
 def hints_for(layout: str) -> tuple[Hint, ...]:
     """The hints of the GDN contract for state layout ``layout``, in the order they are tried."""
-    return (_hint_kda_gate, _hint_unflattened, layout_hint(layout, config_name="GDNConfig", gate_per_head=True),
+    return (hint_kda_config, _hint_kda_gate, _hint_unflattened,
+            layout_hint(layout, config_name="GDNConfig", gate_per_head=True),
             _hint_tp, _hint_swapped_head_dims, hint_width, hint_index_dtype, hint_state_strides)

@@ -18,6 +18,7 @@ from torch import Tensor
 
 from ..._engine import Dims, get_mode, op
 from .._packed.calls import written_by_call
+from .._packed.hints import hint_kda_config
 from .._packed.layouts import layout_resolver
 from .._packed.prefill import PREFILL_SYMBOLS, PREFILL_WHERE, prefill_dims_on_trust, prefill_signatures
 from .._packed.prefill_checks import PREFILL_VALUE_RULES, prefill_output_checks, prefill_value_checks
@@ -29,7 +30,7 @@ VARIANTS = prefill_signatures("gdn_packed_prefill", gate_per_head=True)
 
 @op(name="gdn_packed_prefill", namespace="kda_contracts", returns=("out", "initial_state"),
     after=prefill_output_checks, written=written_by_call,
-    variants={layout: (fn, {"hints": prefill_hints()}) for layout, fn in VARIANTS.items()},
+    variants={layout: (fn, {"hints": (hint_kda_config, *prefill_hints())}) for layout, fn in VARIANTS.items()},
     variant=resolve_layout, unchecked_dims=prefill_dims_on_trust, config_arg="config", where=PREFILL_WHERE,
     bind_first=("initial_state", "mixed_qkv"), value_checks=prefill_value_checks,
     value_rules=PREFILL_VALUE_RULES)
