@@ -304,17 +304,17 @@ def _runner(kernel: Callable[..., Any], params: Sequence[inspect.Parameter], dim
 @dataclass(frozen=True)
 class Reference(Backend):
     """An op's own body as its ``"torch"`` backend; with ``kc.check``/``kc.dims`` inside, it runs
-    with the call's dims. ``outside_autograd``: it runs under ``torch.no_grad()``, as a kernel
+    with the call's dims. ``_outside_autograd``: it runs under ``torch.no_grad()``, as a kernel
     writes outside autograd: an op that writes tensors in place without ``autograd=True`` would
     otherwise record a graph into them from an input that requires grad (an ``nn.Parameter``), and
     the next call would refuse the written tensor."""
 
-    outside_autograd: bool = False
+    _outside_autograd: bool = False  # (not a restriction: docs leave "_" fields out)
 
     def make_runner(self, kernel: Callable[..., Any], params: Sequence[inspect.Parameter],
                     dims_types: Mapping[str | None, type]) -> Callable[..., Any]:
         if not body_uses_checks(kernel):
-            if not self.outside_autograd:
+            if not self._outside_autograd:
                 return super().make_runner(kernel, params, dims_types)
             _, wants = signature_problem(kernel, params)  # (no longer the kernel itself: not called directly)
             return _runner(torch.no_grad()(kernel), params, dims_types, wants)
@@ -326,4 +326,4 @@ class Reference(Backend):
                 return kernel(*args, **kwargs) if d is None else bodies[v](d, *args, **kwargs)  # None: mode off
 
             run = _runner(with_dims, params, dims_types, set(), dims_first=True)
-        return torch.no_grad()(run) if self.outside_autograd else run
+        return torch.no_grad()(run) if self._outside_autograd else run

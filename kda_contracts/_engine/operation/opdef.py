@@ -123,7 +123,7 @@ class Op:
         doc = (fn.__doc__ or "").strip().split("\n")[0] or "the op's body (PyTorch reference)"
         writes = any(t.spec.mutated for c in self.contracts.values() for t in c.spec.tensors.values())
         self.table.register(Reference(name="torch", kernel=fn, devices=("*",), priority=0, description=doc,
-                                      outside_autograd=writes and not options.autograd))
+                                      _outside_autograd=writes and not options.autograd))
         self._rebuild_enabled = True
         self._rebuild()
         functools.update_wrapper(self, fn)  # type: ignore[arg-type]
