@@ -117,3 +117,18 @@ def test_the_torch_reference_writes_outside_autograd_as_a_kernel_does() -> None:
         return x * 2
 
     assert pure(w).requires_grad  # an op that writes nothing in place keeps its result's graph
+
+
+def test_explain_backends_takes_the_backend_a_call_names() -> None:
+    # before: explain_backends(..., backend="torch") was a TypeError (unexpected keyword), though the
+    # op's own call takes backend=
+    op = _op("edge_explain_asked")
+    op.backend("gpu-only", devices=("cuda",), priority=5)(_kernel)
+    x, out = torch.ones(2, 3), torch.zeros(2, 3)
+    lines = op.explain_backends(x, out, backend="gpu-only").splitlines()
+    assert lines[-1] == "backend='gpu-only': a call asking for it is refused: runs on cuda, not cpu"
+    assert op.explain_backends(x, out, backend="torch").splitlines()[-1] == \
+        "backend='torch': runs this call when asked by name"
+    assert op.explain_backends(x, out, backend="tritn").splitlines()[-1] == \
+        "backend='tritn': a call asking for it is refused: no backend of this name (registered: gpu-only, torch)"
+    assert op.explain_backends(x, out) == op.explain_backends(x, out, backend="auto")

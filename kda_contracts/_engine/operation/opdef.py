@@ -323,11 +323,19 @@ class Op:
 
     def explain_backends(self, *args: Any, **kwargs: Any) -> str:
         """Say, for each backend, whether ``backend="auto"`` would pick it for this call and why
-        (or why not), and which plug-ins failed to load. Validates the call first."""
+        (or why not), and which plug-ins failed to load. Validates the call first. With
+        ``backend=`` naming one, also whether a call asking for it by name would run it."""
+        asked = kwargs.pop("backend", "auto") if "backend" not in self.signature.parameters else "auto"
         values = self._values(args, kwargs)
         variant, _ = self.contract_for(values)
         info = self.call_info(values, self.validate_values(values), variant)
         lines = verdict_lines(self.table.verdicts(info))
+        if asked != "auto":
+            b = self.table.registry.get(asked) if isinstance(asked, str) else None
+            why = [f"no backend of this name (registered: {', '.join(self.table.names())})"] if b is None \
+                else self.table.unsupported(b, info, explicit=True)
+            lines.append(f"backend={asked!r}: " + ("runs this call when asked by name" if not why else
+                                                   "a call asking for it is refused: " + "; ".join(why)))
         for ep, why in self.plugin_errors().items():
             lines.append(f"plug-in {ep}: failed to load: {why}")
         return "\n".join(lines)
