@@ -132,3 +132,21 @@ def test_explain_backends_takes_the_backend_a_call_names() -> None:
     assert op.explain_backends(x, out, backend="tritn").splitlines()[-1] == \
         "backend='tritn': a call asking for it is refused: no backend of this name (registered: gpu-only, torch)"
     assert op.explain_backends(x, out) == op.explain_backends(x, out, backend="auto")
+    op.register_backend(kc.Backend(name="absent", kernel=_kernel, devices=("cpu",),
+                                   availability=lambda: (False, "lib not installed")))
+    assert op.explain_backends(x, out, backend="absent").splitlines()[-1] == \
+        "backend='absent': a call asking for it is refused: lib not installed"
+    with pytest.raises(kc.BackendError, match="lib not installed"):
+        op(x, out, backend="absent")
+
+
+def test_an_op_that_writes_and_returns_a_fresh_result_keeps_its_results_graph() -> None:
+    @kc.op(name="edge_mixed")
+    def mixed(x: Float[Tensor, "B D"], cache: Annotated[Float[Tensor, "B D"], kc.Spec(mutated=True)]
+              ) -> Float[Tensor, "B D"]:
+        cache.copy_(x.detach())
+        return x * 3
+
+    x = torch.ones(2, 3, requires_grad=True)
+    (mixed(x, torch.zeros(2, 3)) + x).sum().backward()
+    assert x.grad is not None and torch.equal(x.grad, torch.full((2, 3), 4.0))  # not silently cut to 1

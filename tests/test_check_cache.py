@@ -497,3 +497,11 @@ def test_a_frozen_config_holding_a_mutable_model_is_read_afresh():
         layer_types: list[str] = ["a"]
 
     assert config_is_frozen(Plain(D=3))
+
+
+def test_every_shipped_op_is_behind_the_cache():
+    # GDN's config predicate (a KDA layer's config is refused) once kept both GDN ops off the cache:
+    # 2.2x their host cost per call; a predicate marked pure is cached
+    for op in (kc.packed_decode, kc.gdn_packed_decode, kc.packed_prefill, kc.gdn_packed_prefill):
+        for key, c in op.contracts.items():
+            assert c._check is not c._check_uncached, f"{op.name}[{key}] runs its checker on every call"

@@ -106,22 +106,32 @@ def _scaler(m: float) -> Any:
     return scale
 
 
-def test_two_ops_of_one_name_from_different_functions_is_an_annotation_error() -> None:
-    # before: the second replaced the first in kc.ops(), and the first's torch_op ran the second's body
+def test_two_ops_of_one_name_from_different_functions_have_torch_ops_of_their_own() -> None:
+    # before: the second replaced the first's torch.library op, so the first's torch_op ran the second's body
     first = kc.op(name="edge_dup")(_scaler(2.0))
 
     def scale(x: Float[Tensor, "B D"]) -> Float[Tensor, "B D"]:
         return x * 3
 
-    with pytest.raises(kc.AnnotationError, match=r"^edge_dup: an op of this name exists already \(test_marker_edges"
-                                                 r"\._scaler\.<locals>\.scale\); two ops of one name would share "
-                                                 r"kc.ops\(\)'s entry, plug-in backends and torch_op's torch.library "
-                                                 r"op\. Give this one a name of its own: kc.op\(name=\.\.\.\)$"):
-        kc.op(name="edge_dup")(scale)
-    assert kc.ops()["edge_dup"] is first
-    assert torch.equal(first.torch_op(torch.ones(1, 2)), torch.full((1, 2), 2.0))
-    with pytest.raises(kc.AnnotationError, match=r"^packed_decode: an op of this name exists already"):
-        kc.op(name="packed_decode")(scale)  # a user op cannot take a shipped op's place silently
+    second = kc.op(name="edge_dup")(scale)  # (two tests' local ops of one name, say)
+    assert kc.ops()["edge_dup"] is second  # the latest is listed
+    ones = torch.ones(1, 2)
+    assert torch.equal(first.torch_op(ones), torch.full((1, 2), 2.0))
+    assert torch.equal(second.torch_op(ones), torch.full((1, 2), 3.0))
+    assert torch.equal(first.torch_op(ones), torch.full((1, 2), 2.0))
+    assert second.torch_op._qualname.endswith("::edge_dup_2")
+
+
+def test_a_shipped_ops_name_is_refused_for_another_function() -> None:
+    def packed_decode(x: Float[Tensor, "B D"]) -> Float[Tensor, "B D"]:
+        return x
+
+    with pytest.raises(kc.AnnotationError, match=r"^packed_decode: the name of a kda_contracts op \(kda_contracts\."
+                                                 r".*\); an op of this name would take its place in kc.ops\(\) and "
+                                                 r"its plug-in backends\. Give this one a name of its own: "
+                                                 r"kc.op\(name=\.\.\.\)$"):
+        kc.op(packed_decode)
+    assert kc.ops()["packed_decode"] is kc.packed_decode
 
 
 def test_the_same_function_defined_again_takes_its_name_over() -> None:
@@ -130,6 +140,8 @@ def test_the_same_function_defined_again_takes_its_name_over() -> None:
     again = kc.op(name="edge_redefined")(_scaler(5.0))
     assert kc.ops()["edge_redefined"] is again
     assert torch.equal(again(torch.ones(1, 2)), torch.full((1, 2), 5.0))
+    assert torch.equal(again.torch_op(torch.ones(1, 2)), torch.full((1, 2), 5.0))
+    assert again.torch_op._qualname.endswith("::edge_redefined")  # the same function keeps its library name
 
 
 def test_a_refused_op_is_not_listed() -> None:

@@ -199,7 +199,7 @@ def cached_checker(spec: Any, check: Callable[..., Any], source: str, consts: Ma
     used = {int(m) for m in re.findall(rf"\b{re.escape(n('a'))}(\d+)\b", body)}
     if spec.nested and any(params.index(p) in used for p in spec.nested if p in params):
         return check
-    if any(not rule.cacheable for sp in spec.scalars.values() for rule in sp.rules):
+    if any(not (rule.cacheable or getattr(rule, "pure", False)) for sp in spec.scalars.values() for rule in sp.rules):
         return check
     # the tensors the checker asks whether they are inference tensors (a write into one is refused)
     asks = [name for name, obj in consts.items() if obj is _inference_outside_mode]

@@ -296,18 +296,15 @@ def _runner(kernel: Callable[..., Any], params: Sequence[inspect.Parameter], dim
     return define(src, "<kda_contracts backend runner>", "run", ns)
 
 
-# -- the backends of one op ---------------------------------------------------------------------
-
-
-
-
+# -- the torch reference as a backend -------------------------------------------------------------
 @dataclass(frozen=True)
 class Reference(Backend):
     """An op's own body as its ``"torch"`` backend; with ``kc.check``/``kc.dims`` inside, it runs
     with the call's dims. ``_outside_autograd``: it runs under ``torch.no_grad()``, as a kernel
-    writes outside autograd: an op that writes tensors in place without ``autograd=True`` would
-    otherwise record a graph into them from an input that requires grad (an ``nn.Parameter``), and
-    the next call would refuse the written tensor."""
+    writes outside autograd, for an op without ``autograd=True`` that returns only the tensors it
+    writes: it would otherwise record a graph into them from an input that requires grad (an
+    ``nn.Parameter``), and the next call would refuse the written tensor. (An op that also returns
+    a fresh result keeps autograd on: its result's graph is the caller's.)"""
 
     _outside_autograd: bool = False  # (not a restriction: docs leave "_" fields out)
 

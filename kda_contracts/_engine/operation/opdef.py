@@ -121,9 +121,11 @@ class Op:
         self._key_layout: Any = None  # what the dispatcher's selection key holds (set when it is built)
         self._rebuild_enabled = False
         doc = (fn.__doc__ or "").strip().split("\n")[0] or "the op's body (PyTorch reference)"
+        # outside autograd as a kernel, where the op returns only what it writes (a fresh result keeps its graph)
         writes = any(t.spec.mutated for c in self.contracts.values() for t in c.spec.tensors.values())
         self.table.register(Reference(name="torch", kernel=fn, devices=("*",), priority=0, description=doc,
-                                      _outside_autograd=writes and not options.autograd))
+                                      _outside_autograd=writes and not options.autograd and (
+                                          self.returns is not None or self.returns_none)))
         self._rebuild_enabled = True
         self._rebuild()
         functools.update_wrapper(self, fn)  # type: ignore[arg-type]
@@ -332,10 +334,11 @@ class Op:
         lines = verdict_lines(self.table.verdicts(info))
         if asked != "auto":
             b = self.table.registry.get(asked) if isinstance(asked, str) else None
-            why = [f"no backend of this name (registered: {', '.join(self.table.names())})"] if b is None \
-                else self.table.unsupported(b, info, explicit=True)
-            lines.append(f"backend={asked!r}: " + ("runs this call when asked by name" if not why else
-                                                   "a call asking for it is refused: " + "; ".join(why)))
+            refused = [f"no backend of this name (registered: {', '.join(self.table.names())})"] if b is None \
+                else [w for w in (self.table.available(b)[1],) if not self.table.available(b)[0]] or \
+                self.table.unsupported(b, info, explicit=True)
+            lines.append(f"backend={asked!r}: " + ("runs this call when asked by name" if not refused else
+                                                   "a call asking for it is refused: " + "; ".join(refused)))
         for ep, why in self.plugin_errors().items():
             lines.append(f"plug-in {ep}: failed to load: {why}")
         return "\n".join(lines)

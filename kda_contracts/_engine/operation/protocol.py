@@ -25,6 +25,7 @@ class OpParts(Protocol):
 
     name: str
     namespace: str
+    fn: Callable[..., Any]
     options: ContractOptions
     signature: inspect.Signature
     contract: Contract

@@ -69,21 +69,37 @@ def _attach(b: Backend, *, replace: bool) -> None:
 
 
 def add_op(op: Any) -> list[tuple[Backend, bool]]:
-    """List ``op`` by its name; return the plug-in backends that were waiting for it. A name an op
-    of another function holds is an AnnotationError: the two would share ``kc.ops()``'s entry, the
-    plug-ins' backends and ``torch_op``'s ``torch.library`` op. The same function defined again (a
-    module reloaded, a notebook cell run twice) takes the name over."""
+    """List ``op`` by its name (the latest op of a name is the one listed, as a module reloaded or
+    two tests' local ops of one name expect); return the plug-in backends that were waiting for
+    it. A shipped op's name (``packed_decode``) is an AnnotationError for an op of another
+    function: it would take the shipped op's place in ``kc.ops()`` and its plug-in backends.
+    (Each op's ``torch_op`` is a ``torch.library`` op of its own: see :func:`library_name`.)"""
     old = _OPS.get(op.name)
-    if old is not None and _origin(old.fn) != _origin(op.fn):
-        raise AnnotationError(f"{op.name}: an op of this name exists already ({_origin(old.fn)}); two ops of one "
-                              "name would share kc.ops()'s entry, plug-in backends and torch_op's torch.library op. "
-                              "Give this one a name of its own: kc.op(name=...)")
+    if old is not None and _origin(old.fn) != _origin(op.fn) and _origin(old.fn).startswith("kda_contracts."):
+        raise AnnotationError(f"{op.name}: the name of a kda_contracts op ({_origin(old.fn)}); an op of this name "
+                              "would take its place in kc.ops() and its plug-in backends. Give this one a name of "
+                              "its own: kc.op(name=...)")
     _OPS[op.name] = op
     return waiting_for(op.name)
 
 
 def _origin(fn: Any) -> str:
     return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', '?')}"
+
+
+_LIBRARY: dict[str, str] = {}  # a torch.library qualified name -> the origin of the op that registered it
+
+
+def library_name(namespace: str, name: str, fn: Any) -> str:
+    """The ``torch.library`` name of an op's ``torch_op``: ``name``, or ``name_2``, ``name_3``, ...
+    when an op of another function registered it first (two ops of one name must not share one
+    library op, whose last registration would run for both). The same function defined again (a
+    module reloaded, a notebook cell run twice) keeps its name."""
+    origin, n, candidate = _origin(fn), 1, name
+    while _LIBRARY.setdefault(f"{namespace}::{candidate}", origin) != origin:
+        n += 1
+        candidate = f"{name}_{n}"
+    return candidate
 
 
 def waiting_for(name: str) -> list[tuple[Backend, bool]]:

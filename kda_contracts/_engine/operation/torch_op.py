@@ -53,6 +53,7 @@ from ..reading.arrays import split_optional
 from ..rules.order import dense_in_order, dense_order_of, order_strides
 from ..rules.tensor import fmt_ints
 from .protocol import OpParts
+from .registry import library_name
 
 _SCALARS = (float, int, bool, str)
 # torch 2.13's dynamo lets an IndexError out of a fake kernel as itself (errors.passthrough_for_compile);
@@ -200,8 +201,8 @@ def make_torch_op(o: OpParts) -> Any:
 
     impl.__signature__ = inspect.Signature(params, return_annotation=ret)  # type: ignore[attr-defined]
     impl.__annotations__ = {p.name: p.annotation for p in params} | {"return": ret}
-    impl.__name__ = o.name
-    qualified = f"{o.namespace}::{o.name}"
+    impl.__name__ = library_name(o.namespace, o.name, o.fn)
+    qualified = f"{o.namespace}::{impl.__name__}"
     try:
         custom = torch.library.custom_op(qualified, mutates_args=mutated)(impl)
     except Exception as exc:

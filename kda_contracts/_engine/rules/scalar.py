@@ -155,7 +155,14 @@ class Satisfies(Rule):
     family: ClassVar[str] = "scalar"
     order: ClassVar[int] = 50
     doc_section: ClassVar[str | None] = "scalar"
+    #: user code may read anything, so its verdict is not cached, unless the predicate is marked
+    #: ``__kda_contracts_pure__ = True`` (:attr:`pure`): its verdict is a function of the value alone
+    #: (a frozen config, which the check cache keys by identity; a plain scalar, by value)
     cacheable: ClassVar[bool] = False
+
+    @property
+    def pure(self) -> bool:
+        return getattr(self.predicate, "__kda_contracts_pure__", False) is True
 
     def test(self, n: Slots) -> str:
         cond = f"not {n.constants['predicate']}({n.value})"

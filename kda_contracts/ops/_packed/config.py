@@ -373,8 +373,11 @@ def kda_only(config: Any) -> str | None:
 
 def fits_gdn(config: Any) -> bool:
     """Whether GDN's ops may take ``config`` (see :func:`kda_only`); a GDN contract's predicate on
-    its ``config`` argument."""
+    its ``config`` argument (pure: the check cache may keep its verdict, per frozen config)."""
     return kda_only(config) is None
+
+
+fits_gdn.__kda_contracts_pure__ = True  # type: ignore[attr-defined]
 
 
 def _kimi_fields(raw: Mapping[str, Any], origin: str) -> dict[str, Any]:
