@@ -98,3 +98,21 @@ def test_kc_check_of_a_nested_tensor_is_a_shape_error() -> None:
     with pytest.raises(kc.ShapeError, match=r"expected a tensor \[B D\]\n      got      a nested tensor \(no single "
                                             r"shape\)"):
         kc.check(nested, "B D")
+
+
+def test_what_the_third_review_wrongly_refused_is_taken() -> None:
+    # from the review of this session's change: each of these worked before the checks were added
+    assert kc.InRange("i", low=np.int64(0)).bounds() == (0,)
+    assert kc.StartsAt("cu", np.int64(0)).bounds() == (0,)
+    assert kc.Spec(dtypes={torch.float16, torch.bfloat16}).dtypes == (torch.bfloat16, torch.float16)
+    assert kc.Spec(dtypes=frozenset({torch.float32})).dtypes == (torch.float32,)
+    ad = kc.adapters.Adapter(name="mine", kernel=_kernel, devices=("cpu",),
+                             state_dtypes={"state": torch.float32}.values())
+    assert ad.state_dtypes == frozenset({torch.float32})
+    cfg = kc.KDAConfig.model_validate_strings({"num_heads": "4", "head_k_dim": "8", "use_qk_l2norm": "false",
+                                               "scale": "0.25", "kda_layers": ["1", "3"]})
+    assert (cfg.contract_dims(), cfg.use_qk_l2norm, cfg.scale, cfg.kda_layers) == \
+        ({"H": 4, "HV": 4, "K": 8, "V": 8}, False, 0.25, (1, 3))
+    with pytest.raises(kc.ConfigError, match=r"^invalid KDAConfig: num_heads: Input should be a valid integer "
+                                             r"\(got 'four'\)$"):
+        kc.KDAConfig.model_validate_strings({"num_heads": "four", "head_k_dim": "8"})

@@ -71,9 +71,10 @@ class Spec:
     dim_order: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
-        for name in ("dim_order", "dtypes"):  # (a frozen Spec is hashed: keep tuples)
-            if isinstance(getattr(self, name), list):
-                object.__setattr__(self, name, tuple(getattr(self, name)))
+        for name in ("dim_order", "dtypes"):  # (a frozen Spec is hashed: keep tuples; a set's dtypes sorted)
+            value = getattr(self, name)
+            if isinstance(value, (list, set, frozenset)):
+                object.__setattr__(self, name, tuple(sorted(value, key=str) if not isinstance(value, list) else value))
         if self.dtypes is not None and not (isinstance(self.dtypes, tuple)
                                             and all(isinstance(d, torch.dtype) for d in self.dtypes)):
             raise AnnotationError(f"kc.Spec(dtypes={self.dtypes!r}): give a tuple of torch dtypes, "

@@ -19,6 +19,7 @@ Example::
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Mapping, Sequence
 from typing import Any, NoReturn
 
@@ -38,6 +39,11 @@ _KIND_WORDS = {
            "Bool[Tensor, ...]", "pass mask.bool()"),
 }
 PROBE_SAYS = "a float64 tensor [4] (first bad flat index or -1, its value, the count, an extra) or None"
+
+
+def as_bound(b: Any) -> Any:
+    """A bound as given, an integer of another type (numpy's) as a Python int (a bool stays, refused)."""
+    return int(b) if isinstance(b, numbers.Integral) and not isinstance(b, (bool, int)) else b
 
 
 def refuse_options(rule: ValueRule, *, flags: Mapping[str, Any] = {}, bounds: Sequence[Any] = (),

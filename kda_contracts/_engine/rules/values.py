@@ -30,7 +30,7 @@ import torch
 from torch import Tensor
 
 from ..errors import AnnotationError, ValueRangeError, Violation
-from .declared import BOOL, FLOAT, INT, check_declared, check_whole, refuse_options
+from .declared import BOOL, FLOAT, INT, as_bound, check_declared, check_whole, refuse_options
 from .memory import FINITE_CHUNK, distinct_elements
 
 _F64 = torch.float64
@@ -182,6 +182,7 @@ class InRange(ValueRule):
 
     def __init__(self, arg: str, low: int | str | None = None, high: int | str | None = None, *,
                  ignore_negative: bool = False, hint: str | None = None) -> None:
+        low, high = as_bound(low), as_bound(high)
         self.args, self.low, self.high, self.ignore_negative, self.hint = (arg,), low, high, ignore_negative, hint
         self.index_args = (arg,)
         if low is None and high is None:
@@ -393,8 +394,8 @@ class StartsAt(ValueRule):
     default_hint = "offsets start at the first element; build them with a leading 0"
 
     def __init__(self, arg: str, value: int | str, *, hint: str | None = None) -> None:
-        self.args, self.value, self.hint = (arg,), value, hint
-        refuse_options(self, bounds=(value,), what="the value")
+        self.args, self.value, self.hint = (arg,), as_bound(value), hint
+        refuse_options(self, bounds=(self.value,), what="the value")
 
     def bounds(self) -> tuple[Any, ...]:
         return (self.value,)

@@ -20,7 +20,7 @@ from __future__ import annotations
 import importlib
 import inspect
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -60,7 +60,7 @@ class InterfaceBackend(Backend):
             if value is None and attr == "state_dtypes":
                 continue
             # never silent: a typo ("vk", "float32") or an empty set would leave the backend never chosen
-            items = tuple(value) if isinstance(value, (tuple, list, set, frozenset)) else None
+            items = tuple(value) if isinstance(value, Iterable) and not isinstance(value, (str, bytes)) else None
             bad = None if items is None else next(
                 (v for v in items if not (isinstance(v, torch.dtype) if allowed is None else v in allowed)), None)
             if not items or bad is not None:

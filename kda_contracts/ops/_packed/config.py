@@ -39,6 +39,23 @@ def _plain_bool(value: Any) -> Any:
     return bool(value) if numpy_bool else value
 
 
+def _from_string(value: Any) -> Any:
+    """A str as the number or bool it spells ("4", "0.25", "true"), else as given (a list item-wise)."""
+    if isinstance(value, (list, tuple)):
+        return type(value)(_from_string(v) for v in value)
+    if not isinstance(value, str):
+        return value
+    text = value.strip()
+    if text.lower() in ("true", "false"):
+        return text.lower() == "true"
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return value
+
+
 # Strict: True is not 1, "4" is not 4, "no" is not False (a numpy integer or bool is fine).
 ConfigInt = Annotated[int, Strict(), BeforeValidator(_plain_int)]
 ConfigBool = Annotated[bool, Strict(), BeforeValidator(_plain_bool)]
@@ -155,8 +172,13 @@ class KDAConfig(BaseModel):
 
     @classmethod
     def model_validate_strings(cls, obj: Any, *args: Any, **kwargs: Any) -> Self:
-        with config_errors(cls.__name__):
-            return super().model_validate_strings(obj, *args, **kwargs)
+        """Fields given as strs (a command line, an environment): numbers and ``true``/``false``
+        read as such, then validated as :meth:`model_validate` does (the fields are strict, and
+        pydantic's own strings mode would not reach them through this class's ``__init__``)."""
+        if not isinstance(obj, Mapping):
+            raise ConfigError(f"{cls.__name__}.model_validate_strings takes a mapping of field names to strs, "
+                              f"got {obj!r}")
+        return cls.model_validate({k: _from_string(v) for k, v in obj.items()}, *args, **kwargs)
 
     def __setattr__(self, name: str, value: Any) -> None:
         if not name.startswith("_") and name not in type(self).model_fields:
