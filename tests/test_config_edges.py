@@ -272,3 +272,16 @@ def test_a_gdn_op_takes_a_softplus_kda_config_and_a_gdn_config(op):
                 kc.GDNConfig(num_heads=2, num_v_heads=4, head_k_dim=8, gdn_layers=(1, 2)), None):
         assert validate(**make(), config=cfg).HV == 4
         run(**make(), config=cfg)
+
+
+def test_model_copy_derives_again_what_a_round_trip_marked_given():
+    # from the review: a config read back from JSON counts every field as given, so an update of
+    # head_k_dim kept the old head_v_dim and scale
+    c = kc.KDAConfig(num_heads=4, head_k_dim=128)
+    back = kc.KDAConfig.model_validate_json(c.model_dump_json())
+    assert back == c
+    for cfg in (c, back):
+        copy = cfg.model_copy(update={"head_k_dim": 64})
+        assert copy.contract_dims() == {"H": 4, "HV": 4, "K": 64, "V": 64} and copy.scale == 64 ** -0.5
+    given = kc.KDAConfig(num_heads=4, head_k_dim=128, head_v_dim=64)  # a value that is not the derived one stays
+    assert given.model_copy(update={"head_k_dim": 32}).contract_dims()["V"] == 64

@@ -86,7 +86,9 @@ def test_kc_op_with_nothing_to_check_is_an_annotation_error_and_registers_nothin
         out.copy_(x)
 
     with pytest.raises(kc.AnnotationError, match=r"\.bare: kc.op found nothing to check: no parameter or return "
-                                                 r"annotation\. Annotate its tensors"):
+                                                 r"annotation\. Annotate its tensors \(x: Float\[Tensor, 'B D'\]\) and "
+                                                 r"scalars, the contract every backend's call is checked against "
+                                                 r"\(kc.check in the body checks the torch reference only\)$"):
         kc.op(bare)
 
     def f(x, i):  # type: ignore[no-untyped-def]

@@ -153,9 +153,11 @@ def refuse_nothing_to_check(spec: ContractSpec, options: ContractOptions, origin
     every call silently)."""
     if not (spec.tensors or spec.scalars or spec.nested or spec.returns or spec.where) \
             and spec.return_hint is NO_HINT and options.config is None:
+        fix = ("or drop the decorator (kc.check(t, 'B D') checks a tensor on its own)" if origin == "kc.contract" else
+               "the contract every backend's call is checked against (kc.check in the body checks the torch "
+               "reference only)")
         raise AnnotationError(f"{spec.name}: {origin} found nothing to check: no parameter or return annotation. "
-                              "Annotate its tensors (x: Float[Tensor, 'B D']) and scalars, or drop the decorator "
-                              "(kc.check(t, 'B D') checks a tensor on its own)")
+                              f"Annotate its tensors (x: Float[Tensor, 'B D']) and scalars, {fix}")
 
 
 def _decorate(fn: Callable[..., Any], options: ContractOptions) -> Any:

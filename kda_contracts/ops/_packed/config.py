@@ -202,7 +202,12 @@ class KDAConfig(BaseModel):
         """
         if not update:
             return super().model_copy(deep=deep)
-        return self.model_validate({**{name: getattr(self, name) for name in self.model_fields_set}, **update})
+        # a derived value is derived again, also where it counts as given (a config read back from
+        # JSON or a checkpoint gives every field): given equal to its derivation, it follows the update
+        derived = {"num_v_heads": self.num_heads, "head_v_dim": self.head_k_dim, "scale": self.head_k_dim ** -0.5}
+        given = {name: getattr(self, name) for name in self.model_fields_set
+                 if name not in derived or getattr(self, name) != derived[name]}
+        return self.model_validate({**given, **update})
 
     @field_validator("kda_layers")
     @classmethod
@@ -216,7 +221,7 @@ class KDAConfig(BaseModel):
         for name, value in derived.items():
             if getattr(self, name) is None:
                 self.__dict__[name] = value
-        hv = self.num_v_heads or self.num_heads
+        hv = self.num_v_heads or self.num_heads  # (derived above; "or" for the type)
         if hv % self.num_heads:
             raise ValueError(
                 f"num_v_heads={hv} must be a multiple of num_heads={self.num_heads} "
