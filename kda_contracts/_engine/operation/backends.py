@@ -140,14 +140,18 @@ class Backend:
     _constraints: tuple[Constraint, ...] = field(default=(), init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        word = type(self).__name__.lower()  # "backend", or "adapter" for packed decode's kind
-        who = f"{self.op}: {word} {self.name!r}" if isinstance(self.op, str) else f"{word} {self.name!r}"
+        who = self.who()
         self._refuse_bad_declaration(who)
         object.__setattr__(self, "_constraints", tuple(parse_constraint(w, who) for w in self.where))
         for c in self._constraints:
             if c.facts():  # a backend sees the call's dims, not its arguments: never skip silently
                 raise AnnotationError(f"{who}: where {c.text!r}: a backend constraint is on dims only; "
                                       f"{', '.join(f.key for f in c.facts())} is not a dim")
+
+    def who(self) -> str:
+        """How messages name this declaration: ``"op: backend 'name'"`` (``adapter`` for packed decode's kind)."""
+        word = type(self).__name__.lower()
+        return f"{self.op}: {word} {self.name!r}" if isinstance(self.op, str) else f"{word} {self.name!r}"
 
     def _refuse_bad_declaration(self, who: str) -> None:
         """Refuse (AnnotationError) a field dispatch could not use, saying what it takes, and store
@@ -313,8 +317,8 @@ class Reference(Backend):
         if not body_uses_checks(kernel):
             if not self._outside_autograd:
                 return super().make_runner(kernel, params, dims_types)
-            _, wants = signature_problem(kernel, params)  # (no longer the kernel itself: not called directly)
-            return _runner(torch.no_grad()(kernel), params, dims_types, wants)
+            _, wants = signature_problem(kernel, params)  # (wrapped below: not the kernel itself, called directly)
+            run = _runner(kernel, params, dims_types, wants)
         else:
             name = getattr(kernel, "__name__", "op")
             bodies = {v: runner(name, t._fields, kernel, False) for v, t in dims_types.items()}  # type: ignore[attr-defined]

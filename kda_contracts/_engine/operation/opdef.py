@@ -334,9 +334,11 @@ class Op:
         lines = verdict_lines(self.table.verdicts(info))
         if asked != "auto":
             b = self.table.registry.get(asked) if isinstance(asked, str) else None
-            refused = [f"no backend of this name (registered: {', '.join(self.table.names())})"] if b is None \
-                else [w for w in (self.table.available(b)[1],) if not self.table.available(b)[0]] or \
-                self.table.unsupported(b, info, explicit=True)
+            if b is None:
+                refused = [f"no backend of this name (registered: {', '.join(self.table.names())})"]
+            else:
+                ok, why = self.table.available(b)
+                refused = [why] if not ok else self.table.unsupported(b, info, explicit=True)
             lines.append(f"backend={asked!r}: " + ("runs this call when asked by name" if not refused else
                                                    "a call asking for it is refused: " + "; ".join(refused)))
         for ep, why in self.plugin_errors().items():

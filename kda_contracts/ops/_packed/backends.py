@@ -51,8 +51,7 @@ class InterfaceBackend(Backend):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        word = type(self).__name__.lower()
-        who = f"{self.op}: {word} {self.name!r}" if isinstance(self.op, str) else f"{word} {self.name!r}"
+        who = self.who()
         for attr, allowed, takes in (("state_dtypes", None, "torch dtypes, e.g. (torch.float32,), or None for all"),
                                      ("layouts", ("VK", "KV"), "state layouts among 'VK' and 'KV'"),
                                      ("gates", ("softplus", "bounded"), "gates among 'softplus' and 'bounded'")):
