@@ -82,13 +82,17 @@ def _kind_refused(kind: str, dtypes: frozenset[torch.dtype]) -> frozenset[torch.
     return bad or None
 
 
+#: what a bare kc.ValueRule is told (when made, and at decoration for one made without __init__)
+BASE_RULE = ("kc.ValueRule is the base of the value rules; use kc.InRange, kc.Distinct, kc.Finite, ... or a "
+             "subclass that sets args and defines _probe and words")
+
+
 def check_whole(rule: ValueRule, where: str, base: type) -> None:
     """A rule of one's own (a subclass of kc.ValueRule) has what a call needs: ``args`` (a tuple
     of argument names), ``index_args`` among them, ``_probe`` and ``words`` (or ``violation``)."""
     cls, name = type(rule), f"{where}: value_rules: {type(rule).__name__}"
     if cls is base:
-        raise AnnotationError(f"{name}: kc.ValueRule is the base of the value rules; use kc.InRange, kc.Distinct, "
-                              "kc.Finite, ... or a subclass that sets args and defines _probe and words")
+        raise AnnotationError(f"{name}: {BASE_RULE}")
     args, index_args = getattr(rule, "args", None), getattr(rule, "index_args", None)
     if not isinstance(args, tuple) or not args:
         raise AnnotationError(f"{name}: args must be a non-empty tuple of the tensor arguments it reads (the first "

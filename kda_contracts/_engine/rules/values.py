@@ -30,7 +30,7 @@ import torch
 from torch import Tensor
 
 from ..errors import AnnotationError, ValueRangeError, Violation
-from .declared import BOOL, FLOAT, INT, as_bound, check_declared, check_whole, refuse_options
+from .declared import BASE_RULE, BOOL, FLOAT, INT, as_bound, check_declared, check_whole, refuse_options
 from .memory import FINITE_CHUNK, distinct_elements
 
 _F64 = torch.float64
@@ -101,8 +101,7 @@ class ValueRule:
 
     def __init__(self) -> None:
         if type(self) is ValueRule:
-            raise AnnotationError("kc.ValueRule() is the base of the value rules; use kc.InRange, kc.Distinct, "
-                                  "kc.Finite, ... or a subclass that sets args and defines _probe and words")
+            raise AnnotationError(BASE_RULE.replace("kc.ValueRule", "kc.ValueRule()", 1))
 
     def bounds(self) -> tuple[Any, ...]:
         """The ints or dim names the rule compares against (dim names are checked at decoration)."""
